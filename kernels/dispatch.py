@@ -1,0 +1,112 @@
+"""Choose, per call, which implementation of a kernel op runs.
+
+Rules, first match wins:
+
+1. A backend forced in code (``set_backend`` / the ``backend(...)`` context manager).
+2. The environment variable ``VISIONSSM_KERNELS=triton|torch`` (``auto`` or unset: no override).
+3. Tracing for export (TorchScript, ONNX, FX) takes the PyTorch reference path: Triton kernels cannot be exported.
+4. CUDA tensors run the Triton kernels.
+5. CPU tensors run the Triton kernels when ``TRITON_INTERPRET=1`` (Triton's interpreter; this is how CI tests the
+   real kernels on a CPU machine), and the PyTorch reference otherwise.
+
+Forcing ``triton`` for CPU tensors without ``TRITON_INTERPRET=1`` is an error rather than a silent fallback, so a
+test that thinks it exercises the kernels really does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["BACKENDS", "backend", "get_forced_backend", "interpreter_enabled", "select_backend", "set_backend",
+           "triton_available"]
+
+BACKENDS = ("triton", "torch")
+BACKEND_ENV = "VISIONSSM_KERNELS"
+_state = threading.local()
+
+
+@functools.cache
+def triton_available() -> bool:
+    """True when the ``triton`` package can be imported (it is not installed on macOS or Windows)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels will run through Triton's CPU interpreter.
+
+    Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, so it must be set before the kernel modules are
+    first imported (visionssm imports them lazily, on the first call that needs them)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_name(name: str | None, source: str) -> str | None:
+    if name is None:
+        return None
+    value = name.strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in BACKENDS:
+        raise ValueError(f"{source} must be one of {BACKENDS} or 'auto', got {name!r}")
+    return value
+
+
+def set_backend(name: str | None) -> None:
+    """Force every op in this thread onto one backend (``'triton'`` or ``'torch'``); ``None`` restores automatic."""
+    _state.forced = _check_name(name, "backend")
+
+
+def get_forced_backend() -> str | None:
+    """The backend forced in code or by ``VISIONSSM_KERNELS``, or ``None`` when dispatch is automatic."""
+    forced = getattr(_state, "forced", None)
+    if forced is not None:
+        return forced
+    return _check_name(os.environ.get(BACKEND_ENV), BACKEND_ENV)
+
+
+@contextlib.contextmanager
+def backend(name: str | None) -> Iterator[None]:
+    """Context manager form of :func:`set_backend`; restores the previous choice on exit."""
+    previous = getattr(_state, "forced", None)
+    set_backend(name)
+    try:
+        yield
+    finally:
+        _state.forced = previous
+
+
+def _exporting() -> bool:
+    if torch.jit.is_scripting() or torch.jit.is_tracing():
+        return True
+    if torch.onnx.is_in_onnx_export():
+        return True
+    # Newer torch splits symbolic tracing (export-hostile) from dynamo/export; older torch has one flag.
+    symbolic = torch.fx._symbolic_trace
+    is_symbolic_tracing = getattr(symbolic, "is_fx_symbolic_tracing", None) or getattr(symbolic, "is_fx_tracing", None)
+    return bool(is_symbolic_tracing and is_symbolic_tracing())
+
+
+def select_backend(*tensors: torch.Tensor | None) -> str:
+    """Return ``'triton'`` or ``'torch'`` for an op called on ``tensors`` (``None`` entries are ignored)."""
+    on_cuda = any(t is not None and t.is_cuda for t in tensors)
+    forced = get_forced_backend()
+    if forced == "torch":
+        return "torch"
+    if forced == "triton":
+        if not triton_available():
+            raise RuntimeError("the triton backend was forced but the 'triton' package is not installed")
+        if not on_cuda and not interpreter_enabled():
+            raise ValueError("the triton backend was forced for CPU tensors: set TRITON_INTERPRET=1 before importing "
+                             "visionssm to run the Triton kernels in Triton's interpreter, or move the tensors to CUDA")
+        return "triton"
+    if _exporting() or not triton_available():
+        return "torch"
+    if on_cuda or interpreter_enabled():
+        return "triton"
+    return "torch"

@@ -1,0 +1,141 @@
+"""Helpers shared by every op: output allocation (with NaN poisoning for tests), input validation,
+autocast decorators and the relative-error comparison used by the tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+__all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_dtype",
+           "check_same_device", "check_shape", "empty_output", "input_guard", "poison_outputs", "relative_error",
+           "DEFAULT_TOLERANCES"]
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
+_poison = threading.local()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output allocation
+
+
+def _poisoning() -> bool:
+    forced = getattr(_poison, "enabled", None)
+    if forced is not None:
+        return forced
+    return os.environ.get(POISON_ENV, "0") == "1"
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True) -> Iterator[None]:
+    """While active, :func:`empty_output` fills new buffers with NaN, so any element a kernel forgets to write
+    shows up as NaN in the result (tests use this through the ``poison_outputs`` fixture)."""
+    previous = getattr(_poison, "enabled", None)
+    _poison.enabled = enabled
+    try:
+        yield
+    finally:
+        _poison.enabled = previous
+
+
+def empty_output(shape: Sequence[int], *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Allocate a tensor every element of which the caller promises to write (NaN-filled while poisoning)."""
+    if _poisoning() and dtype.is_floating_point:
+        return torch.full(tuple(shape), float("nan"), device=device, dtype=dtype)
+    return torch.empty(tuple(shape), device=device, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: every public op checks its arguments and raises ValueError/TypeError naming the bad one.
+
+
+def check_dtype(name: str, tensor: torch.Tensor, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({allowed}), got {str(tensor.dtype).replace('torch.', '')}")
+
+
+def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None], layout: str) -> None:
+    """Check ``tensor.shape`` against ``expected`` (``None`` matches any size); ``layout`` names the axes."""
+    if tensor.dim() != len(expected) or any(e is not None and s != e for s, e in zip(tensor.shape, expected)):
+        want = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
+        raise ValueError(f"{name} must have shape {layout} = {want}, got {tuple(tensor.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    present = {k: t for k, t in tensors.items() if t is not None}
+    devices = {k: t.device for k, t in present.items()}
+    first_name, first = next(iter(devices.items()))
+    for name, device in devices.items():
+        if device != first:
+            raise ValueError(f"all tensors must be on one device: {first_name} is on {first}, {name} is on {device}")
+    return first
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel-launch helpers (FLA's conventions)
+
+
+def input_guard(fn: Callable) -> Callable:
+    """Make tensor arguments contiguous and run the launch on the tensors' CUDA device."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+        kwargs = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        context = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
+        with context:
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+autocast_custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+autocast_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Comparison
+
+
+#: Relative-error bounds ‖actual − expected‖ / ‖expected‖ by the dtype the computation ran in.
+DEFAULT_TOLERANCES = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-3,
+    torch.float16: 5e-3,
+    torch.bfloat16: 2e-2,
+}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖₂ / ‖expected‖₂ in float64 (absolute error when ``expected`` is all zeros);
+    ``inf`` when either side holds a NaN or an infinity."""
+    a = actual.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    if not (torch.isfinite(a).all() and torch.isfinite(e).all()):
+        return float("inf")
+    scale = e.norm().item()
+    diff = (a - e).norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.dtype | None = None,
+                 tol: float | None = None, name: str = "tensor") -> None:
+    """Assert shapes match and the relative error is within ``tol`` (default: :data:`DEFAULT_TOLERANCES` of
+    ``dtype``, itself defaulting to ``actual.dtype``). NaN or infinity anywhere fails."""
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+    if tol is None:
+        tol = DEFAULT_TOLERANCES[dtype or actual.dtype]
+    err = relative_error(actual, expected)
+    if not err <= tol:
+        nan_count = int(torch.isnan(actual).sum())
+        raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e} (NaNs in actual: {nan_count})")

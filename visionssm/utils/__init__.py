@@ -1,0 +1,1 @@
+"""Utilities shared by training, tracking and the benchmarks."""

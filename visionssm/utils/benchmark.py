@@ -1,0 +1,180 @@
+"""Timing and reporting shared by every benchmark (kernels, backbones, ``python -m visionssm.benchmark``).
+
+Timing uses CUDA events (warm-up, then the median of many runs; optionally replaying a captured CUDA graph to take
+launch gaps out). On CPU it falls back to ``time.perf_counter`` so the scripts can be tried anywhere; such numbers
+are labelled with the CPU as the device. Results are written as JSON and CSV stamped with the device name,
+software versions and date, and printed as a side-by-side table with ratios to an anchor implementation.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as _dt
+import json
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["Timing", "environment", "save_results", "side_by_side", "time_fn"]
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@dataclasses.dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    repeats: int
+
+    @property
+    def spread(self) -> float:
+        """(p80 − p20) / median: how noisy the measurement was."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cuda_graph: bool = False,
+            device: torch.device | str | None = None) -> Timing:
+    """Time ``fn()`` (no arguments; close over the inputs). ``device`` defaults to the current CUDA device when
+    CUDA is available, else the CPU. With ``cuda_graph=True`` the call is captured once and the graph replayed."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type != "cuda":
+        for _ in range(max(1, warmup // 5)):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats)
+
+    if cuda_graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for start, end in zip(starts, ends):
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats)
+
+
+def environment() -> dict:
+    """Where and with what a result was measured."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device_name, device_count = props.name, torch.cuda.device_count()
+    else:
+        device_name, device_count = f"CPU ({platform.processor() or platform.machine()})", 0
+    return {
+        "device": device_name,
+        "device_count": device_count,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def save_results(name: str, rows: list[dict], *, out_dir: str | Path | None = None,
+                 env: dict | None = None) -> tuple[Path, Path]:
+    """Write ``rows`` to ``<out_dir>/<name>-<device>-<date>.json`` (with the environment stamp) and ``.csv``
+    (one row per measurement, the stamp repeated in columns so each CSV stands alone). Returns both paths."""
+    env = env or environment()
+    out = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}-{_slug(env['device'])}-{env['date']}"
+    json_path, csv_path = out / f"{stem}.json", out / f"{stem}.csv"
+    json_path.write_text(json.dumps({"environment": env, "results": rows}, indent=2, default=str) + "\n")
+    columns = list(dict.fromkeys(k for row in rows for k in row)) + ["device", "torch", "triton", "date"]
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, **{k: env.get(k) for k in ("device", "torch", "triton", "date")}})
+    return json_path, csv_path
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return "" if value is None else str(value)
+
+
+def side_by_side(rows: list[dict], *, keys: Sequence[str], impl: str = "impl", value: str = "ms",
+                 baseline: str, lower_is_better: bool = True) -> str:
+    """Pivot ``rows`` to one line per ``keys`` combination with one column per implementation, plus
+    ``<impl>/<baseline>`` ratio columns. For times (``lower_is_better``) a ratio < 1 means faster than the
+    baseline; for throughputs a ratio > 1 means faster."""
+    impls = list(dict.fromkeys(r[impl] for r in rows))
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), {})[r[impl]] = r.get(value)
+    others = [i for i in impls if i != baseline]
+    header = [*keys, *[f"{i} ({value})" for i in impls], *[f"{i}/{baseline}" for i in others]]
+    lines = []
+    for key, by_impl in groups.items():
+        base = by_impl.get(baseline)
+        ratios = []
+        for i in others:
+            v = by_impl.get(i)
+            ratios.append(f"{v / base:.2f}x" if isinstance(v, (int, float)) and isinstance(base, (int, float))
+                          and base > 0 else "n/a")
+        lines.append([*map(_fmt, key), *[_fmt(by_impl.get(i)) for i in impls], *ratios])
+    widths = [max(len(h), *(len(line[c]) for line in lines)) if lines else len(h) for c, h in enumerate(header)]
+    render = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    note = "lower is better" if lower_is_better else "higher is better"
+    return "\n".join([render(header), render(["-" * w for w in widths]), *map(render, lines),
+                      f"({value}: {note}; ratios are each implementation over {baseline})"])
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float | None:
+    """Measured device-to-device copy bandwidth (bytes read + written per second, in GB/s): the ceiling that
+    memory-bound kernels are compared against. ``None`` without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    timing = time_fn(lambda: dst.copy_(src), warmup=5, repeats=20)
+    return nbytes / (timing.median_ms * 1e-3) / 1e9
