@@ -1,0 +1,90 @@
+"""Comba mixer op: ``comba(q, k, v, p, g, beta, *, scale=None, causal=True) -> o`` (issue 4).
+
+Causal recurrence (state ``h ∈ R^{K×V}``, read before decay)::
+
+    u_t = β_t (v_t − h_{t−1}ᵀ p_t),   h_t = e^{g_t} h_{t−1} + k_t u_tᵀ,   o_t = scale · h_tᵀ q_t
+
+With ``p = b·k`` this is the paper's eq. 5. The output correction ``q − d·p`` and the L2 normalisation of q/k
+belong to the layer. Non-causal: ``o = causal(x) + reverse_T(causal(reverse_T(x)))``, both directions computed by
+one kernel launch that walks the sequence backwards for the second direction (no reversed copies).
+
+Backends (:mod:`visionssm.kernels.dispatch`): Triton for CUDA tensors (and under ``TRITON_INTERPRET=1``), the
+chunked PyTorch form of :mod:`.naive` otherwise. float64 inputs always take the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from ..utils import check_dtype, check_same_device, check_shape
+from .naive import comba_chunked, comba_recurrent
+
+__all__ = ["MAX_HEAD_DIM", "comba", "comba_chunked", "comba_recurrent"]
+
+#: Largest key/value head dimension the kernels accept (the state of one head lives on chip).
+MAX_HEAD_DIM = 128
+_IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _validate(q, k, v, p, g, beta, scale, causal) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v), ("p", p), ("g", g), ("beta", beta)):
+        check_dtype(name, t, _IO_DTYPES)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape (B, T, H, K), got {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    check_shape("k", k, (B, T, H, K), "(B, T, H, K)")
+    check_shape("p", p, (B, T, H, K), "(B, T, H, K)")
+    check_shape("v", v, (B, T, H, None), "(B, T, H, V)")
+    check_shape("g", g, (B, T, H), "(B, T, H)")
+    check_shape("beta", beta, (B, T, H), "(B, T, H)")
+    V = v.shape[-1]
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
+    if T < 1:
+        raise ValueError(f"q must have at least one token (T >= 1), got shape {tuple(q.shape)}")
+    if not 1 <= K <= MAX_HEAD_DIM:
+        raise ValueError(f"q: key head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
+    if not 1 <= V <= MAX_HEAD_DIM:
+        raise ValueError(f"v: value head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
+    for name, t in (("k", k), ("v", v), ("p", p)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have the same dtype as q ({q.dtype}), got {t.dtype}")
+    check_same_device(q=q, k=k, v=v, p=p, g=g, beta=beta)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return scale
+
+
+def comba(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g: torch.Tensor,
+          beta: torch.Tensor, *, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Comba (SPLR closed-loop delta rule) mixer.
+
+    Args:
+        q, k, p: (B, T, H, K) queries, keys and feedback keys (the layer passes ``p = b·k``).
+        v: (B, T, H, V) values, same dtype as q.
+        g: (B, T, H) log forget gate (``α_t = e^{g_t}``, normally ≤ 0).
+        beta: (B, T, H) input gate.
+        scale: output scale, default ``K ** -0.5``.
+        causal: ``False`` adds the same recurrence run over reversed time.
+
+    Returns:
+        o: (B, T, H, V) in v's dtype. fp16/bf16 inputs are computed with an fp32 state.
+    """
+    scale = _validate(q, k, v, p, g, beta, scale, causal)
+    from ..dispatch import select_backend
+
+    if select_backend(q, k, v, p, g, beta) == "triton" and q.dtype != torch.float64:
+        from .fused import fused_comba
+
+        return fused_comba(q, k, v, p, g, beta, scale=scale, causal=causal)
+    return comba_chunked(q, k, v, p, g, beta, scale=scale, causal=causal)

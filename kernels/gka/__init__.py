@@ -1,0 +1,86 @@
+"""Gated KalmaNet (GKA) mixer op: test-time ridge regression solved by Chebyshev iteration, causal or not.
+
+See :mod:`visionssm.kernels.gka.naive` for the exact recurrence (the spec) and the ‖H‖_F = 0 convention."""
+
+from __future__ import annotations
+
+import torch
+
+from ..utils import check_dtype, check_same_device, check_shape
+
+__all__ = ["SUPPORTED_HEAD_DIMS", "gka"]
+
+#: Head dimensions (K of q/k, V of v) the Triton kernels are compiled for.
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_dtype(name, t, _INPUT_DTYPES)
+    for name, t in (("g", g), ("beta", beta), ("alpha", alpha)):
+        if t is not None:
+            check_dtype(name, t, _INPUT_DTYPES)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape (B, T, H, K), got {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    if T < 1 or B < 1 or H < 1:
+        raise ValueError(f"q must have B, T, H >= 1, got {tuple(q.shape)}")
+    check_shape("k", k, (B, T, H, K), "(B, T, H, K)")
+    if v.dim() != 4:
+        raise ValueError(f"v must have shape (B, T, H, V), got {tuple(v.shape)}")
+    check_shape("v", v, (B, T, H, None), "(B, T, H, V)")
+    V = v.shape[-1]
+    if K not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q/k head dim K must be one of {SUPPORTED_HEAD_DIMS}, got {K}")
+    if V not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"v head dim V must be one of {SUPPORTED_HEAD_DIMS}, got {V}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have the dtype of q ({q.dtype}), got {k.dtype}")
+    for name, t in (("g", g), ("beta", beta), ("alpha", alpha)):
+        if t is not None:
+            check_shape(name, t, (B, T, H), "(B, T, H)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and g is None:
+        raise ValueError("g must be given when causal=True (pass zeros for no forgetting)")
+    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
+        raise TypeError(f"ridge must be a float, got {type(ridge).__name__}")
+    if not ridge > 0 or ridge != ridge or ridge == float("inf"):
+        raise ValueError(f"ridge must be a finite number > 0, got {ridge}")
+    if isinstance(num_iters, bool) or not isinstance(num_iters, int):
+        raise TypeError(f"num_iters must be an int, got {type(num_iters).__name__}")
+    if num_iters < 1:
+        raise ValueError(f"num_iters must be >= 1, got {num_iters}")
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, alpha=alpha)
+
+
+def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor | None = None,
+        alpha: torch.Tensor | None = None, *, causal: bool = True, ridge: float = 0.02,
+        num_iters: int = 30) -> torch.Tensor:
+    """Gated KalmaNet mixer.
+
+    Args:
+        q, k: ``(B, T, H, K)`` queries and keys (L2-normalised by the caller), K in {16, 32, 64, 128}.
+        v: ``(B, T, H, V)`` values, V in {16, 32, 64, 128}.
+        g: ``(B, T, H)`` log forgetting gate (≤ 0). Required when ``causal``; ignored (may be ``None``) otherwise.
+        beta: ``(B, T, H)`` input gate in (0, 1); ``None`` means 1.
+        alpha: ``(B, T, H)`` α-connection in [0, 1]; ``None`` means 1 (pure ridge-regression read-out).
+        causal: token t sees tokens ≤ t with fading weights; ``False``: every token sees the whole sequence.
+        ridge: a in λ_t = a·(‖H_t‖_F + EPS).
+        num_iters: Chebyshev iterations.
+
+    Returns:
+        ``o``: ``(B, T, H, V)`` in the dtype of ``v``. Internally fp32 (float64 inputs stay float64 on the PyTorch
+        path). Gradients flow to q, k, v, g, beta and alpha.
+    """
+    _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters)
+    from ..dispatch import select_backend
+
+    if select_backend(q, k, v, g, beta, alpha) == "triton":
+        from .chunk import chunk_gka
+
+        return chunk_gka(q, k, v, g, beta, alpha, causal=causal, ridge=float(ridge), num_iters=num_iters)
+    from .naive import gka_chunked
+
+    return gka_chunked(q, k, v, g, beta, alpha, causal=causal, ridge=float(ridge), num_iters=num_iters)

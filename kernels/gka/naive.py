@@ -1,0 +1,155 @@
+"""Gated KalmaNet (GKA) in plain PyTorch: the specification the Triton kernels are tested against.
+
+Recurrence (Gated KalmaNet §4.1 with the vision input gate β of appendix N, eq. 55), per (batch, head):
+
+    H_t = e^{g_t} H_{t-1} + β_t k_t k_tᵀ          (K×K data covariance, fading)
+    U_t = e^{g_t} U_{t-1} + β_t v_t k_tᵀ          (V×K cross covariance)
+    F_t = ‖H_t‖_F,  λ_t = ridge · (F_t + EPS)
+    x̂_t = CH(H_t + λ_t I, q_t, num_iters)         Chebyshev iteration (Algorithm 1) with μ = λ_t, L = F_t + λ_t
+    z_t = α_t x̂_t + (1 − α_t) q_t                 α-connection
+    o_t = U_t z_t
+
+Non-causal: H = Σ_t β_t k_t k_tᵀ and U = Σ_t β_t v_t k_tᵀ over the whole sequence (``g`` unused), then the same
+solve and read-out for every query.
+
+``EPS`` keeps the system regular when ‖H‖_F = 0 (all keys seen so far are zero): then λ = ridge·EPS, the solve
+returns q / λ and the read-out is U z = 0, finite. For keys of unit norm F_t ≥ β_t, so EPS changes nothing else.
+
+Two implementations:
+
+* :func:`gka_recurrent` — a readable token loop (any dtype, float64 included) with ``exact=True`` replacing the
+  Chebyshev iteration by ``torch.linalg.solve``. This is the spec; it is slow.
+* :func:`gka_chunked` — the same maths vectorised over all (batch, head) pairs and over the tokens of a chunk
+  (``H_t`` materialised per token inside a chunk). This is the CPU path of :func:`visionssm.kernels.gka`; its
+  gradients come from autograd through the iterations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_recurrent"]
+
+#: Added to ‖H_t‖_F inside λ_t so that an all-zero covariance still gives a regular system (see module docstring).
+EPS = 1e-6
+
+
+def chebyshev_solve(matvec, rhs: torch.Tensor, lam: torch.Tensor, fro: torch.Tensor, num_iters: int) -> torch.Tensor:
+    """Algorithm 1: ``num_iters`` Chebyshev steps for ``(H + λI) x = rhs`` with eigenvalue bounds μ = λ, L = F + λ.
+
+    ``matvec(x)`` returns ``(H + λI) x``; ``lam`` and ``fro`` broadcast against ``rhs[..., 0]``."""
+    lam = lam.unsqueeze(-1)
+    fro = fro.unsqueeze(-1)
+    step = 2.0 / (fro + 2.0 * lam)          # 2 / (L + μ)
+    rho_sq = (fro * step / 2.0) ** 2        # ρ² with ρ = (L − μ) / (L + μ)
+    x_prev = torch.zeros_like(rhs)
+    x = step * rhs
+    omega = torch.full_like(rho_sq, 2.0)
+    for _ in range(num_iters):
+        omega = 4.0 / (4.0 - rho_sq * omega)
+        x_new = x - step * omega * (matvec(x) - rhs) + (omega - 1.0) * (x - x_prev)
+        x_prev, x = x, x_new
+    return x
+
+
+def _defaults(q, g, beta, alpha, causal):
+    shape = q.shape[:3]
+    if g is None or not causal:
+        g = q.new_zeros(shape)
+    if beta is None:
+        beta = q.new_ones(shape)
+    if alpha is None:
+        alpha = q.new_ones(shape)
+    return g, beta, alpha
+
+
+def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, ridge: float = 0.02,
+                  num_iters: int = 30, exact: bool = False) -> torch.Tensor:
+    """Token-by-token GKA (the spec). Shapes as :func:`visionssm.kernels.gka`; computes in ``q.dtype``
+    (pass float64 tensors for a float64 reference). ``exact=True`` solves with ``torch.linalg.solve``."""
+    g, beta, alpha = _defaults(q, g, beta, alpha, causal)
+    B, T, NH, K = q.shape
+    V = v.shape[-1]
+    eye = torch.eye(K, dtype=q.dtype, device=q.device)
+    H = q.new_zeros(B, NH, K, K)
+    U = q.new_zeros(B, NH, V, K)
+    if not causal:
+        H = torch.einsum("bth,bthi,bthj->bhij", beta, k, k)
+        U = torch.einsum("bth,bthi,bthj->bhij", beta, v, k)
+    outputs = []
+    for t in range(T):
+        kt, vt, qt = k[:, t], v[:, t], q[:, t]
+        bt = beta[:, t, :, None, None]
+        if causal:
+            decay = g[:, t].exp()[..., None, None]
+            H = decay * H + bt * kt.unsqueeze(-1) * kt.unsqueeze(-2)
+            U = decay * U + bt * vt.unsqueeze(-1) * kt.unsqueeze(-2)
+        fro = torch.linalg.matrix_norm(H)
+        lam = ridge * (fro + EPS)
+        A = H + lam[..., None, None] * eye
+        if exact:
+            x = torch.linalg.solve(A, qt.unsqueeze(-1)).squeeze(-1)
+        else:
+            x = chebyshev_solve(lambda y: (A @ y.unsqueeze(-1)).squeeze(-1), qt, lam, fro, num_iters)
+        at = alpha[:, t, :, None]
+        z = at * x + (1.0 - at) * qt
+        outputs.append((U @ z.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(outputs, dim=1)
+
+
+def gka_chunked(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, ridge: float = 0.02,
+                num_iters: int = 30, chunk_size: int = 64, exact: bool = False) -> torch.Tensor:
+    """Vectorised GKA: all (batch, head) pairs and all tokens of a chunk at once, a Python loop over chunks only.
+
+    Computes in float32 (float64 when the inputs are float64) and returns ``v.dtype``."""
+    out_dtype = v.dtype
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    g, beta, alpha = _defaults(q, g, beta, alpha, causal)
+    q, k, v, g, beta, alpha = (t.to(dtype) for t in (q, k, v, g, beta, alpha))
+    B, T, NH, K = q.shape
+    V = v.shape[-1]
+    # (B, H, T, ·) so that (batch, head) pairs form the leading batch dimensions.
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    g, beta, alpha = (t.transpose(1, 2) for t in (g, beta, alpha))
+    eye = torch.eye(K, dtype=dtype, device=q.device)
+
+    def solve(Ht, fro, rhs):
+        lam = ridge * (fro + EPS)
+        A = Ht + lam[..., None, None] * eye
+        if exact:
+            return torch.linalg.solve(A, rhs.unsqueeze(-1)).squeeze(-1)
+        return chebyshev_solve(lambda y: (A @ y.unsqueeze(-1)).squeeze(-1), rhs, lam, fro, num_iters)
+
+    if not causal:
+        H = torch.einsum("bht,bhti,bhtj->bhij", beta, k, k)
+        U = torch.einsum("bht,bhti,bhtj->bhij", beta, v, k)
+        fro = torch.linalg.matrix_norm(H)
+        Hb = H.unsqueeze(2).expand(B, NH, T, K, K)
+        x = solve(Hb, fro.unsqueeze(-1).expand(B, NH, T), q)
+        z = alpha.unsqueeze(-1) * x + (1.0 - alpha.unsqueeze(-1)) * q
+        o = torch.einsum("bhvk,bhtk->bhtv", U, z)
+        return o.transpose(1, 2).to(out_dtype)
+
+    H = q.new_zeros(B, NH, K, K)
+    U = q.new_zeros(B, NH, V, K)
+    outputs = []
+    for start in range(0, T, chunk_size):
+        sl = slice(start, min(start + chunk_size, T))
+        qc, kc, vc, gc, bc, ac = q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl], beta[:, :, sl], alpha[:, :, sl]
+        C = qc.shape[2]
+        G = gc.cumsum(-1)                                             # (B, H, C) log-decay from the chunk start
+        causal_mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        diff = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal_mask, float("-inf"))
+        A = diff.exp() * bc.unsqueeze(-2)                             # A[t, s] = e^{G_t − G_s} β_s, s ≤ t
+        decay = G.exp()
+        kk = kc.unsqueeze(-1) * kc.unsqueeze(-2)                      # (B, H, C, K, K)
+        vk = vc.unsqueeze(-1) * kc.unsqueeze(-2)                      # (B, H, C, V, K)
+        Ht = decay[..., None, None] * H.unsqueeze(2) + torch.einsum("bhts,bhsij->bhtij", A, kk)
+        Ut = decay[..., None, None] * U.unsqueeze(2) + torch.einsum("bhts,bhsij->bhtij", A, vk)
+        fro = torch.linalg.matrix_norm(Ht)
+        x = solve(Ht, fro, qc)
+        z = ac.unsqueeze(-1) * x + (1.0 - ac.unsqueeze(-1)) * qc
+        outputs.append((Ut @ z.unsqueeze(-1)).squeeze(-1))
+        H, U = Ht[:, :, -1], Ut[:, :, -1]
+    o = torch.cat(outputs, dim=2)
+    return o.transpose(1, 2).to(out_dtype)

@@ -1,0 +1,230 @@
+"""Comba op: every implementation against the float64 per-token loop of kernels/comba/naive.py (the spec)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from visionssm.kernels import comba as comba_op
+from visionssm.kernels.comba import comba_chunked, comba_recurrent
+from visionssm.kernels.utils import assert_close
+
+GRAD_NAMES = ("q", "k", "v", "p", "g", "beta")
+LENGTHS = (1, 5, 63, 64, 65, 196, 320)
+
+
+def make_inputs(B=2, T=5, H=2, K=16, V=16, dtype=torch.float32, device="cpu", gate_scale=1.0, seed=0):
+    """Inputs shaped like the layer's: unit q/k, p = b·k with b ∈ (0, 1), β ∈ (0, 1), g = log α ≤ 0."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)
+    q = F.normalize(rand(B, T, H, K), dim=-1)
+    k = F.normalize(rand(B, T, H, K), dim=-1)
+    p = k * torch.sigmoid(rand(B, T, H, 1))
+    v = rand(B, T, H, V)
+    g = F.logsigmoid(rand(B, T, H)) / gate_scale
+    beta = torch.sigmoid(rand(B, T, H))
+    gate_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return [t.to(device=device, dtype=dtype if i < 4 else gate_dtype) for i, t in enumerate((q, k, v, p, g, beta))]
+
+
+def reference_with_grads(inputs, do, *, causal, scale=None):
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    o = comba_recurrent(*leaves, scale=scale, causal=causal)
+    o.backward(do.double())
+    return o.detach(), [t.grad for t in leaves]
+
+
+def run_with_grads(fn, inputs, do, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    o = fn(*leaves, **kwargs)
+    o.backward(do.to(o.dtype))
+    return o.detach(), [t.grad for t in leaves]
+
+
+def check_against_reference(fn, inputs, *, causal, fwd_tol=1e-3, grad_tol=1e-2, **kwargs):
+    B, T, H, _ = inputs[0].shape
+    do = torch.randn(B, T, H, inputs[2].shape[-1], generator=torch.Generator().manual_seed(1)).to(inputs[2])
+    ref_o, ref_grads = reference_with_grads([t.cpu() for t in inputs], do.cpu(), causal=causal,
+                                            scale=kwargs.get("scale"))
+    o, grads = run_with_grads(fn, inputs, do, causal=causal, **kwargs)
+    assert o.dtype == inputs[2].dtype
+    assert_close(o, ref_o, tol=fwd_tol, name="o")
+    for name, grad, ref in zip(GRAD_NAMES, grads, ref_grads):
+        assert grad is not None, f"no gradient reached {name}"
+        assert_close(grad, ref, tol=grad_tol, name=f"d{name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The spec itself
+
+
+def test_recurrent_matches_hand_unrolled_steps():
+    """Two tokens by hand: read before decay, then decay, then write."""
+    q, k, v, p, g, beta = make_inputs(B=1, T=2, H=1, K=4, V=3, dtype=torch.float64)
+    h = torch.zeros(4, 3, dtype=torch.float64)
+    expected = []
+    for t in range(2):
+        u = beta[0, t, 0] * (v[0, t, 0] - h.T @ p[0, t, 0])
+        h = g[0, t, 0].exp() * h + torch.outer(k[0, t, 0], u)
+        expected.append(0.5 * h.T @ q[0, t, 0])
+    o = comba_recurrent(q, k, v, p, g, beta, scale=0.5)
+    torch.testing.assert_close(o[0, :, 0], torch.stack(expected), rtol=1e-12, atol=1e-12)
+
+
+def test_noncausal_is_causal_plus_reversed_causal():
+    x = make_inputs(T=7, dtype=torch.float64)
+    o = comba_recurrent(*x, causal=False)
+    expected = comba_recurrent(*x) + comba_recurrent(*[t.flip(1) for t in x]).flip(1)
+    torch.testing.assert_close(o, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("T", [1, 5, 63, 64, 65, 130])
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_float64_equals_recurrent(T, causal):
+    x = [t.double() for t in make_inputs(T=T, K=8, V=4)]
+    for chunk_size in (16, 64):
+        assert_close(comba_chunked(*x, causal=causal, chunk_size=chunk_size), comba_recurrent(*x, causal=causal),
+                     tol=1e-10, name=f"o (chunk {chunk_size})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU path of the public op
+
+
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_cpu_path_forward_and_gradients(T, causal, reference_path):
+    x = make_inputs(B=2, T=T, H=2, K=16, V=16)
+    check_against_reference(comba_op, x, causal=causal)
+
+
+@pytest.mark.parametrize("gate_scale", [0.1, 10.0])
+def test_cpu_path_gate_extremes(gate_scale, reference_path):
+    x = make_inputs(T=70, gate_scale=gate_scale)
+    check_against_reference(comba_op, x, causal=True)
+
+
+def test_cpu_path_custom_scale_and_head_dims(reference_path):
+    x = make_inputs(T=33, K=32, V=8)
+    check_against_reference(comba_op, x, causal=False, scale=0.3)
+
+
+def test_cpu_path_low_precision_output_dtype(reference_path):
+    x = make_inputs(T=20, dtype=torch.bfloat16)
+    o = comba_op(*x)
+    assert o.dtype == torch.bfloat16
+    assert_close(o, comba_recurrent(*[t.double() for t in x]), dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels in Triton's CPU interpreter (tiny shapes: B·H = 2, head dims 16 unless stated)
+
+
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_interpreter_forward_and_gradients(T, causal, triton_interpreter, poison_outputs):
+    x = make_inputs(B=1, T=T, H=2, K=16, V=16)
+    check_against_reference(comba_op, x, causal=causal)
+
+
+@pytest.mark.parametrize("K,V,T,causal", [(32, 16, 37, False), (64, 64, 33, True), (20, 12, 17, True),
+                                          (128, 128, 18, False)])
+def test_triton_interpreter_head_dims_and_value_split(K, V, T, causal, triton_interpreter, poison_outputs):
+    """Non-power-of-two dims are padded in registers; V = 64, 128 with few heads splits V over programs."""
+    x = make_inputs(B=1, T=T, H=1, K=K, V=V)
+    check_against_reference(comba_op, x, causal=causal, scale=0.7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_interpreter_low_precision(dtype, triton_interpreter, poison_outputs):
+    x = make_inputs(B=2, T=23, H=1, dtype=dtype)
+    check_against_reference(comba_op, x, causal=False, fwd_tol=2e-2, grad_tol=4e-2)
+
+
+def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison_outputs):
+    x = make_inputs(B=1, T=40, H=1, gate_scale=0.05)
+    check_against_reference(comba_op, x, causal=True)
+    with torch.no_grad():
+        assert_close(comba_op(*x, causal=False), comba_recurrent(*[t.double() for t in x], causal=False), tol=1e-3)
+
+
+def test_float64_takes_the_reference_path_under_triton(triton_interpreter):
+    x = make_inputs(T=9, dtype=torch.float64)
+    assert_close(comba_op(*x), comba_recurrent(*x), tol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU (bf16 and fp32 at vision and LM sizes)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("B,T,H,K,V", [(8, 196, 4, 16, 16), (4, 49, 8, 64, 64), (2, 320, 2, 128, 128),
+                                       (2, 1000, 2, 64, 32), (3, 7, 2, 32, 64)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_forward_and_gradients(B, T, H, K, V, causal, dtype, poison_outputs):
+    x = make_inputs(B=B, T=T, H=H, K=K, V=V, dtype=dtype, device="cuda")
+    tols = (1e-3, 1e-2) if dtype == torch.float32 else (2e-2, 4e-2)
+    check_against_reference(comba_op, x, causal=causal, fwd_tol=tols[0], grad_tol=tols[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def _bad_input_cases():
+    def change(index, tensor):
+        def build():
+            x = make_inputs(T=4)
+            x[index] = tensor(x)
+            return x, {}
+        return build
+
+    def kw(**kwargs):
+        return lambda: (make_inputs(T=4), kwargs)
+
+    return [
+        ("q", ValueError, change(0, lambda x: x[0][0])),
+        ("k", ValueError, change(1, lambda x: x[1][:, :3])),
+        ("p", ValueError, change(3, lambda x: x[3][..., :8])),
+        ("v", ValueError, change(2, lambda x: x[2][:, :, :1])),
+        ("g", ValueError, change(4, lambda x: x[4][..., None])),
+        ("beta", ValueError, change(5, lambda x: x[5][:1])),
+        ("q", TypeError, change(0, lambda x: x[0].to(torch.int32))),
+        ("v", TypeError, change(2, lambda x: x[2].half())),
+        ("beta", TypeError, change(5, lambda x: x[5].numpy())),
+        ("g", TypeError, change(4, lambda x: x[4].to(torch.int64))),
+        ("K", ValueError, lambda: (make_inputs(T=2, K=256), {})),
+        ("V", ValueError, lambda: (make_inputs(T=2, V=129), {})),
+        ("T >= 1", ValueError, lambda: ([t[:, :0] for t in make_inputs(T=2)], {})),
+        ("causal", TypeError, kw(causal=1)),
+        ("scale", TypeError, kw(scale="0.5")),
+        ("scale", ValueError, kw(scale=float("nan"))),
+    ]
+
+
+@pytest.mark.parametrize("name,error,build", _bad_input_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_bad_input_raises_naming_the_argument(name, error, build):
+    args, kwargs = build()
+    with pytest.raises(error, match=name):
+        comba_op(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cross-check with flash-linear-attention's chunk reference (read-before-decay, like ours)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="flash-linear-attention is not installed")
+@pytest.mark.parametrize("T", [5, 65])
+def test_matches_fla_naive_chunk_comba(T):
+    from fla.ops.comba.naive import naive_chunk_comba
+
+    q, k, v, p, g, beta = make_inputs(B=1, T=T, H=2, K=16, V=16)
+    scale = 16 ** -0.5
+    ours = comba_recurrent(q, k, v, p, g, beta, scale=scale)
+    theirs = naive_chunk_comba(q=q, k=k, v=v, p=p, g=g, beta=beta, scale=scale, chunk_size=16)
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    assert_close(theirs.float(), ours, tol=1e-4)

@@ -1,0 +1,161 @@
+"""GKA op: the CPU path, the Triton kernels (interpreter on CPU, real on GPU) and input validation, all against
+the float64 token loop of kernels/gka/naive.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from visionssm.kernels import dispatch
+from visionssm.kernels.gka import gka
+from visionssm.kernels.gka.naive import gka_chunked, gka_recurrent
+from visionssm.kernels.utils import assert_close
+
+FWD_TOL, GRAD_TOL = 2e-3, 2e-2
+GRAD_NAMES = ("q", "k", "v", "g", "beta", "alpha")
+
+
+def make_inputs(B, T, H, K, V, *, dtype=torch.float32, device="cpu", use_beta=True, use_alpha=True, gate_scale=1.0,
+                seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g = F.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 3.0) * gate_scale
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64) * 0.9 + 0.05 if use_beta else None
+    alpha = torch.rand(B, T, H, generator=gen, dtype=torch.float64) if use_alpha else None
+    return [None if t is None else t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, alpha)]
+
+
+def run_with_grads(fn, tensors, do):
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
+    out = fn(*leaves)
+    out.backward(do.to(out.dtype))
+    return out.detach(), [None if t is None else t.grad for t in leaves]
+
+
+def check_against_reference(tensors, *, causal, fwd_tol=FWD_TOL, grad_tol=GRAD_TOL, dtype=None, exact_grads=False,
+                            num_iters=30):
+    """Forward of ``gka`` vs the float64 Chebyshev token loop; gradients vs the float64 loop's autograd
+    (``exact_grads``: vs the exact-solve loop, which is what implicit differentiation computes)."""
+    ref_inputs = [None if t is None else t.detach().double().cpu() for t in tensors]
+    do = torch.randn(tensors[2].shape[:3] + (tensors[2].shape[3],), dtype=torch.float64)
+    device = tensors[0].device
+    out, grads = run_with_grads(lambda *a: gka(*a, causal=causal, num_iters=num_iters), tensors, do.to(device))
+    ref_out = gka_recurrent(*ref_inputs, causal=causal, num_iters=num_iters)
+    assert_close(out, ref_out, tol=fwd_tol, name="o")
+    _, ref_grads = run_with_grads(
+        lambda *a: gka_recurrent(*a, causal=causal, num_iters=num_iters, exact=exact_grads), ref_inputs, do)
+    for name, grad, ref in zip(GRAD_NAMES, grads, ref_grads):
+        if ref is None:
+            continue
+        if name == "g" and not causal:
+            assert grad is None or not grad.abs().max() > 0, "g is ignored when causal=False"
+            continue
+        assert grad is not None, f"no gradient for {name}"
+        assert_close(grad, ref, tol=grad_tol, name=f"d{name}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The reference itself
+
+
+def test_chebyshev_reference_matches_exact_solve():
+    tensors = make_inputs(2, 40, 2, 16, 16, dtype=torch.float64)
+    for causal in (True, False):
+        cheb = gka_recurrent(*tensors, causal=causal)
+        exact = gka_recurrent(*tensors, causal=causal, exact=True)
+        assert_close(cheb, exact, tol=2e-3, name="chebyshev vs exact")
+        assert_close(gka_chunked(*tensors, causal=causal, chunk_size=16), cheb, tol=1e-12, name="chunked vs loop")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CPU (PyTorch) path
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T", [1, 5, 63, 64, 65, 196, 257])
+def test_cpu_path_lengths(reference_path, causal, T):
+    tensors = make_inputs(1, T, 2, 16, 16, use_beta=T % 2 == 1, use_alpha=T % 3 != 0)
+    check_against_reference(tensors, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("K,V", [(16, 32), (32, 16), (64, 64), (32, 64)])
+@pytest.mark.parametrize("gates", ["both", "none"])
+def test_cpu_path_head_dims(reference_path, causal, K, V, gates):
+    use = gates == "both"
+    tensors = make_inputs(2, 37, 2, K, V, use_beta=use, use_alpha=use)
+    check_against_reference(tensors, causal=causal)
+
+
+def test_cpu_path_dtypes(reference_path):
+    tensors = make_inputs(1, 20, 2, 16, 16, dtype=torch.bfloat16)
+    out = gka(*tensors)
+    assert out.dtype == torch.bfloat16
+    ref = gka_recurrent(*[t.double() for t in tensors])
+    assert_close(out, ref, tol=2e-2, name="o bf16")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_zero_keys_finite(reference_path, causal):
+    q, k, v, g, beta, alpha = make_inputs(1, 9, 2, 16, 16)
+    k = k.clone()
+    k[:, :4] = 0.0                                      # ‖H_t‖_F = 0 for the first tokens (all of them if non-causal)
+    if not causal:
+        k.zero_()
+    tensors = [t.requires_grad_(True) for t in (q, k, v, g, beta, alpha)]
+    out = gka(*tensors, causal=causal)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    if causal:
+        assert out[:, :4].abs().max() == 0
+    for t in tensors:
+        assert t.grad is None or torch.isfinite(t.grad).all()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def test_bad_inputs():
+    q, k, v, g, beta, alpha = make_inputs(1, 8, 2, 16, 16)
+    with pytest.raises(ValueError, match="k"):
+        gka(q, k[:, :4], v, g)
+    with pytest.raises(ValueError, match="v"):
+        gka(q, k, v[:, :, :1], g)
+    with pytest.raises(ValueError, match="head dim"):
+        gka(q[..., :8], k[..., :8], v, g)
+    with pytest.raises(ValueError, match="head dim"):
+        gka(q, k, torch.randn(1, 8, 2, 24), g)
+    with pytest.raises(TypeError, match="q"):
+        gka(q.long(), k, v, g)
+    with pytest.raises(TypeError, match="beta"):
+        gka(q, k, v, g, beta.to(torch.int32))
+    with pytest.raises(TypeError, match="k"):
+        gka(q, k.double(), v, g)
+    with pytest.raises(ValueError, match="g"):
+        gka(q, k, v, g[:, :3])
+    with pytest.raises(ValueError, match="g"):
+        gka(q, k, v, None, causal=True)
+    with pytest.raises(ValueError, match="alpha"):
+        gka(q, k, v, g, beta, alpha[..., :1])
+    with pytest.raises(ValueError, match="ridge"):
+        gka(q, k, v, g, ridge=0.0)
+    with pytest.raises(ValueError, match="ridge"):
+        gka(q, k, v, g, ridge=-1.0)
+    with pytest.raises(TypeError, match="ridge"):
+        gka(q, k, v, g, ridge="0.1")
+    with pytest.raises(ValueError, match="num_iters"):
+        gka(q, k, v, g, num_iters=0)
+    with pytest.raises(TypeError, match="num_iters"):
+        gka(q, k, v, g, num_iters=2.5)
+    with pytest.raises(TypeError, match="causal"):
+        gka(q, k, v, g, causal=1)
+    with pytest.raises(ValueError, match="q"):
+        gka(q[0], k[0], v[0], g[0])
+    assert gka(q, k, v, None, causal=False).shape == v.shape
+    meta = torch.empty(1, 8, 2, 16, device="meta")
+    with pytest.raises(ValueError, match="device"):
+        gka(q, meta, v, g)

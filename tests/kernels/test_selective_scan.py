@@ -1,0 +1,257 @@
+"""visionssm.kernels.selective_scan against the float64 per-token loop (naive.selective_scan_ref).
+
+CPU path: the vectorised PyTorch scan. Interpreter: the Triton kernels under TRITON_INTERPRET=1 (tiny shapes).
+GPU (cuda-marked): the Triton kernels at MambaVision sizes, bf16 tolerances.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from visionssm.kernels import selective_scan
+from visionssm.kernels.selective_scan.naive import selective_scan_ref
+from visionssm.kernels.utils import assert_close
+
+LENGTHS = (1, 5, 49, 63, 196, 257)
+NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+FULL = {"groups": 2, "has_D": True, "has_z": True, "has_bias": True, "softplus": True}
+BARE = {"groups": 0, "has_D": False, "has_z": False, "has_bias": False, "softplus": False}
+
+
+def make_inputs(batch=2, dim=4, nstate=3, length=7, *, groups=0, has_D=True, has_z=True, has_bias=True,
+                softplus=True, device="cpu", seed=0):
+    """float64 master inputs; groups=0 means ungrouped (batch, N, L) B/C."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    bc_shape = (batch, nstate, length) if groups == 0 else (batch, groups, nstate, length)
+    if softplus:
+        delta = rand(batch, dim, length) * 0.5 - 1.0
+    else:  # positive step sizes keep exp(δA) < 1 over long sequences
+        delta = torch.rand(batch, dim, length, generator=g, dtype=torch.float64) * 0.2 + 0.02
+    inputs = {
+        "u": rand(batch, dim, length),
+        "delta": delta,
+        "A": -torch.exp(rand(dim, nstate) * 0.5),
+        "B": rand(*bc_shape),
+        "C": rand(*bc_shape),
+        "D": rand(dim) if has_D else None,
+        "z": rand(batch, dim, length) if has_z else None,
+        "delta_bias": (rand(dim) * 0.5 if softplus else torch.rand(dim, generator=g, dtype=torch.float64) * 0.1)
+        if has_bias else None,
+    }
+    return {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}, softplus
+
+
+def run_with_grads(fn, inputs, softplus, *, dtype, causal=True, return_last_state=False, seed=1):
+    """Call ``fn`` on ``inputs`` cast to ``dtype``; return the output, last state and every input gradient."""
+    leaves = {k: (v.detach().to(dtype).requires_grad_(True) if v is not None else None) for k, v in inputs.items()}
+    result = fn(*(leaves[k] for k in NAMES), delta_softplus=softplus, causal=causal,
+                return_last_state=return_last_state)
+    out, last = (result if return_last_state else (result, None))
+    g = torch.Generator().manual_seed(seed)
+    loss = (out.double() * torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device)).sum()
+    if last is not None:
+        loss = loss + (last.double() * torch.randn(last.shape, generator=g, dtype=torch.float64).to(out.device)).sum()
+    loss.backward()
+    grads = {k: v.grad for k, v in leaves.items() if v is not None}
+    return out, last, grads
+
+
+def compare(inputs, softplus, *, dtype, causal=True, return_last_state=False, fwd_tol=1e-4, grad_tol=1e-3):
+    expected = run_with_grads(selective_scan_ref, inputs, softplus, dtype=torch.float64, causal=causal,
+                              return_last_state=return_last_state)
+    actual = run_with_grads(selective_scan, inputs, softplus, dtype=dtype, causal=causal,
+                            return_last_state=return_last_state)
+    assert actual[0].dtype == dtype
+    assert_close(actual[0], expected[0], tol=fwd_tol, name="out")
+    if return_last_state:
+        assert actual[1].dtype == torch.float32
+        assert_close(actual[1], expected[1], tol=fwd_tol, name="last_state")
+    for name, grad in expected[2].items():
+        got = actual[2][name]
+        if got is None:  # autograd's "zero": only acceptable where the true gradient is zero (dA at L = 1)
+            assert not grad.any(), f"no gradient for {name}"
+            continue
+        assert got.dtype == dtype
+        assert_close(got, grad, tol=grad_tol, name=f"d{name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Specification sanity
+
+
+def test_reference_matches_scalar_recurrence():
+    """The batched token loop equals a scalar transcription of the recurrence (one channel, grouped B/C)."""
+    inputs, softplus = make_inputs(batch=1, dim=4, nstate=2, length=4, groups=2)
+    out = selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus)
+    u, dl, A, B, C, D, z, bias = (inputs[k] for k in NAMES)
+    for d in range(4):
+        gi = d // 2
+        x = [0.0, 0.0]
+        for t in range(4):
+            dt = torch.nn.functional.softplus(dl[0, d, t] + bias[d]).item()
+            y = 0.0
+            for n in range(2):
+                x[n] = math.exp(dt * A[d, n].item()) * x[n] + dt * B[0, gi, n, t].item() * u[
+                    0, d, t].item()
+                y += x[n] * C[0, gi, n, t].item()
+            expect = (y + D[d].item() * u[0, d, t].item()) * torch.nn.functional.silu(z[0, d, t]).item()
+            assert abs(out[0, d, t].item() - expect) < 1e-12
+
+
+def test_noncausal_is_forward_plus_reversed():
+    inputs, softplus = make_inputs(length=9, has_D=False, has_z=False)
+    args = [inputs[k] for k in NAMES]
+    both = selective_scan_ref(*args, delta_softplus=softplus, causal=False)
+    fwd = selective_scan_ref(*args, delta_softplus=softplus)
+    flip = [a.flip(-1) if a is not None and a.dim() >= 3 else a for a in args]
+    rev = selective_scan_ref(*flip, delta_softplus=softplus).flip(-1)
+    torch.testing.assert_close(both, fwd + rev)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU path (vectorised PyTorch scan)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("config", ["full", "bare"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_cpu_path(reference_path, length, config, causal):
+    inputs, softplus = make_inputs(length=length, **(FULL if config == "full" else BARE))
+    compare(inputs, softplus, dtype=torch.float32, causal=causal)
+
+
+@pytest.mark.parametrize("groups", [0, 1, 4])
+@pytest.mark.parametrize("flags", [(True, False, False), (False, True, False), (False, False, True)],
+                         ids=["D", "z", "bias"])
+def test_cpu_path_options(reference_path, groups, flags):
+    has_D, has_z, has_bias = flags
+    inputs, softplus = make_inputs(length=63, groups=groups, has_D=has_D, has_z=has_z, has_bias=has_bias)
+    compare(inputs, softplus, dtype=torch.float32, causal=groups != 1)
+
+
+@pytest.mark.parametrize("length", [1, 49])
+def test_cpu_path_last_state(reference_path, length):
+    inputs, softplus = make_inputs(length=length, groups=2)
+    compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
+
+
+def test_cpu_path_float64_and_bf16(reference_path):
+    inputs, softplus = make_inputs(length=49, groups=2)
+    compare(inputs, softplus, dtype=torch.float64, fwd_tol=1e-12, grad_tol=1e-10)
+    args = [v.to(torch.bfloat16) if v is not None else None for v in (inputs[k] for k in NAMES)]
+    out = selective_scan(*args, delta_softplus=softplus)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus), tol=3e-2)
+
+
+def test_cpu_path_mamba_vision_size(reference_path):
+    """The mixer's stage-2 call (B/C shared, D, delta_bias, softplus, z=None) runs on CPU at full width."""
+    inputs, softplus = make_inputs(batch=1, dim=160, nstate=8, length=196, has_z=False)
+    args = [inputs[k].float() if inputs[k] is not None else None for k in NAMES]
+    with torch.no_grad():
+        out = selective_scan(*args, delta_softplus=softplus)
+    expected = selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus)
+    assert_close(out, expected, tol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def _bad_cases():
+    good, _ = make_inputs(batch=2, dim=4, nstate=3, length=5, groups=2)
+    f32 = {k: (v.float() if v is not None else None) for k, v in good.items()}
+
+    def with_(**changes):
+        return {**f32, **changes}
+
+    return [
+        ("u-dim", with_(u=f32["u"][0]), {}, ValueError, "u must have shape"),
+        ("u-type", with_(u=f32["u"].numpy()), {}, TypeError, "u must be a torch.Tensor"),
+        ("u-int", with_(u=f32["u"].long()), {}, TypeError, "u must have dtype"),
+        ("delta-shape", with_(delta=f32["delta"][..., :4]), {}, ValueError, "delta must have shape"),
+        ("A-complex", with_(A=f32["A"].to(torch.complex64)), {}, TypeError, "complex A .* out of scope"),
+        ("A-shape", with_(A=f32["A"][:3]), {}, ValueError, "A must have shape"),
+        ("A-big-N", with_(A=torch.zeros(4, 17), B=torch.zeros(2, 17, 5), C=torch.zeros(2, 17, 5)), {}, ValueError,
+         "N = A.shape"),
+        ("B-shape", with_(B=f32["B"][:, :, :2]), {}, ValueError, "B must have shape"),
+        ("B-2d", with_(B=torch.zeros(4, 3)), {}, ValueError, "B must have shape"),
+        ("C-groups", with_(B=torch.zeros(2, 3, 3, 5), C=torch.zeros(2, 3, 3, 5)), {}, ValueError, "must divide dim"),
+        ("C-mismatch", with_(C=torch.zeros(2, 3, 5)), {}, ValueError, "B and C must have the same shape"),
+        ("D-shape", with_(D=torch.zeros(3)), {}, ValueError, "D must have shape"),
+        ("z-shape", with_(z=torch.zeros(2, 4, 4)), {}, ValueError, "z must have shape"),
+        ("bias-dtype", with_(delta_bias=torch.zeros(4, dtype=torch.int32)), {}, TypeError, "delta_bias must have"),
+        ("softplus-type", f32, {"delta_softplus": 1}, TypeError, "delta_softplus must be a bool"),
+        ("causal-type", f32, {"causal": "yes"}, TypeError, "causal must be a bool"),
+        ("last-bidir", f32, {"causal": False, "return_last_state": True}, ValueError, "return_last_state"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, inputs, kwargs, exc, match = case
+    with pytest.raises(exc, match=match):
+        selective_scan(*(inputs[k] for k in NAMES), **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_bad_input_device():
+    inputs, _ = make_inputs()
+    args = [v.float() if v is not None else None for v in (inputs[k] for k in NAMES)]
+    args[3] = args[3].cuda()
+    with pytest.raises(ValueError, match="one device"):
+        selective_scan(*args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels in the interpreter (tiny shapes)
+
+
+@pytest.fixture
+def chunk16():
+    """Force 16-token chunks so short sequences exercise the multi-chunk path (saved states, carries)."""
+    from visionssm.kernels.selective_scan import scan
+
+    previous = scan.CONFIG_OVERRIDE
+    scan.CONFIG_OVERRIDE = {"block_l": 16}
+    yield
+    scan.CONFIG_OVERRIDE = previous
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("config", ["full", "bare"])
+def test_interpreter(triton_interpreter, poison_outputs, length, config):
+    causal = config == "full" if length % 2 else config != "full"
+    inputs, softplus = make_inputs(length=length, **(FULL if config == "full" else BARE))
+    compare(inputs, softplus, dtype=torch.float32, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("groups", [0, 2])
+def test_interpreter_chunked(triton_interpreter, poison_outputs, chunk16, causal, groups):
+    inputs, softplus = make_inputs(dim=6, length=37, groups=groups)
+    compare(inputs, softplus, dtype=torch.float32, causal=causal)
+
+
+@pytest.mark.parametrize("length", [5, 37])
+def test_interpreter_last_state(triton_interpreter, poison_outputs, chunk16, length):
+    inputs, softplus = make_inputs(length=length, groups=2, has_z=False)
+    compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
+
+
+@pytest.mark.parametrize("flags", [(True, False, False), (False, True, False), (False, False, True)],
+                         ids=["D", "z", "bias"])
+def test_interpreter_options(triton_interpreter, poison_outputs, flags):
+    has_D, has_z, has_bias = flags
+    inputs, softplus = make_inputs(dim=3, nstate=8, length=20, has_D=has_D, has_z=has_z, has_bias=has_bias,
+                                   softplus=has_bias)
+    compare(inputs, softplus, dtype=torch.float32, causal=not has_z)
+
+
+def test_interpreter_bf16(triton_interpreter, poison_outputs):
+    inputs, softplus = make_inputs(length=30, groups=2)
+    compare(inputs, softplus, dtype=torch.bfloat16, fwd_tol=2e-2, grad_tol=3e-2)

@@ -1,0 +1,139 @@
+"""Comba mixer: a closed-loop (SPLR) delta-rule recurrence with input feedback and output correction.
+
+Hu et al., "Comba: Improving Bilinear RNNs with Closed-loop Control", arXiv 2506.02475 (NeurIPS 2025), §3.3 and
+Fig. 2. Per head (paper eq. 5, with p = b·k̂):
+
+    q, k, v = SiLU(conv3(W_{q,k,v} x))         short conv, then the SiLU feature map
+    q̂, k̂ = q/‖q‖, k/‖k‖
+    p  = b · k̂,        b = sigmoid(b_logit)      feedback strength, a learned per-head scalar in (0, 1)
+    q' = q̂ − d · p                                output correction, d a learned per-head scalar (init 0.02)
+    g  = −a · softplus(W_α x + c)                 α = e^g close to 1; a = exp(A_log), c = dt_bias per head
+    β  = sigmoid(W_β x)
+    S_t = S_{t−1}(α_t − β_t b k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q'_t     (kernel: visionssm.kernels.comba)
+    y  = W_o (RMSNorm_head(o) · sigmoid(W_up W_down x))
+
+p and q' are built here, after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
+of p would cancel b (FLA's layer does exactly that, shared/reference/kernels.md §1, finding 3), and then b_logit
+would get no gradient.
+
+The sigmoid output gate is low-rank (``gate_rank``): a full C×C gate would add 12·C² parameters to a 12-block
+backbone and put comba_vision_T/S 6 % / 5 % over the paper's 5.8 M / 22.6 M (Table 9); rank 16 / 32 keeps them
+within 1.5 %. ``gate_rank=None`` gives the full-rank gate of the language-model layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from timm.models import register_notrace_module
+from torch import nn
+
+from visionssm import kernels
+
+from .gka import GatedRMSNorm, ShortConv1d, _require_int, _require_positive, init_log_decay_, l2_normalize
+
+__all__ = ["CombaMixer"]
+
+
+@register_notrace_module
+class CombaMixer(nn.Module):
+    """Comba sequence mixer, (B, L, C) -> (B, L, C).
+
+    Args:
+        dim: model width C (the width of q, k; v has ``dim * expand_v``).
+        causal: ``False`` (the vision default) runs the recurrence in both directions and centres the short conv;
+            ``True`` makes token t depend on tokens ≤ t only.
+        num_heads: number of heads; ``dim`` must be divisible by it. Default: ``dim // 64`` (head dim 64).
+        expand_v: value width relative to ``dim``.
+        conv_size: kernel size of the depthwise short convolution on q, k and v.
+        correction_init: initial output-correction factor d (0.02, the paper's choice for small models).
+        feedback_init: initial b_logit, b = sigmoid(feedback_init) (FLA initialises it to 1, b ≈ 0.73).
+        gate_rank: rank of the sigmoid output gate ``W_up W_down``; ``None`` for a full-rank ``dim × value`` gate.
+        qkv_bias: bias on the q/k/v projection.
+        norm_eps: epsilon of the per-head output RMSNorm.
+    """
+
+    def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
+                 conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,
+                 gate_rank: int | None = 16, qkv_bias: bool = False, norm_eps: float = 1e-5,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.dim = _require_int("dim", dim, 1)
+        if num_heads is None:
+            num_heads = max(1, dim // 64)
+        self.num_heads = _require_int("num_heads", num_heads, 1)
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        value_dim = dim * _require_positive("expand_v", expand_v)
+        if value_dim != round(value_dim) or round(value_dim) % num_heads:
+            raise ValueError(f"dim * expand_v must be a whole multiple of num_heads={num_heads}, "
+                             f"got {dim} * {expand_v}")
+        if gate_rank is not None:
+            _require_int("gate_rank", gate_rank, 1)
+        for name, value in (("correction_init", correction_init), ("feedback_init", feedback_init)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        self.causal = causal
+        self.head_dim = dim // num_heads
+        self.value_dim = round(value_dim)
+        self.head_v_dim = self.value_dim // num_heads
+        self.gate_rank = gate_rank
+        self.correction_init = float(correction_init)
+        self.feedback_init = float(feedback_init)
+        heads = num_heads
+
+        self.qkv = nn.Linear(dim, 2 * dim + self.value_dim, bias=qkv_bias, **dd)
+        self.qkv_conv = ShortConv1d(2 * dim + self.value_dim, conv_size, **dd)
+        self.a_proj = nn.Linear(dim, heads, bias=False, **dd)
+        self.beta_proj = nn.Linear(dim, heads, bias=False, **dd)
+        # The paper's trainable scalars {a, b, c, d}, one per head, kept out of weight decay.
+        self.A_log = nn.Parameter(torch.empty(heads, **dd))
+        self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
+        self.b_logit = nn.Parameter(torch.empty(heads, **dd))
+        self.correction = nn.Parameter(torch.empty(heads, **dd))
+        for param in (self.A_log, self.dt_bias, self.b_logit, self.correction):
+            param._no_weight_decay = True
+        if gate_rank is None:
+            self.gate_proj = nn.Sequential(nn.Linear(dim, self.value_dim, **dd))
+        else:
+            self.gate_proj = nn.Sequential(nn.Linear(dim, gate_rank, bias=False, **dd),
+                                           nn.Linear(gate_rank, self.value_dim, **dd))
+        self.out_norm = GatedRMSNorm(self.head_v_dim, activation="sigmoid", eps=norm_eps, **dd)
+        self.out_proj = nn.Linear(self.value_dim, dim, bias=False, **dd)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in (self.qkv, self.a_proj, self.beta_proj, *self.gate_proj, self.out_proj):
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        init_log_decay_(self.A_log, self.dt_bias)
+        with torch.no_grad():
+            self.b_logit.fill_(self.feedback_init)
+            self.correction.fill_(self.correction_init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        H, K, V = self.num_heads, self.head_dim, self.head_v_dim
+        q, k, v = self.qkv_conv(self.qkv(x), self.causal).split([self.dim, self.dim, self.value_dim], dim=-1)
+        q = l2_normalize(q.reshape(B, L, H, K))
+        k = l2_normalize(k.reshape(B, L, H, K))
+        v = v.reshape(B, L, H, V)
+        b = torch.sigmoid(self.b_logit).to(k.dtype)[:, None]
+        p = k * b
+        q = q - self.correction.to(q.dtype)[:, None] * p
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(self.beta_proj(x))
+        o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
+        o = self.out_norm(o, self.gate_proj(x).view(B, L, H, V))
+        return self.out_proj(o.reshape(B, L, self.value_dim))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
+                f"gate_rank={self.gate_rank}")

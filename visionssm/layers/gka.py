@@ -1,0 +1,217 @@
+"""Gated KalmaNet (GKA) mixer: a fading-memory layer that solves a ridge regression at every token.
+
+Peng, Chattopadhyay, Zancato, Nunez, Xia, Soatto, "Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge
+Regression", arXiv 2511.21016 (CVPR 2026). Layer as in the paper's Fig. 4 / appendix C, with the GKAVision settings of
+appendix N (short conv k=3, expansion 0.5, head dim 16, the per-head input gate β of eq. 55):
+
+    q, k, v = SiLU(conv3(W_{q,k,v} x))          expand 0.5: each is (B, L, C/2), heads of 16 channels
+    q̂, k̂ = q/‖q‖, k/‖k‖                        per head
+    g  = −exp(A_log) · softplus(W_a x + dt_bias)  log forgetting gate γ_t = e^{g_t} ≤ 1 (Mamba2 parametrisation)
+    β  = sigmoid(W_β x),  α = sigmoid(W_α x)      per head
+    H_t = γ_t H_{t−1} + β_t k̂_t k̂_tᵀ,   U_t = γ_t U_{t−1} + β_t v_t k̂_tᵀ
+    x_t ≈ (H_t + λ_t I)^{−1} q̂_t  (Chebyshev, λ_t = ridge · ‖H_t‖_F),   q̃_t = q̂_t + α_t (x_t − q̂_t)
+    o_t = U_t q̃_t                                 (kernel: visionssm.kernels.gka)
+    y  = W_o (RMSNorm_head(o) · SiLU(W_gate x))
+
+Parameter budget (gka_vision_T, the MambaVision-T macro-architecture with this layer in the 4 + 2 mixer blocks of
+stages 3–4, dims 320 and 640; see shared/reference/mambavision.md §1.5, §1.10). MambaVisionMixer at width C has
+2C² + O(C) parameters (in_proj C×C, out_proj C×C, x_proj, dt_proj, A_log, D, two k=3 convs): 216,320 at C=320 and
+855,040 at C=640, 2,575,360 over the six mixers; the rest of mamba_vision_T is 29,218,888. To stay within 5 % of
+31.8 M (30.21 M – 33.39 M) the six mixers must hold between 0.99 M and 4.17 M, i.e. between 0.38× and 1.62× the
+Mamba mixers. This layer holds 1.5C² (q/k/v) + 0.5C² (gate) + 0.5C² (out) + 3·C·C/32 (three per-head gate
+projections) + 4.5C (k=3 convs on 1.5C channels) + O(C/32) ≈ 2.6C²: 267,096 at C=320 and 1,065,376 at C=640,
+3,199,136 over the six mixers, so gka_vision_T has 32,418,024 parameters (+1.9 % of 31.8 M). Without the output
+gate (``use_output_gate=False``) the layer holds ≈ 2.1C² and gka_vision_T 31,803,624 (+0.01 %), the closer match
+to the paper's "≈ 31.8 M"; the gate stays on by default because Fig. 4 has it. The non-causal layer has no
+forgetting gate (the kernel's non-causal mode is a single ridge regression over the whole sequence), 3,220 / 12,840
+parameters fewer per mixer at C=320 / 640.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from timm.models import register_notrace_module
+from torch import nn
+
+from visionssm import kernels
+
+__all__ = ["GKAMixer", "GatedRMSNorm", "ShortConv1d", "l2_normalize"]
+
+
+def _require_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _require_positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return float(value)
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(‖x‖² + eps)`` over the last axis, computed in float32 and returned in x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class ShortConv1d(nn.Module):
+    """Depthwise 1-D convolution over the token axis of a (B, L, C) tensor, followed by SiLU.
+
+    ``causal=True`` pads on the left only, so token t sees tokens t−k+1..t; ``causal=False`` centres the window
+    (MambaVision's 'same' padding), so the causal switch of a mixer covers its short convolution too.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.channels = _require_int("channels", channels, 1)
+        self.kernel_size = _require_int("kernel_size", kernel_size, 1)
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size, device=device, dtype=dtype))
+        # nn.Conv1d's default initialisation (kaiming-uniform with a = sqrt(5), fan_in = kernel_size).
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
+        k = self.kernel_size
+        padding = (k - 1, 0) if causal else ((k - 1) // 2, k // 2)
+        y = F.conv1d(F.pad(x.transpose(1, 2), padding), self.weight, groups=self.channels)
+        return F.silu(y).transpose(1, 2)
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, kernel_size={self.kernel_size}"
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last axis (one head), multiplied by ``activation(gate)`` when a gate is given; float32
+    inside, result in x's dtype."""
+
+    def __init__(self, dim: int, *, activation: str = "silu", eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in ("silu", "sigmoid"):
+            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
+        self.activation = activation
+        self.eps = _require_positive("eps", eps)
+        self.weight = nn.Parameter(torch.ones(_require_int("dim", dim, 1), device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        if gate is not None:
+            gate32 = gate.float()
+            y = y * (F.silu(gate32) if self.activation == "silu" else torch.sigmoid(gate32))
+        return y.to(x.dtype)
+
+
+def init_log_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor, *, a_range: tuple[float, float] = (1.0, 16.0),
+                    dt_range: tuple[float, float] = (1e-3, 1e-1), dt_floor: float = 1e-4) -> None:
+    """Mamba2's initialisation of ``g = −exp(A_log)·softplus(W x + dt_bias)``: A ~ U(a_range), dt log-uniform in
+    dt_range with ``dt_bias = softplus⁻¹(dt)``, so that the forget gates start close to 1."""
+    with torch.no_grad():
+        A = torch.empty_like(A_log, dtype=torch.float32).uniform_(*a_range)
+        A_log.copy_(A.log())
+        lo, hi = math.log(dt_range[0]), math.log(dt_range[1])
+        dt = torch.exp(torch.rand_like(dt_bias, dtype=torch.float32) * (hi - lo) + lo).clamp(min=dt_floor)
+        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+
+@register_notrace_module
+class GKAMixer(nn.Module):
+    """Gated KalmaNet sequence mixer, (B, L, C) -> (B, L, C).
+
+    Args:
+        dim: model width C.
+        causal: ``True`` (as published) makes token t depend on tokens ≤ t only (causal short conv and the causal
+            ridge-regression recurrence with the forgetting gate γ); ``False`` solves one ridge regression over the
+            whole sequence (no forgetting, so the layer then has no γ parameters) and centres the short conv.
+            Fixed at construction.
+        expand: width of q, k and v relative to ``dim`` (0.5 in GKAVision); ``dim * expand`` must be a multiple of
+            ``head_dim``.
+        head_dim: channels per head (16 in GKAVision); the number of heads is ``dim * expand / head_dim``.
+        conv_size: kernel size of the depthwise short convolution on q, k and v.
+        ridge: ``a`` in the adaptive regulariser ``λ_t = a·‖H_t‖_F`` (0.02 in the paper).
+        num_iters: Chebyshev iterations of the ridge solve (30 in the paper).
+        use_output_gate: multiply the normalised output by ``SiLU(W_gate x)`` (Fig. 4); ``False`` drops ``W_gate``.
+        norm_eps: epsilon of the per-head output RMSNorm.
+    """
+
+    def __init__(self, dim: int, *, causal: bool = True, expand: float = 0.5, head_dim: int = 16,
+                 conv_size: int = 3, ridge: float = 0.02, num_iters: int = 30, use_output_gate: bool = True,
+                 norm_eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.dim = _require_int("dim", dim, 1)
+        self.head_dim = _require_int("head_dim", head_dim, 1)
+        expand = _require_positive("expand", expand)
+        inner = dim * expand
+        if not math.isclose(inner, round(inner)) or round(inner) % head_dim != 0:
+            raise ValueError(f"dim * expand must be a whole multiple of head_dim={head_dim}, got {dim} * {expand}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        self.inner_dim = round(inner)
+        self.num_heads = self.inner_dim // head_dim
+        self._causal = causal
+        self.ridge = _require_positive("ridge", ridge)
+        self.num_iters = _require_int("num_iters", num_iters, 1)
+        self.use_output_gate = bool(use_output_gate)
+        heads = self.num_heads
+
+        self.qkv = nn.Linear(dim, 3 * self.inner_dim, bias=False, **dd)
+        self.qkv_conv = ShortConv1d(3 * self.inner_dim, conv_size, **dd)
+        self.beta_proj = nn.Linear(dim, heads, **dd)
+        self.alpha_proj = nn.Linear(dim, heads, **dd)
+        if causal:
+            # The forgetting gate. Standalone parameters (not Linear biases), so a backbone's Linear
+            # re-initialisation leaves them alone.
+            self.a_proj = nn.Linear(dim, heads, bias=False, **dd)
+            self.A_log = nn.Parameter(torch.empty(heads, **dd))
+            self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
+            self.A_log._no_weight_decay = True
+            self.dt_bias._no_weight_decay = True
+        else:
+            self.a_proj = self.A_log = self.dt_bias = None
+        self.gate_proj = nn.Linear(dim, self.inner_dim, bias=False, **dd) if self.use_output_gate else None
+        self.out_norm = GatedRMSNorm(head_dim, activation="silu", eps=norm_eps, **dd)
+        self.out_proj = nn.Linear(self.inner_dim, dim, bias=False, **dd)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for linear in (self.qkv, self.a_proj, self.beta_proj, self.alpha_proj, self.gate_proj, self.out_proj):
+            if linear is not None:
+                trunc_normal_(linear.weight, std=0.02)
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
+        if self.A_log is not None:
+            init_log_decay_(self.A_log, self.dt_bias)
+
+    @property
+    def causal(self) -> bool:
+        return self._causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        H, D = self.num_heads, self.head_dim
+        q, k, v = self.qkv_conv(self.qkv(x), self.causal).view(B, L, 3, H, D).unbind(2)
+        q, k = l2_normalize(q), l2_normalize(k)
+        g = None
+        if self.a_proj is not None:
+            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(self.beta_proj(x))
+        alpha = torch.sigmoid(self.alpha_proj(x))
+        o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters)
+        gate = self.gate_proj(x).view(B, L, H, D) if self.gate_proj is not None else None
+        o = self.out_norm(o, gate)
+        return self.out_proj(o.reshape(B, L, self.inner_dim))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
+                f"ridge={self.ridge}, num_iters={self.num_iters}")

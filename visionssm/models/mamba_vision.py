@@ -1,0 +1,708 @@
+"""MambaVision: a hybrid Mamba-Transformer vision backbone, weight-compatible with NVIDIA's release.
+
+Paper: "MambaVision: A Hybrid Mamba-Transformer Vision Backbone", Ali Hatamizadeh and Jan Kautz, CVPR 2025,
+https://arxiv.org/abs/2407.08083
+
+    @inproceedings{hatamizadeh2025mambavision,
+      title={MambaVision: A Hybrid Mamba-Transformer Vision Backbone},
+      author={Hatamizadeh, Ali and Kautz, Jan},
+      booktitle={CVPR}, year={2025}
+    }
+
+A clean re-implementation of the architecture of https://github.com/NVlabs/MambaVision (no code taken from it:
+that code is under the NVIDIA Source Code License-NC). NVIDIA's released weights are CC-BY-NC-SA-4.0
+(non-commercial); ``checkpoint_filter_fn`` / ``MambaVision.load_pretrained`` read them unchanged, and
+``pretrained=True`` downloads them from the URLs in ``default_cfgs``.
+
+Architecture (four stages of widths dim * 2**i): a two-conv stem (stride 4), two stages of residual conv blocks,
+then two stages whose first ceil(depth / 2) blocks use a sequence mixer (MambaVision's selective-scan mixer by
+default) and whose remaining blocks use self-attention; those stages run on non-overlapping windows (zero padded
+to a multiple of the window, unmasked, as the official code does), so any input resolution works. A BatchNorm,
+global average pooling and a linear classifier follow.
+
+Differences from the official code, none of which changes the function computed:
+- timm's module names (``stem``, ``stages.{i}.downsample`` at the *start* of stage i, ``ls1.gamma``, ``head.fc``);
+  ``checkpoint_filter_fn`` maps the official names (``patch_embed.conv_down``, ``levels.{i}.downsample`` at the end
+  of level i, ``gamma_1``, ``head``).
+- ``forward_features`` returns the normalised, unpooled map (timm convention); pooling lives in the head.
+- The SSM half of a windowed stage can host any mixer of ``visionssm.layers.MIXERS`` (``mixer=``), scanned causally
+  or not (``mixer_causal=``): ``gka_vision_*`` (visionssm.models.gka_vision) are presets of this class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import ClassifierHead, DropPath, LayerScale, LayerScale2d, Mlp, trunc_normal_, use_fused_attn
+from timm.models import (
+    adapt_input_conv,
+    build_model_with_cfg,
+    checkpoint_seq,
+    generate_default_cfgs,
+    register_model,
+    register_notrace_function,
+    register_notrace_module,
+)
+from timm.models._features import feature_take_indices
+
+__all__ = ["MambaVision"]
+
+
+def _timm_dd(device, dtype) -> dict:
+    # Factory kwargs for timm layers, passed only when set: older timm layers do not accept device/dtype.
+    return {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+
+
+def resolve_mixer(mixer: str | type | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """A mixer name from ``visionssm.layers.MIXERS`` (``'mamba'``, ``'gka'``, ``'comba'``) or a class/factory with
+    the mixer contract ``Mixer(dim, *, causal, device=None, dtype=None, **mixer_kwargs)``, (B, L, C) -> (B, L, C)."""
+    if isinstance(mixer, str):
+        from visionssm.layers import MIXERS  # imported here: the layers pull in the kernel packages
+
+        if mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {sorted(MIXERS)} or a module class, got {mixer!r}")
+        mixer = MIXERS[mixer]
+    if not callable(mixer):
+        raise TypeError(f"mixer must be a name or a callable returning an nn.Module, got {type(mixer).__name__}")
+    if isinstance(mixer, type):
+        # The mixers call kernels through Python-level dispatch: FX keeps them as leaves.
+        register_notrace_module(mixer)
+    return mixer
+
+
+@register_notrace_function
+def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B * num_windows, window_size**2, C), zero padding H and W on the bottom/right up to a
+    multiple of ``window_size``; tokens inside a window are in row-major order."""
+    B, C, H, W = x.shape
+    pad_b = (window_size - H % window_size) % window_size
+    pad_r = (window_size - W % window_size) % window_size
+    if pad_b > 0 or pad_r > 0:
+        x = F.pad(x, (0, pad_r, 0, pad_b))
+    Hp, Wp = H + pad_b, W + pad_r
+    x = x.reshape(B, C, Hp // window_size, window_size, Wp // window_size, window_size)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(-1, window_size * window_size, C)
+
+
+@register_notrace_function
+def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> torch.Tensor:
+    """Inverse of :func:`window_partition`: back to (B, C, H, W), dropping the padding."""
+    Hp = H + (window_size - H % window_size) % window_size
+    Wp = W + (window_size - W % window_size) % window_size
+    C = windows.shape[-1]
+    B = windows.shape[0] // ((Hp // window_size) * (Wp // window_size))
+    x = windows.reshape(B, Hp // window_size, Wp // window_size, window_size, window_size, C)
+    x = x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, Hp, Wp)
+    if Hp != H or Wp != W:
+        x = x[:, :, :H, :W].contiguous()
+    return x
+
+
+class Stem(nn.Module):
+    """Two stride-2 3x3 convs with BatchNorm (eps 1e-4) and ReLU: output stride 4."""
+
+    def __init__(self, in_chans: int, stem_dim: int, dim: int, device=None, dtype=None):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.conv1 = nn.Conv2d(in_chans, stem_dim, 3, stride=2, padding=1, bias=False, **dd)
+        self.norm1 = nn.BatchNorm2d(stem_dim, eps=1e-4, **dd)
+        self.act1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(stem_dim, dim, 3, stride=2, padding=1, bias=False, **dd)
+        self.norm2 = nn.BatchNorm2d(dim, eps=1e-4, **dd)
+        self.act2 = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act1(self.norm1(self.conv1(x)))
+        return self.act2(self.norm2(self.conv2(x)))
+
+
+class Downsample(nn.Module):
+    """A single stride-2 3x3 conv, no norm (as the official model)."""
+
+    def __init__(self, dim: int, dim_out: int, device=None, dtype=None):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim_out, 3, stride=2, padding=1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class ConvBlock(nn.Module):
+    """x + DropPath(ls(BN(conv(GELU_tanh(BN(conv(x)))))))."""
+
+    def __init__(
+            self,
+            dim: int,
+            drop_path: float = 0.0,
+            layer_scale: float | None = None,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1, **dd)
+        self.norm1 = nn.BatchNorm2d(dim, **dd)
+        self.act1 = nn.GELU(approximate="tanh")
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, **dd)
+        self.norm2 = nn.BatchNorm2d(dim, **dd)
+        self.ls = LayerScale2d(dim, layer_scale, **_timm_dd(device, dtype)) if layer_scale is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.act1(self.norm1(self.conv1(x)))
+        x = self.norm2(self.conv2(x))
+        return shortcut + self.drop_path(self.ls(x))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over a window's tokens (no mask, no position bias)."""
+
+    fused_attn: Final[bool]
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            qkv_bias: bool = True,
+            attn_drop: float = 0.0,
+            proj_drop: float = 0.0,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        dd = {"device": device, "dtype": dtype}
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = use_fused_attn()
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = self.attn_drop(attn.softmax(dim=-1))
+            x = attn @ v
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block on tokens: x + DropPath(ls1(mixer(LN(x)))), x + DropPath(ls2(MLP(LN(x))))."""
+
+    def __init__(
+            self,
+            dim: int,
+            mixer: nn.Module,
+            mlp_ratio: float = 4.0,
+            proj_drop: float = 0.0,
+            drop_path: float = 0.0,
+            layer_scale: float | None = None,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        tdd = _timm_dd(device, dtype)
+        self.norm1 = nn.LayerNorm(dim, **dd)
+        self.mixer = mixer
+        self.ls1 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **tdd)
+        self.ls2 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.mixer(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class MambaVisionStage(nn.Module):
+    """Optional downsample, then either conv blocks (``conv=True``) or windowed token blocks: the first
+    ceil(depth / 2) with the sequence mixer, the rest with self-attention."""
+
+    def __init__(
+            self,
+            dim: int,
+            dim_out: int,
+            depth: int,
+            *,
+            conv: bool,
+            downsample: bool,
+            num_heads: int,
+            window_size: int,
+            mixer: Callable[..., nn.Module],
+            mixer_causal: bool = True,
+            mixer_kwargs: dict | None = None,
+            mlp_ratio: float = 4.0,
+            qkv_bias: bool = True,
+            proj_drop: float = 0.0,
+            attn_drop: float = 0.0,
+            drop_path: Sequence[float] = (),
+            layer_scale: float | None = None,
+            layer_scale_conv: float | None = None,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.grad_checkpointing = False
+        self.conv = conv
+        self.window_size = 0 if conv else int(window_size)
+        if not conv and self.window_size < 1:
+            raise ValueError(f"window_size must be >= 1 for a token stage, got {window_size}")
+        self.downsample = Downsample(dim, dim_out, **dd) if downsample else nn.Identity()
+        drop_path = list(drop_path) or [0.0] * depth
+        if conv:
+            blocks = [ConvBlock(dim_out, drop_path[i], layer_scale_conv, **dd) for i in range(depth)]
+        else:
+            num_mixer = (depth + 1) // 2  # official: attention in the last floor(depth / 2) blocks
+            blocks = []
+            for i in range(depth):
+                if i < num_mixer:
+                    token_mixer = mixer(dim_out, causal=mixer_causal, **dd, **(mixer_kwargs or {}))
+                else:
+                    token_mixer = Attention(dim_out, num_heads, qkv_bias, attn_drop, proj_drop, **dd)
+                blocks.append(Block(dim_out, token_mixer, mlp_ratio, proj_drop, drop_path[i], layer_scale, **dd))
+        self.blocks = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.downsample(x)
+        if self.conv:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                return checkpoint_seq(self.blocks, x)
+            return self.blocks(x)
+        H, W = x.shape[-2], x.shape[-1]
+        x = window_partition(x, self.window_size)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return window_reverse(x, self.window_size, H, W)
+
+
+class MambaVision(nn.Module):
+    """MambaVision (and any-mixer variants of its macro-architecture).
+
+    Args:
+        in_chans: Input image channels.
+        num_classes: Classifier outputs (0 for no classifier).
+        global_pool: Head pooling type (``'avg'``, ``''`` for none, ...).
+        depths: Blocks per stage.
+        dims: Stage widths (an int d means (d, 2d, 4d, 8d)).
+        stem_dim: Width of the stem's first conv.
+        num_heads: Attention heads per stage (used in token stages).
+        window_size: Window side per stage (used in token stages; inputs are padded to a multiple of it).
+        mlp_ratio: MLP hidden width over block width.
+        qkv_bias: Bias in the attention's qkv projection.
+        layer_scale: LayerScale init in token blocks (``None``: no layer scale).
+        layer_scale_conv: LayerScale init in conv blocks (``None``: no layer scale).
+        num_conv_stages: How many leading stages are conv stages (2 in MambaVision).
+        mixer: Sequence mixer of the token blocks' first half: a name from ``visionssm.layers.MIXERS`` or a class.
+        mixer_causal: ``causal=`` given to every mixer.
+        mixer_kwargs: Extra constructor kwargs for every mixer.
+        drop_rate: Dropout before the classifier.
+        proj_drop_rate: Dropout after attention/MLP projections.
+        attn_drop_rate: Attention dropout.
+        drop_path_rate: Stochastic depth, rising linearly over all blocks from 0.
+        device, dtype: Factory kwargs.
+    """
+
+    def __init__(
+            self,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            global_pool: str = "avg",
+            depths: Sequence[int] = (1, 3, 8, 4),
+            dims: int | Sequence[int] = 80,
+            stem_dim: int = 32,
+            num_heads: Sequence[int] = (2, 4, 8, 16),
+            window_size: Sequence[int] = (8, 8, 14, 7),
+            mlp_ratio: float = 4.0,
+            qkv_bias: bool = True,
+            layer_scale: float | None = None,
+            layer_scale_conv: float | None = None,
+            num_conv_stages: int = 2,
+            mixer: str | Callable[..., nn.Module] = "mamba",
+            mixer_causal: bool = True,
+            mixer_kwargs: dict | None = None,
+            drop_rate: float = 0.0,
+            proj_drop_rate: float = 0.0,
+            attn_drop_rate: float = 0.0,
+            drop_path_rate: float = 0.2,
+            device=None,
+            dtype=None,
+            **kwargs,
+    ):
+        super().__init__()
+        # Official entrypoints swallow `resolution`/`img_size`; accept and ignore them so their configs load.
+        kwargs.pop("resolution", None)
+        kwargs.pop("img_size", None)
+        if kwargs:
+            raise TypeError(f"MambaVision got unexpected keyword arguments: {sorted(kwargs)}")
+        dd = {"device": device, "dtype": dtype}
+        num_stages = len(depths)
+        if isinstance(dims, int):
+            dims = tuple(dims * 2 ** i for i in range(num_stages))
+        dims = tuple(dims)
+        for name, value in (("dims", dims), ("num_heads", num_heads), ("window_size", window_size)):
+            if len(value) != num_stages:
+                raise ValueError(f"{name} must have one entry per stage ({num_stages}), got {tuple(value)}")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.drop_rate = drop_rate
+        self.mixer_name = mixer if isinstance(mixer, str) else getattr(mixer, "__name__", str(mixer))
+        self.mixer_causal = mixer_causal
+        mixer_cls = resolve_mixer(mixer)
+
+        self.stem = Stem(in_chans, stem_dim, dims[0], **dd)
+        total = sum(depths)
+        dpr = [drop_path_rate * i / (total - 1) if total > 1 else 0.0 for i in range(total)]
+        stages = []
+        self.feature_info = []
+        prev_dim = dims[0]
+        for i in range(num_stages):
+            stages.append(MambaVisionStage(
+                prev_dim,
+                dims[i],
+                depths[i],
+                conv=i < num_conv_stages,
+                downsample=i > 0,
+                num_heads=num_heads[i],
+                window_size=window_size[i],
+                mixer=mixer_cls,
+                mixer_causal=mixer_causal,
+                mixer_kwargs=mixer_kwargs,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=proj_drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=dpr[sum(depths[:i]):sum(depths[:i + 1])],
+                layer_scale=layer_scale,
+                layer_scale_conv=layer_scale_conv,
+                **dd,
+            ))
+            prev_dim = dims[i]
+            self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
+        self.stages = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.norm = nn.BatchNorm2d(self.num_features, **dd)
+        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate,
+                                   **_timm_dd(device, dtype))
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        # The official model-wide init: trunc-normal(0.02) Linear weights, zero biases, unit norms. Sequence mixers
+        # own their init (MambaVisionMixer reproduces what the official init leaves in it), so they are skipped.
+        skip = set()
+        for module in self.modules():
+            if isinstance(module, Block) and not isinstance(module.mixer, Attention):
+                skip.update(id(m) for m in module.mixer.modules())
+        for module in self.modules():
+            if id(module) in skip:
+                continue
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        # fnmatch patterns over full parameter names (timm's optimizer factory); A_log is 2-D so it needs naming.
+        names = {"*.A_log", "*.D", "*.dt_bias", "*.gamma"}
+        names.update(n for n, p in self.named_parameters() if getattr(p, "_no_weight_decay", False))
+        return names
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(
+            stem=r"^stem",
+            blocks=r"^stages\.(\d+)" if coarse else [
+                (r"^stages\.(\d+)\.downsample", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes, global_pool)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: int | list[int] | None = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = "NCHW",
+            intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward returning the stage outputs (stride 4, 8, 16, 32; before the next downsample).
+
+        Args:
+            x: Input images (B, C, H, W).
+            indices: Take the last n stages if an int, all if None, the listed stages if a sequence.
+            norm: Apply the final BatchNorm to the last stage's output when it is taken.
+            stop_early: Stop after the last stage needed.
+            output_fmt: Only 'NCHW'.
+            intermediates_only: Return only the intermediates.
+        Returns:
+            The intermediates, or (final features, intermediates).
+        """
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last_idx = len(self.stages) - 1
+        x = self.stem(x)
+        if torch.jit.is_scripting() or not stop_early:
+            stages = self.stages
+        else:
+            stages = self.stages[:max_index + 1]
+        feat_idx = 0
+        for feat_idx, stage in enumerate(stages):
+            x = stage(x)
+            if feat_idx in take_indices:
+                intermediates.append(self.norm(x) if norm and feat_idx == last_idx else x)
+        if intermediates_only:
+            return intermediates
+        if feat_idx == last_idx:
+            x = self.norm(x)
+        return x, intermediates
+
+    def prune_intermediate_layers(
+            self,
+            indices: int | list[int] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> list[int]:
+        """Drop the stages (and norm/head) not needed for ``indices``; returns the kept indices."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()  # the final norm is sized for, and only applied to, the last stage
+        self.stages = self.stages[:max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.stages(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    @torch.jit.ignore
+    def load_pretrained(self, checkpoint_path: str, strict: bool = True) -> None:
+        """Load an official MambaVision checkpoint (``.pth.tar`` with ``{'state_dict': ...}``, official key names)
+        or a visionssm/timm one (``.pth``/``.safetensors``). Takes the checkpoint's ``state_dict`` (the weights the
+        official loader uses) rather than an EMA copy. Adapts the stem to ``in_chans`` and drops the classifier when
+        ``num_classes`` differs. timm calls this for ``pretrained=True`` (``custom_load`` cfgs) and for
+        ``pretrained_cfg_overlay=dict(file=PATH)``."""
+        state_dict = checkpoint_filter_fn(_load_checkpoint_file(checkpoint_path), self)
+        own = self.state_dict()
+        first_conv = "stem.conv1.weight"
+        if first_conv in state_dict and state_dict[first_conv].shape != own[first_conv].shape:
+            in_chans = own[first_conv].shape[1]
+            state_dict[first_conv] = adapt_input_conv(in_chans, state_dict[first_conv])
+        for key in ("head.fc.weight", "head.fc.bias"):
+            if key in state_dict and (key not in own or own[key].shape != state_dict[key].shape):
+                del state_dict[key]
+        missing, unexpected = self.load_state_dict(state_dict, strict=False)
+        missing = [k for k in missing if not k.startswith("head.fc.")]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"checkpoint {checkpoint_path} does not match the model: missing {missing}, "
+                               f"unexpected {unexpected}")
+
+
+def _load_checkpoint_file(path: str) -> dict:
+    path = str(path)
+    if path.endswith(".safetensors"):
+        import safetensors.torch
+
+        return safetensors.torch.load_file(path, device="cpu")
+    # NVIDIA's .pth.tar files carry the training args as an argparse.Namespace next to the weights: allow that one
+    # class and nothing else, keeping torch.load's weights_only safety.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+_OFFICIAL_RENAMES = (
+    (r"^patch_embed\.conv_down\.0\.", "stem.conv1."),
+    (r"^patch_embed\.conv_down\.1\.", "stem.norm1."),
+    (r"^patch_embed\.conv_down\.3\.", "stem.conv2."),
+    (r"^patch_embed\.conv_down\.4\.", "stem.norm2."),
+    (r"^levels\.(\d+)\.blocks\.(\d+)\.gamma_1$", r"stages.\1.blocks.\2.ls1.gamma"),
+    (r"^levels\.(\d+)\.blocks\.(\d+)\.gamma_2$", r"stages.\1.blocks.\2.ls2.gamma"),
+    (r"^levels\.(\d+)\.blocks\.(\d+)\.gamma$", r"stages.\1.blocks.\2.ls.gamma"),
+    (r"^levels\.(\d+)\.blocks\.", r"stages.\1.blocks."),
+    (r"^head\.", "head.fc."),
+)
+
+
+def checkpoint_filter_fn(state_dict: dict, model: nn.Module) -> dict:
+    """Convert an official NVlabs/MambaVision checkpoint to this model's key names.
+
+    Accepts the whole checkpoint (``{'state_dict': ...}`` or ``{'model': ...}``) or a bare state dict, with the
+    ``module.`` (DDP) / ``encoder.`` / ``model.`` (Hugging Face wrapper) prefixes the official loader strips. The
+    official downsample at the end of level i becomes the downsample at the start of stage i + 1. A state dict
+    already in this model's format is returned unchanged.
+    """
+    for key in ("state_dict", "model"):
+        if isinstance(state_dict.get(key), dict):
+            state_dict = state_dict[key]
+            break
+    if "stem.conv1.weight" in state_dict:
+        return state_dict
+    for prefix in ("module.", "encoder.", "model."):
+        if state_dict and all(k.startswith(prefix) for k in state_dict):
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith("patch_embed.proj"):
+            continue  # an Identity in the official model; nothing to load
+        match = re.match(r"^levels\.(\d+)\.downsample\.reduction\.0\.weight$", key)
+        if match:
+            out[f"stages.{int(match.group(1)) + 1}.downsample.conv.weight"] = value
+            continue
+        for pattern, repl in _OFFICIAL_RENAMES:
+            new_key, n = re.subn(pattern, repl, key)
+            if n:
+                key = new_key
+                break
+        out[key] = value
+    return out
+
+
+def _cfg(url: str = "", **kwargs) -> dict:
+    return {
+        "url": url,
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": (7, 7),
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+        "interpolation": "bicubic",
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "stem.conv1",
+        "classifier": "head.fc",
+        "paper_ids": "arXiv:2407.08083",
+        "paper_name": "MambaVision: A Hybrid Mamba-Transformer Vision Backbone",
+        **kwargs,
+    }
+
+
+def _nv_cfg(repo: str, filename: str, **kwargs) -> dict:
+    # NVIDIA's own files (official key names, {'state_dict': ...}); loaded by MambaVision.load_pretrained.
+    return _cfg(
+        url=f"https://huggingface.co/nvidia/{repo}/resolve/main/{filename}",
+        custom_load=True,
+        license="cc-by-nc-sa-4.0",
+        origin_url=f"https://huggingface.co/nvidia/{repo}",
+        **kwargs,
+    )
+
+
+default_cfgs = generate_default_cfgs({
+    "mamba_vision_T.nv_in1k": _nv_cfg("MambaVision-T-1K", "mambavision_tiny_1k.pth.tar", crop_pct=1.0),
+    "mamba_vision_T2.nv_in1k": _nv_cfg("MambaVision-T2-1K", "mambavision_tiny2_1k.pth.tar", crop_pct=0.98),
+    "mamba_vision_S.nv_in1k": _nv_cfg("MambaVision-S-1K", "mambavision_small_1k.pth.tar", crop_pct=0.93),
+    "mamba_vision_B.nv_in1k": _nv_cfg("MambaVision-B-1K", "mambavision_base_1k.pth.tar", crop_pct=1.0),
+    "mamba_vision_B.nv_in21k_ft_in1k": _nv_cfg("MambaVision-B-21K", "mambavision_base_21k.pth.tar", crop_pct=1.0),
+    "mamba_vision_L.nv_in1k": _nv_cfg("MambaVision-L-1K", "mambavision_large_1k.pth.tar", crop_pct=1.0),
+    "mamba_vision_L.nv_in21k_ft_in1k": _nv_cfg("MambaVision-L-21K", "mambavision_large_21k.pth.tar", crop_pct=1.0),
+    "mamba_vision_L2.nv_in1k": _nv_cfg("MambaVision-L2-1K", "mambavision_large2_1k.pth.tar", crop_pct=1.0),
+})
+
+
+def _create_mamba_vision(variant: str, pretrained: bool = False, **kwargs) -> MambaVision:
+    return build_model_with_cfg(
+        MambaVision,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),
+        **kwargs,
+    )
+
+
+@register_model
+def mamba_vision_T(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(1, 3, 8, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
+                      drop_path_rate=0.2)
+    return _create_mamba_vision("mamba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_T2(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(1, 3, 11, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
+                      drop_path_rate=0.2)
+    return _create_mamba_vision("mamba_vision_T2", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_S(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(3, 3, 7, 5), dims=96, stem_dim=64, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
+                      drop_path_rate=0.2)
+    return _create_mamba_vision("mamba_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_B(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(3, 3, 10, 5), dims=128, stem_dim=64, num_heads=(2, 4, 8, 16),
+                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    return _create_mamba_vision("mamba_vision_B", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_L(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(3, 3, 10, 5), dims=196, stem_dim=64, num_heads=(4, 8, 16, 32),
+                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    return _create_mamba_vision("mamba_vision_L", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_L2(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = dict(depths=(3, 3, 12, 5), dims=196, stem_dim=64, num_heads=(4, 8, 16, 32),
+                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    return _create_mamba_vision("mamba_vision_L2", pretrained=pretrained, **dict(model_args, **kwargs))
