@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         all_rows += rows
         tables.append(f"## {op}\n" + side_by_side(rows, keys=["shape", "mode"], baseline=suite.ANCHOR))
     if not args.no_save:
-        paths = save_results("kernels", all_rows, out_dir=args.out_dir, env=env)
+        # A run of a subset of the ops is named after them, so it does not overwrite a full run of the same day.
+        name = "kernels" if set(args.ops) == set(OPS) else "kernels-" + "-".join(args.ops)
+        paths = save_results(name, all_rows, out_dir=args.out_dir, env=env)
         print("wrote", *paths)
     print("\n\n".join(tables))
     return 0

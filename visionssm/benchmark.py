@@ -26,6 +26,7 @@ the GPU, software versions and date) and a ``.png`` chart of inference throughpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
@@ -44,12 +45,13 @@ import torch
 from visionssm.utils.benchmark import RESULTS_DIR, Timing, environment, save_results, time_fn
 
 __all__ = ["FLOP_RULE", "BenchmarkConfig", "count_flops", "format_table", "main", "plot_results", "resolve_models",
-           "run_benchmark", "write_outputs"]
+           "run_benchmark", "validate_config", "write_outputs"]
 
 FLOP_RULE = ("GFLOPs = 2 x multiply-accumulates of one forward pass of a 1x3xHxW image, as counted by "
-             "torch.utils.flop_counter.FlopCounterMode (matmul, convolution, attention ops; element-wise ops, "
-             "norms and activations are not counted); visionssm's kernels run their PyTorch reference path while "
-             "counting, so their matmuls are included. GMACs = GFLOPs / 2.")
+             "torch.utils.flop_counter.FlopCounterMode: convolutions, linear layers and matmuls including attention "
+             "(scaled_dot_product_attention); element-wise ops, norms and activations are not counted, nor are "
+             "visionssm's sequence-mixer ops (selective_scan, gka, comba), as with the ptflops/fvcore GMACs that "
+             "MambaVision and timm quote. GMACs = GFLOPs / 2.")
 TIMING_RULE = ("CUDA events around each call after warm-up (time.perf_counter on CPU); median, p20 and p80 of the "
                "repeats; img/s = batch / median time. Training step = forward + cross-entropy + backward + AdamW "
                "step (no gradient scaler). Data-parallel: one process per GPU, --batch-size images per GPU, total "
@@ -100,14 +102,17 @@ class BenchmarkConfig:
     data_parallel: int = 1
     num_classes: int = 1000
     count_flops: bool = True
+    skip_unknown: bool = False
+    skipped: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
 
-def resolve_models(names: Sequence[str]) -> list[str]:
-    """Expand wildcards (``'gka_vision_*'``) and check every name is a timm model; ``ValueError`` otherwise."""
+def resolve_models(names: Sequence[str], skipped: list[str] | None = None) -> list[str]:
+    """Expand wildcards (``'gka_vision_*'``) and check every name is a timm model; ``ValueError`` otherwise.
+    With a ``skipped`` list, unknown names are appended to it (with the reason) instead of raising."""
     import timm
     from timm.models import split_model_name_tag
 
@@ -118,14 +123,21 @@ def resolve_models(names: Sequence[str]) -> list[str]:
         if any(ch in name for ch in "*?["):
             matches = timm.list_models(name)
             if not matches:
-                raise ValueError(f"model pattern {name!r} matches no timm model" + _models_hint(name))
+                problem = f"model pattern {name!r} matches no timm model" + _models_hint(name)
+                if skipped is None:
+                    raise ValueError(problem)
+                skipped.append(problem)
             resolved += [m for m in matches if m not in resolved]
             continue
         base, _ = split_model_name_tag(name)
         if not timm.is_model(base):
             close = difflib.get_close_matches(base, timm.list_models(), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"unknown model {name!r}{hint}" + _models_hint(name))
+            problem = f"unknown model {name!r}{hint}" + _models_hint(name)
+            if skipped is None:
+                raise ValueError(problem)
+            skipped.append(problem)
+            continue
         if name not in resolved:
             resolved.append(name)
     return resolved
@@ -149,7 +161,10 @@ def validate_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
     """Check and normalise every field; raise ``ValueError`` naming the bad argument."""
     if not cfg.models:
         raise ValueError("models: give at least one timm model name")
-    cfg.models = resolve_models(cfg.models)
+    cfg.skipped = []
+    cfg.models = resolve_models(cfg.models, cfg.skipped if cfg.skip_unknown else None)
+    if not cfg.models:
+        raise ValueError("models: none of the given names is a timm model: " + "; ".join(cfg.skipped))
     _check_int("batch_size", cfg.batch_size, 1)
     _check_int("img_size", cfg.img_size, 1)
     _check_int("warmup", cfg.warmup, 0)
@@ -231,29 +246,60 @@ def _autocast(cfg: BenchmarkConfig, device: torch.device):
     return torch.autocast(device.type, dtype=cfg.torch_dtype, enabled=enabled)
 
 
+MIXER_OPS = ("gka", "comba", "selective_scan")
+
+
+@contextlib.contextmanager
+def _mixer_ops_excluded(counter):
+    """Wrap visionssm's sequence-mixer ops so the FLOPs counted inside them can be taken out of the total.
+    The layers call them as attributes of :mod:`visionssm.kernels`, which is where the wrappers go."""
+    try:
+        import visionssm.kernels as kernel_ops
+    except ImportError:  # pragma: no cover - visionssm.kernels is part of the package
+        yield [0]
+        return
+    excluded = [0]
+    originals = {}
+
+    def wrap(op):
+        def counted_apart(*args, **kwargs):
+            before = counter.get_total_flops()
+            try:
+                return op(*args, **kwargs)
+            finally:
+                excluded[0] += counter.get_total_flops() - before
+        return counted_apart
+
+    for name in MIXER_OPS:
+        try:
+            originals[name] = getattr(kernel_ops, name)
+        except (AttributeError, ImportError):
+            continue
+        setattr(kernel_ops, name, wrap(originals[name]))
+    try:
+        # The PyTorch reference path: no Triton compilation just to count, and the same count on CPU and GPU.
+        with kernel_ops.backend("torch"):
+            yield excluded
+    finally:
+        for name, op in originals.items():
+            setattr(kernel_ops, name, op)
+
+
 def count_flops(model: torch.nn.Module, img_size: int, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32) -> float:
     """GFLOPs of one forward pass of a single image, counted as stated in :data:`FLOP_RULE`."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    try:
-        from visionssm.kernels import backend as kernel_backend
-    except ImportError:  # pragma: no cover - visionssm.kernels is part of the package
-        kernel_backend = None
     x = torch.randn(1, 3, img_size, img_size, device=device, dtype=dtype)
     was_training = model.training
     model.eval()
     counter = FlopCounterMode(display=False)
     try:
-        with torch.no_grad(), counter:
-            if kernel_backend is not None:
-                with kernel_backend("torch"):
-                    model(x)
-            else:
-                model(x)
+        with torch.no_grad(), counter, _mixer_ops_excluded(counter) as excluded:
+            model(x)
     finally:
         model.train(was_training)
-    return counter.get_total_flops() / 1e9
+    return (counter.get_total_flops() - excluded[0]) / 1e9
 
 
 def _timing_fields(prefix: str, timing: Timing, batch: int) -> dict:
@@ -458,21 +504,23 @@ def _launched_rank() -> tuple[int, int, int] | None:
 # The whole run
 
 
-def run_benchmark(cfg: BenchmarkConfig, *, log=print) -> list[dict]:
-    """Validate ``cfg``, measure every model and return one row per model."""
+def run_benchmark(cfg: BenchmarkConfig, *, log=print, on_row=None) -> list[dict]:
+    """Validate ``cfg``, measure every model and return one row per model. ``on_row(rows)`` is called after each
+    model with the rows so far (the command line saves them, so a run cut short keeps what it measured)."""
     _register_visionssm_models()
     cfg = validate_config(cfg)
     device = torch.device(cfg.device)
     launched = _launched_rank()
     if launched is not None:
-        return _run_launched(cfg, launched, log)
+        return _run_launched(cfg, launched, log, on_row)
     rows = []
     for name in cfg.models:
         log(f"measuring {name} ...", flush=True)
         row = measure_model(name, cfg, device)
-        if row["error"]:
-            log(f"  {name} failed: {row['error']}", flush=True)
+        log(_summary(row), flush=True)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     if cfg.data_parallel > 1 and ("infer" in cfg.modes or "train" in cfg.modes):
         log(f"data-parallel throughput over {cfg.data_parallel} processes ...", flush=True)
         _merge_data_parallel(rows, _spawn_data_parallel(cfg))
@@ -481,7 +529,7 @@ def run_benchmark(cfg: BenchmarkConfig, *, log=print) -> list[dict]:
     return rows
 
 
-def _run_launched(cfg: BenchmarkConfig, launched: tuple[int, int, int], log) -> list[dict]:
+def _run_launched(cfg: BenchmarkConfig, launched: tuple[int, int, int], log, on_row=None) -> list[dict]:
     """Under accelerate launch / torchrun: rank 0 measures the single-device numbers while the others wait, then
     every rank joins the data-parallel measurement. Only rank 0 returns rows; the others return ``[]``."""
     import torch.distributed as dist
@@ -496,6 +544,9 @@ def _run_launched(cfg: BenchmarkConfig, launched: tuple[int, int, int], log) -> 
             for name in cfg.models:
                 log(f"measuring {name} ...", flush=True)
                 rows.append(measure_model(name, cfg, device))
+                log(_summary(rows[-1]), flush=True)
+                if on_row is not None:
+                    on_row(rows)
         dist.barrier()
         totals = _measure_data_parallel(cfg, device, rank, world)
     finally:
@@ -504,6 +555,16 @@ def _run_launched(cfg: BenchmarkConfig, launched: tuple[int, int, int], log) -> 
         return []
     _merge_data_parallel(rows, totals)
     return rows
+
+
+def _summary(row: dict) -> str:
+    """One log line per model as soon as it is measured (a run cut short still leaves its numbers in the log)."""
+    if row.get("error"):
+        return f"  {row['model']} failed: {row['error']}"
+    parts = [f"{key}={row[key]:.4g}" for key in ("params_M", "gflops", "infer_img_s", "train_img_s", "latency_ms",
+                                                  "infer_peak_MiB", "train_peak_MiB", "infer_spread")
+             if isinstance(row.get(key), (int, float))]
+    return f"  {row['model']}: " + " ".join(parts)
 
 
 def _merge_data_parallel(rows: list[dict], totals: dict[str, dict]) -> None:
@@ -525,6 +586,8 @@ def _fmt(value, digits: int = 1) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if digits == 0 and abs(value) < 100:  # small throughputs (CPU runs) keep three significant digits
+            return f"{value:.3g}"
         return f"{value:,.{digits}f}"
     return str(value)
 
@@ -546,7 +609,7 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
     if multi:
         columns += [("GPUs", "gpus", None), ("DP infer img/s", "dp_infer_img_s", 0),
                     ("DP train img/s", "dp_train_img_s", 0)]
-    header = [c[0] for c in columns] + [f"infer vs {baseline}", "train vs base", "latency vs base"]
+    header = [c[0] for c in columns] + ["infer/base", "train/base", "latency/base"]
     lines = []
     for row in rows:
         cells = []
@@ -572,8 +635,8 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
                    f"{'  channels_last' if bench.get('channels_last') else ''}"
                    f"{'  torch.compile' if bench.get('compile') else ''}")
     out += [render(header), render(["-" * w for w in widths]), *map(render, lines)]
-    out.append(f"(img/s: higher is better, ratio > 1 is faster than {baseline}; latency: lower is better, "
-               f"ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
+    out.append(f"(base = {baseline}. img/s: higher is better, ratio > 1 is faster than the base; latency: lower is "
+               f"better, ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
     for row in rows:
         if row.get("error"):
             out.append(f"! {row['model']}: {row['error']}")
@@ -663,13 +726,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-mode", default="default", help=f"one of {COMPILE_MODES}")
     p.add_argument("--cuda-graph", action="store_true", help="replay a captured CUDA graph (inference, latency)")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {MODES}")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10; 2 on CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls (default 50; 5 on CPU)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default cuda when available)")
     p.add_argument("--baseline", default=None, help="model the ratios are taken against (default: the first)")
     p.add_argument("--gpus", default="auto", help="data-parallel processes: 'auto' (all visible GPUs), 1 (off) or N")
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
+    p.add_argument("--skip-unknown", action="store_true", help="leave out (with a warning) model names this timm "
+                   "version does not know, instead of stopping")
     p.add_argument("--chart", default="params", help="x axis of the PNG chart: params or gflops")
     p.add_argument("--out-dir", default=None, help="where JSON/CSV/PNG go (default benchmarks/results in a "
                    "checkout, else ./benchmark-results)")
@@ -696,10 +761,10 @@ def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
         models=list(args.models), batch_size=args.batch_size if args.batch_size is not None else (4 if on_cpu else 256),
         img_size=args.img_size, dtype=args.dtype, precision=args.precision, channels_last=args.channels_last,
         compile=args.compile, compile_mode=args.compile_mode, modes=tuple(args.modes),
-        warmup=args.warmup if args.warmup is not None else (2 if on_cpu else 10),
+        warmup=args.warmup if args.warmup is not None else 10,
         repeats=args.repeats if args.repeats is not None else (5 if on_cpu else 50), device=device,
         baseline=args.baseline, cuda_graph=args.cuda_graph, data_parallel=data_parallel,
-        num_classes=args.num_classes, count_flops=not args.no_flops)
+        num_classes=args.num_classes, count_flops=not args.no_flops, skip_unknown=args.skip_unknown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -716,23 +781,36 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models and args.kernels:
         return main(["kernels"] + (["--out-dir", args.out_dir] if args.out_dir else []) +
                     (["--no-save"] if args.no_save else []))
+    out_dir = None if args.no_save else (args.out_dir or _default_out_dir())
+    env: dict = {}
+
+    def describe(cfg: BenchmarkConfig) -> dict:
+        if not env:
+            import timm
+
+            env.update(environment())
+            env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
+                        "timing_rule": TIMING_RULE, "command": "visionssm-benchmark " + " ".join(argv)})
+            env["benchmark"]["modes"] = list(cfg.modes)
+        return env
+
+    def save_so_far(rows: list[dict]) -> None:
+        if out_dir is not None:
+            save_results(args.name, rows, out_dir=out_dir, env=describe(cfg))
+
     try:
         cfg = _config_from_args(args)
         rank0 = _launched_rank() is None or _launched_rank()[0] == 0
-        rows = run_benchmark(cfg, log=print if rank0 else (lambda *a, **k: None))
+        rows = run_benchmark(cfg, log=print if rank0 else (lambda *a, **k: None), on_row=save_so_far)
     except ValueError as error:
         parser.error(str(error))
     if not rank0:
         return 0
-    env = environment()
-    import timm
-
-    env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
-                "timing_rule": TIMING_RULE, "command": "visionssm-benchmark " + " ".join(argv)})
-    env["benchmark"]["modes"] = list(cfg.modes)
-    print(format_table(rows, cfg.baseline, env))
-    if not args.no_save:
-        paths = write_outputs(rows, env, name=args.name, out_dir=args.out_dir or _default_out_dir(), chart=args.chart)
+    for problem in cfg.skipped:
+        print(f"warning: skipped {problem}", file=sys.stderr)
+    print(format_table(rows, cfg.baseline, describe(cfg)))
+    if out_dir is not None:
+        paths = write_outputs(rows, describe(cfg), name=args.name, out_dir=out_dir, chart=args.chart)
         print("wrote", *[str(p) for p in paths if p is not None])
     status = 1 if any(r.get("error") or r.get("dp_error") for r in rows) else 0
     if args.kernels:

@@ -90,7 +90,7 @@ def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True
         if exact:
             x = torch.linalg.solve(A, qt.unsqueeze(-1)).squeeze(-1)
         else:
-            x = chebyshev_solve(lambda y: (A @ y.unsqueeze(-1)).squeeze(-1), qt, lam, fro, num_iters)
+            x = chebyshev_solve(lambda y, A=A: (A @ y.unsqueeze(-1)).squeeze(-1), qt, lam, fro, num_iters)
         at = alpha[:, t, :, None]
         z = at * x + (1.0 - at) * qt
         outputs.append((U @ z.unsqueeze(-1)).squeeze(-1))

@@ -211,47 +211,114 @@ def test_bad_input_device():
 # Triton kernels in the interpreter (tiny shapes)
 
 
-@pytest.fixture
-def chunk16():
-    """Force 16-token chunks so short sequences exercise the multi-chunk path (saved states, carries)."""
+@pytest.fixture(params=["seq", "scan"])
+def kernel_path(request):
+    """Both Triton implementations: the sequential kernels (default) and the associative-scan kernels."""
     from visionssm.kernels.selective_scan import scan
 
     previous = scan.CONFIG_OVERRIDE
-    scan.CONFIG_OVERRIDE = {"block_l": 16}
-    yield
+    scan.CONFIG_OVERRIDE = {"path": request.param}
+    yield request.param
     scan.CONFIG_OVERRIDE = previous
+
+
+@pytest.fixture
+def chunked(kernel_path):
+    """Short chunks, so short sequences exercise the multi-chunk path (saved states, carries between chunks)."""
+    from visionssm.kernels.selective_scan import scan
+
+    scan.CONFIG_OVERRIDE = {"path": kernel_path, "block_l": 8 if kernel_path == "seq" else 16}
+    yield
 
 
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("config", ["full", "bare"])
-def test_interpreter(triton_interpreter, poison_outputs, length, config):
+def test_interpreter(triton_interpreter, poison_outputs, kernel_path, length, config):
     causal = config == "full" if length % 2 else config != "full"
-    inputs, softplus = make_inputs(length=length, **(FULL if config == "full" else BARE))
+    options = dict(FULL if config == "full" else BARE)
+    if length > 100:  # one program: the interpreter pays per time step
+        options["groups"] = 1 if options["groups"] else 0
+    inputs, softplus = make_inputs(batch=1 if length > 100 else 2, length=length, **options)
     compare(inputs, softplus, dtype=torch.float32, causal=causal)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("groups", [0, 2])
-def test_interpreter_chunked(triton_interpreter, poison_outputs, chunk16, causal, groups):
+def test_interpreter_chunked(triton_interpreter, poison_outputs, chunked, causal, groups):
     inputs, softplus = make_inputs(dim=6, length=37, groups=groups)
     compare(inputs, softplus, dtype=torch.float32, causal=causal)
 
 
 @pytest.mark.parametrize("length", [5, 37])
-def test_interpreter_last_state(triton_interpreter, poison_outputs, chunk16, length):
+def test_interpreter_last_state(triton_interpreter, poison_outputs, chunked, length):
     inputs, softplus = make_inputs(length=length, groups=2, has_z=False)
     compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
 
 
 @pytest.mark.parametrize("flags", [(True, False, False), (False, True, False), (False, False, True)],
                          ids=["D", "z", "bias"])
-def test_interpreter_options(triton_interpreter, poison_outputs, flags):
+def test_interpreter_options(triton_interpreter, poison_outputs, kernel_path, flags):
     has_D, has_z, has_bias = flags
     inputs, softplus = make_inputs(dim=3, nstate=8, length=20, has_D=has_D, has_z=has_z, has_bias=has_bias,
                                    softplus=has_bias)
     compare(inputs, softplus, dtype=torch.float32, causal=not has_z)
 
 
-def test_interpreter_bf16(triton_interpreter, poison_outputs):
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_interpreter_many_channels(triton_interpreter, poison_outputs, kernel_path, causal):
+    """More channels than one program's block, not a multiple of it: several partial dB/dC blocks, masked rows."""
+    inputs, softplus = make_inputs(batch=1, dim=70, nstate=3, length=9, groups=0, has_z=causal)
+    compare(inputs, softplus, dtype=torch.float32, causal=causal)
+
+
+def test_interpreter_bf16(triton_interpreter, poison_outputs, kernel_path):
     inputs, softplus = make_inputs(length=30, groups=2)
     compare(inputs, softplus, dtype=torch.bfloat16, fwd_tol=2e-2, grad_tol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: the Triton kernels at real sizes
+
+
+def _rounded(inputs, dtype):
+    """Inputs rounded to ``dtype`` and back to float64, so the reference sees exactly what the kernel sees."""
+    return {k: (v.to(dtype).double() if v is not None else None) for k, v in inputs.items()}
+
+
+CUDA_CASES = [  # (batch, dim, N, L, groups, causal, has_z)
+    (8, 160, 8, 196, 0, True, False),  # mamba_vision_T stage 2
+    (8, 320, 8, 49, 0, True, False),  # mamba_vision_T stage 3
+    (4, 64, 16, 257, 4, False, True),
+    (2, 48, 8, 3136, 0, True, True),  # long sequence: many chunks
+    (2, 48, 8, 1000, 2, False, False),
+    (3, 24, 5, 1, 0, False, True),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda(poison_outputs, kernel_path, case, dtype):
+    batch, dim, nstate, length, groups, causal, has_z = case
+    inputs, softplus = make_inputs(batch=batch, dim=dim, nstate=nstate, length=length, groups=groups, has_z=has_z,
+                                   device="cuda")
+    inputs = _rounded(inputs, dtype)
+    if dtype == torch.float32:
+        compare(inputs, softplus, dtype=dtype, causal=causal)
+    else:  # bf16 inputs and outputs, fp32 state
+        compare(inputs, softplus, dtype=dtype, causal=causal, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_last_state_and_mixed_dtypes(poison_outputs, kernel_path):
+    """MambaVision's call: bf16 activations with fp32 A, D, delta_bias; plus the last state."""
+    inputs, softplus = make_inputs(batch=4, dim=160, nstate=8, length=196, has_z=False, device="cuda")
+    inputs = _rounded(inputs, torch.bfloat16)
+    args = {k: (v.to(torch.bfloat16) if k in ("u", "delta", "B", "C") else v.float()) for k, v in inputs.items()
+            if v is not None}
+    out, last = selective_scan(args["u"], args["delta"], args["A"], args["B"], args["C"], args["D"],
+                               delta_bias=args["delta_bias"], delta_softplus=True, return_last_state=True)
+    ref, ref_last = selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus, return_last_state=True)
+    assert out.dtype == torch.bfloat16 and last.dtype == torch.float32
+    assert_close(out, ref, tol=1e-2, name="out")
+    assert_close(last, ref_last, tol=1e-4, name="last_state")

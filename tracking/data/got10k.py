@@ -3,7 +3,8 @@
 ::
 
     <root>/train|val|test/list.txt
-    <root>/<split>/<seq>/00000001.jpg ...  groundtruth.txt  absence.label  cover.label  cut_by_image.label  meta_info.ini
+    <root>/<split>/<seq>/00000001.jpg ...  groundtruth.txt  absence.label  cover.label  cut_by_image.label
+    <root>/<split>/<seq>/meta_info.ini
 
 ``test`` sequences carry only the first frame's box and no labels. A frame is visible when it is not marked absent,
 its cover (visible fraction in eighths) is above 0 and its box is valid (OSTrack's rule).

@@ -51,16 +51,10 @@ def _rotated_polygon(cx, cy, radius, angle, corners):
              cy + radius * math.sin(angle + 2 * math.pi * k / corners)) for k in range(corners)]
 
 
-def _stripes(size, rng, period_lo, period_hi):
-    """Boolean mask of a sinusoidal stripe pattern with a random period and phase (direction set by the caller)."""
-    period = rng.uniform(period_lo, period_hi) * size
-    phase = rng.uniform(0, 2 * math.pi)
-    return period, phase
-
-
 def _texture_mask(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
     ys, xs = np.mgrid[0:size, 0:size].astype(np.float32)
-    period, phase = _stripes(size, rng, 0.12, 0.25)
+    period = rng.uniform(0.12, 0.25) * size
+    phase = rng.uniform(0, 2 * math.pi)
     jitter = rng.uniform(-0.15, 0.15)  # slight tilt, so the direction is a distribution, not one exact angle
     if kind == "hstripes":
         coord = ys + jitter * xs
@@ -111,9 +105,9 @@ def _figure(kind: str) -> Callable:
             for arm in (base, base + math.pi / 2):
                 dx, dy = math.cos(arm), math.sin(arm)
                 px, py = -dy * width / 2, dx * width / 2
-                d.polygon([(cx - dx * radius + px, cy - dy * radius + py), (cx + dx * radius + px, cy + dy * radius + py),
-                           (cx + dx * radius - px, cy + dy * radius - py), (cx - dx * radius - px, cy - dy * radius - py)],
-                          fill=fg)
+                ex, ey = dx * radius, dy * radius
+                d.polygon([(cx - ex + px, cy - ey + py), (cx + ex + px, cy + ey + py),
+                           (cx + ex - px, cy + ey - py), (cx - ex - px, cy - ey - py)], fill=fg)
         elif kind == "star":
             points = []
             for k in range(10):

@@ -50,13 +50,12 @@ class CombaMixer(nn.Module):
         correction_init: initial output-correction factor d (0.02, the paper's choice for small models).
         feedback_init: initial b_logit, b = sigmoid(feedback_init) (FLA initialises it to 1, b ≈ 0.73).
         gate_rank: rank of the sigmoid output gate ``W_up W_down``; ``None`` for a full-rank ``dim × value`` gate.
-        qkv_bias: bias on the q/k/v projection.
         norm_eps: epsilon of the per-head output RMSNorm.
     """
 
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
                  conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,
-                 gate_rank: int | None = 16, qkv_bias: bool = False, norm_eps: float = 1e-5,
+                 gate_rank: int | None = 16, norm_eps: float = 1e-5,
                  device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
@@ -86,10 +85,12 @@ class CombaMixer(nn.Module):
         self.feedback_init = float(feedback_init)
         heads = num_heads
 
-        self.qkv = nn.Linear(dim, 2 * dim + self.value_dim, bias=qkv_bias, **dd)
+        # One GEMM for every input projection: q, k, v, the per-head forget and input gate logits, and the output
+        # gate (its down-projection when low-rank). Their split sizes are in self._splits.
+        gate_width = self.value_dim if gate_rank is None else gate_rank
+        self._splits = [2 * dim + self.value_dim, heads, heads, gate_width]
+        self.in_proj = nn.Linear(dim, sum(self._splits), bias=False, **dd)
         self.qkv_conv = ShortConv1d(2 * dim + self.value_dim, conv_size, **dd)
-        self.a_proj = nn.Linear(dim, heads, bias=False, **dd)
-        self.beta_proj = nn.Linear(dim, heads, bias=False, **dd)
         # The paper's trainable scalars {a, b, c, d}, one per head, kept out of weight decay.
         self.A_log = nn.Parameter(torch.empty(heads, **dd))
         self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
@@ -97,20 +98,17 @@ class CombaMixer(nn.Module):
         self.correction = nn.Parameter(torch.empty(heads, **dd))
         for param in (self.A_log, self.dt_bias, self.b_logit, self.correction):
             param._no_weight_decay = True
-        if gate_rank is None:
-            self.gate_proj = nn.Sequential(nn.Linear(dim, self.value_dim, **dd))
-        else:
-            self.gate_proj = nn.Sequential(nn.Linear(dim, gate_rank, bias=False, **dd),
-                                           nn.Linear(gate_rank, self.value_dim, **dd))
+        self.gate_up = nn.Linear(gate_rank, self.value_dim, **dd) if gate_rank is not None else None
         self.out_norm = GatedRMSNorm(self.head_v_dim, activation="sigmoid", eps=norm_eps, **dd)
         self.out_proj = nn.Linear(self.value_dim, dim, bias=False, **dd)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in (self.qkv, self.a_proj, self.beta_proj, *self.gate_proj, self.out_proj):
-            trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+        for module in (self.in_proj, self.gate_up, self.out_proj):
+            if module is not None:
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         init_log_decay_(self.A_log, self.dt_bias)
         with torch.no_grad():
             self.b_logit.fill_(self.feedback_init)
@@ -121,17 +119,18 @@ class CombaMixer(nn.Module):
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
         H, K, V = self.num_heads, self.head_dim, self.head_v_dim
-        q, k, v = self.qkv_conv(self.qkv(x), self.causal).split([self.dim, self.dim, self.value_dim], dim=-1)
+        qkv, forget, beta, gate = self.in_proj(x).split(self._splits, dim=-1)
+        q, k, v = self.qkv_conv(qkv, self.causal).split([self.dim, self.dim, self.value_dim], dim=-1)
         q = l2_normalize(q.reshape(B, L, H, K))
         k = l2_normalize(k.reshape(B, L, H, K))
         v = v.reshape(B, L, H, V)
-        b = torch.sigmoid(self.b_logit).to(k.dtype)[:, None]
-        p = k * b
+        p = k * torch.sigmoid(self.b_logit).to(k.dtype)[:, None]
         q = q - self.correction.to(q.dtype)[:, None] * p
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
-        beta = torch.sigmoid(self.beta_proj(x))
-        o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
-        o = self.out_norm(o, self.gate_proj(x).view(B, L, H, V))
+        g = -self.A_log.float().exp() * F.softplus(forget.float() + self.dt_bias.float())
+        o = kernels.comba(q, k, v, p, g, torch.sigmoid(beta), causal=self.causal)
+        if self.gate_up is not None:
+            gate = self.gate_up(gate)
+        o = self.out_norm(o, gate.reshape(B, L, H, V))
         return self.out_proj(o.reshape(B, L, self.value_dim))
 
     def extra_repr(self) -> str:

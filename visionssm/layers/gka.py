@@ -163,31 +163,35 @@ class GKAMixer(nn.Module):
         self.use_output_gate = bool(use_output_gate)
         heads = self.num_heads
 
-        self.qkv = nn.Linear(dim, 3 * self.inner_dim, bias=False, **dd)
+        # One GEMM for every input projection: q, k, v (3·inner), the output gate (inner), and the per-head
+        # forgetting (causal only), β and α logits. Their split sizes are in self._splits.
+        gate_width = self.inner_dim if self.use_output_gate else 0
+        num_gates = 3 if causal else 2
+        self._splits = [3 * self.inner_dim, gate_width, num_gates * heads]
+        self.in_proj = nn.Linear(dim, sum(self._splits), bias=False, **dd)
         self.qkv_conv = ShortConv1d(3 * self.inner_dim, conv_size, **dd)
-        self.beta_proj = nn.Linear(dim, heads, **dd)
-        self.alpha_proj = nn.Linear(dim, heads, **dd)
+        # Standalone parameters (not Linear biases), so a backbone's Linear re-initialisation leaves them alone.
+        self.beta_bias = nn.Parameter(torch.empty(heads, **dd))
+        self.alpha_bias = nn.Parameter(torch.empty(heads, **dd))
+        self.beta_bias._no_weight_decay = True
+        self.alpha_bias._no_weight_decay = True
         if causal:
-            # The forgetting gate. Standalone parameters (not Linear biases), so a backbone's Linear
-            # re-initialisation leaves them alone.
-            self.a_proj = nn.Linear(dim, heads, bias=False, **dd)
+            # The forgetting gate γ = exp(g), g = −exp(A_log)·softplus(W_a x + dt_bias).
             self.A_log = nn.Parameter(torch.empty(heads, **dd))
             self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
             self.A_log._no_weight_decay = True
             self.dt_bias._no_weight_decay = True
         else:
-            self.a_proj = self.A_log = self.dt_bias = None
-        self.gate_proj = nn.Linear(dim, self.inner_dim, bias=False, **dd) if self.use_output_gate else None
+            self.A_log = self.dt_bias = None
         self.out_norm = GatedRMSNorm(head_dim, activation="silu", eps=norm_eps, **dd)
         self.out_proj = nn.Linear(self.inner_dim, dim, bias=False, **dd)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for linear in (self.qkv, self.a_proj, self.beta_proj, self.alpha_proj, self.gate_proj, self.out_proj):
-            if linear is not None:
-                trunc_normal_(linear.weight, std=0.02)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+        for linear in (self.in_proj, self.out_proj):
+            trunc_normal_(linear.weight, std=0.02)
+        nn.init.zeros_(self.beta_bias)
+        nn.init.zeros_(self.alpha_bias)
         if self.A_log is not None:
             init_log_decay_(self.A_log, self.dt_bias)
 
@@ -200,16 +204,16 @@ class GKAMixer(nn.Module):
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        q, k, v = self.qkv_conv(self.qkv(x), self.causal).view(B, L, 3, H, D).unbind(2)
+        qkv, gate, gates = self.in_proj(x).split(self._splits, dim=-1)
+        q, k, v = self.qkv_conv(qkv, self.causal).view(B, L, 3, H, D).unbind(2)
         q, k = l2_normalize(q), l2_normalize(k)
+        beta = torch.sigmoid(gates[..., :H] + self.beta_bias)
+        alpha = torch.sigmoid(gates[..., H:2 * H] + self.alpha_bias)
         g = None
-        if self.a_proj is not None:
-            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
-        beta = torch.sigmoid(self.beta_proj(x))
-        alpha = torch.sigmoid(self.alpha_proj(x))
+        if self.A_log is not None:
+            g = -self.A_log.float().exp() * F.softplus(gates[..., 2 * H:].float() + self.dt_bias.float())
         o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters)
-        gate = self.gate_proj(x).view(B, L, H, D) if self.gate_proj is not None else None
-        o = self.out_norm(o, gate)
+        o = self.out_norm(o, gate.reshape(B, L, H, D) if self.use_output_gate else None)
         return self.out_proj(o.reshape(B, L, self.inner_dim))
 
     def extra_repr(self) -> str:

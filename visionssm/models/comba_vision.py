@@ -18,16 +18,18 @@ tokens. Tokens are scanned in row-major order (h, then w); the mixer is non-caus
 reversed-time recurrence, see :class:`visionssm.layers.comba.CombaMixer`), ``mixer_causal=True`` gives the
 one-directional variant.
 
-Parameter counts (this file): comba_vision_T 5,816,320 (5.8 M, +0.3 %), comba_vision_S 22,424,968 (22.6 M, −0.8 %).
-GFLOPs at 224² (multiply-accumulates, the convention of the paper's table, where DeiT-T is 1.2 and DeiT-S 4.6):
-1.08 / 4.24 for every Linear and Conv layer, plus 0.17 / 0.35 for the Comba recurrence counted in its recurrent form
-(3·K·V multiply-adds per token, head and scan direction, two directions when non-causal); see
-tests/test_comba_vision.py for the counter.
+Parameter counts (this file): comba_vision_T 5,819,320 (Table 9: 5.8 M, +0.3 %), comba_vision_S 22,428,808
+(22.6 M, −0.8 %). GFLOPs at 224², batch 1, counted as multiply-accumulates (the fvcore convention of the paper's
+table): 1.09 / 4.30 for every Linear and Conv layer (what fvcore-style counters see; Table 9: 1.1 / 4.4), plus
+0.17 / 0.35 for the Comba recurrence itself counted in its recurrent form (3·K·V multiply-adds per token, head and
+scan direction; two directions when non-causal, half that when causal), i.e. 1.26 / 4.64 in all. The counter is in
+tests/test_comba_vision.py.
 
-Hooks for trackers (one-stream, OSTrack-style): ``patch_embed`` (NHWC output), ``_pos_embed(x_nhwc)`` (adds the
-position embedding resampled to that image's grid and flattens to (B, L, C)), ``blocks`` (each (B, L, C) ->
-(B, L, C), any L), ``norm``. Embed template and search images separately, concatenate the token sequences, run the
-blocks.
+Hooks for trackers (one-stream, OSTrack-style): ``embed(img) -> (tokens (B, L, C), grid (H, W))``, which is
+``patch_embed`` (NHWC output; sides that are not multiples of the patch size are zero-padded) followed by
+``_pos_embed(x_nhwc)`` (adds the position embedding resampled to that image's grid, flattens to (B, L, C));
+``blocks`` (each (B, L, C) -> (B, L, C), any L); ``norm``. Embed template and search images separately,
+concatenate the token sequences, run the blocks, apply ``norm``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from functools import partial
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from timm.layers import (
+    DropPath,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+    register_notrace_function,
+    resample_abs_pos_embed,
+    trunc_normal_,
+)
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
@@ -46,6 +56,16 @@ from torch import nn
 from visionssm.layers.comba import CombaMixer
 
 __all__ = ["CombaVision"]
+
+
+@register_notrace_function  # shape-dependent branch: FX keeps it as one call
+def add_pos_embed(x: torch.Tensor, pos_embed: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
+    """Flatten (B, H, W, C) patch embeddings to (B, H·W, C) and add ``pos_embed`` (1, grid_size[0]·grid_size[1], C),
+    bicubically resampled to the (H, W) grid when that differs from ``grid_size``."""
+    B, H, W, C = x.shape
+    if (grid_size[0], grid_size[1]) != (H, W):
+        pos_embed = resample_abs_pos_embed(pos_embed, new_size=(H, W), old_size=grid_size, num_prefix_tokens=0)
+    return x.reshape(B, H * W, C) + pos_embed
 
 
 class CombaBlock(nn.Module):
@@ -117,7 +137,8 @@ class CombaVision(nn.Module):
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
-                                      embed_dim=embed_dim, output_fmt="NHWC", strict_img_size=False, **dd)
+                                      embed_dim=embed_dim, output_fmt="NHWC", strict_img_size=False,
+                                      dynamic_img_pad=True, **dd)
         self.pos_embed = nn.Parameter(torch.empty(1, self.patch_embed.num_patches, embed_dim, **dd))
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
@@ -127,7 +148,8 @@ class CombaVision(nn.Module):
                        init_values=init_values, norm_layer=norm_layer, act_layer=act_layer, **dd)
             for i in range(depth)])
         reduction = self.patch_embed.patch_size[0]
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=reduction) for i in range(depth)]
+        self.feature_info = [{"module": f"blocks.{i}", "num_chs": embed_dim, "reduction": reduction}
+                             for i in range(depth)]
         self.norm = norm_layer(embed_dim, **dd)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
@@ -150,7 +172,7 @@ class CombaVision(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^pos_embed|patch_embed", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+        return {"stem": r"^pos_embed|patch_embed", "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -166,20 +188,15 @@ class CombaVision(nn.Module):
             if global_pool not in ("", "avg"):
                 raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
             self.global_pool = global_pool
-        weight = self.norm.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=weight.device, dtype=weight.dtype)
+        like = self.pos_embed
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype)
                      if num_classes > 0 else nn.Identity())
 
     # ---- pieces (also used by trackers) ---------------------------------------------------------------------
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, W, C) patch embeddings -> (B, H·W, C) tokens with the position embedding of that grid."""
-        B, H, W, C = x.shape
-        pos_embed = self.pos_embed
-        if (H, W) != tuple(self.patch_embed.grid_size):
-            pos_embed = resample_abs_pos_embed(pos_embed, new_size=(H, W), old_size=self.patch_embed.grid_size,
-                                               num_prefix_tokens=0)
-        return self.pos_drop(x.reshape(B, H * W, C) + pos_embed)
+        return self.pos_drop(add_pos_embed(x, self.pos_embed, tuple(self.patch_embed.grid_size)))
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Image (B, C_in, H_img, W_img) -> tokens (B, H·W, C) and the token grid (H, W)."""
@@ -238,7 +255,8 @@ class CombaVision(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images -> normalised tokens (B, L, C), L = (H_img // patch) · (W_img // patch) in row-major order."""
+        """Images -> normalised tokens (B, L, C) in row-major order, L = ⌈H_img / patch⌉ · ⌈W_img / patch⌉ (images
+        whose sides are not multiples of the patch size are zero-padded at the bottom/right)."""
         x, _ = self.embed(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             x = checkpoint_seq(self.blocks, x)
@@ -312,28 +330,28 @@ default_cfgs = generate_default_cfgs({
 def _create_comba_vision(variant: str, pretrained: bool = False, **kwargs) -> CombaVision:
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(CombaVision, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
+                                feature_cfg={"out_indices": out_indices, "feature_cls": "getter"}, **kwargs)
 
 
 @register_model
 def comba_vision_T(pretrained: bool = False, **kwargs) -> CombaVision:
     """Comba-T: DeiT-T proportions (width 192, 3 heads, 12 blocks), 5.8 M parameters."""
-    model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0,
-                      mixer_kwargs=dict(gate_rank=16))
+    model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3, "mlp_ratio": 4.0,
+                  "mixer_kwargs": {"gate_rank": 16}}
     return _create_comba_vision("comba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def comba_vision_S(pretrained: bool = False, **kwargs) -> CombaVision:
     """Comba-S: DeiT-S proportions (width 384, 6 heads, 12 blocks), 22.4 M parameters."""
-    model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0,
-                      mixer_kwargs=dict(gate_rank=32))
+    model_args = {"patch_size": 16, "embed_dim": 384, "depth": 12, "num_heads": 6, "mlp_ratio": 4.0,
+                  "mixer_kwargs": {"gate_rank": 32}}
     return _create_comba_vision("comba_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def test_comba_vision(pretrained: bool = False, **kwargs) -> CombaVision:
     """Tiny CombaVision for CI (width 64, 2 heads of 32, 3 blocks, 96² input)."""
-    model_args = dict(img_size=96, patch_size=16, embed_dim=64, depth=3, num_heads=2, mlp_ratio=2.0,
-                      mixer_kwargs=dict(gate_rank=8))
+    model_args = {"img_size": 96, "patch_size": 16, "embed_dim": 64, "depth": 3, "num_heads": 2, "mlp_ratio": 2.0,
+                  "mixer_kwargs": {"gate_rank": 8}}
     return _create_comba_vision("test_comba_vision", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -58,34 +58,34 @@ def _create_gka_vision(variant: str, pretrained: bool = False, **kwargs) -> Mamb
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),
+        feature_cfg={"out_indices": (0, 1, 2, 3), "flatten_sequential": True},
         **kwargs,
     )
 
 
 @register_model
 def gka_vision_T(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(1, 3, 8, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (1, 3, 8, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_gka_vision("gka_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def gka_vision_T2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(1, 3, 11, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (1, 3, 11, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_gka_vision("gka_vision_T2", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def gka_vision_S(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 7, 5), dims=96, stem_dim=64, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (3, 3, 7, 5), "dims": 96, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_gka_vision("gka_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def gka_vision_B(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 10, 5), dims=128, stem_dim=64, num_heads=(2, 4, 8, 16),
-                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    model_args = {"depths": (3, 3, 10, 5), "dims": 128, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
     return _create_gka_vision("gka_vision_B", pretrained=pretrained, **dict(model_args, **kwargs))

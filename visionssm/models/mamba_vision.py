@@ -32,6 +32,7 @@ Differences from the official code, none of which changes the function computed:
 from __future__ import annotations
 
 import argparse
+import pickle
 import re
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -40,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, LayerScale, LayerScale2d, Mlp, trunc_normal_, use_fused_attn
+from timm.layers import ClassifierHead, DropPath, Mlp, trunc_normal_, use_fused_attn
 from timm.models import (
     adapt_input_conv,
     build_model_with_cfg,
@@ -80,29 +81,48 @@ def resolve_mixer(mixer: str | type | Callable[..., nn.Module]) -> Callable[...,
 @register_notrace_function
 def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
     """(B, C, H, W) -> (B * num_windows, window_size**2, C), zero padding H and W on the bottom/right up to a
-    multiple of ``window_size``; tokens inside a window are in row-major order."""
+    multiple of ``window_size``; windows in row-major order, tokens row-major inside a window (as official)."""
     B, C, H, W = x.shape
     pad_b = (window_size - H % window_size) % window_size
     pad_r = (window_size - W % window_size) % window_size
     if pad_b > 0 or pad_r > 0:
         x = F.pad(x, (0, pad_r, 0, pad_b))
     Hp, Wp = H + pad_b, W + pad_r
-    x = x.reshape(B, C, Hp // window_size, window_size, Wp // window_size, window_size)
-    return x.permute(0, 2, 4, 3, 5, 1).reshape(-1, window_size * window_size, C)
+    # Through an NHWC view: free for channels_last inputs, one copy either way.
+    x = x.permute(0, 2, 3, 1).reshape(B, Hp // window_size, window_size, Wp // window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window_size * window_size, C)
 
 
 @register_notrace_function
 def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> torch.Tensor:
-    """Inverse of :func:`window_partition`: back to (B, C, H, W), dropping the padding."""
+    """Inverse of :func:`window_partition`: back to (B, C, H, W) (channels_last strides), dropping the padding."""
     Hp = H + (window_size - H % window_size) % window_size
     Wp = W + (window_size - W % window_size) % window_size
     C = windows.shape[-1]
     B = windows.shape[0] // ((Hp // window_size) * (Wp // window_size))
     x = windows.reshape(B, Hp // window_size, Wp // window_size, window_size, window_size, C)
-    x = x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, Hp, Wp)
+    x = x.permute(0, 1, 3, 2, 4, 5).reshape(B, Hp, Wp, C)
     if Hp != H or Wp != W:
-        x = x[:, :, :H, :W].contiguous()
-    return x
+        x = x[:, :H, :W]
+    return x.permute(0, 3, 1, 2)
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a (..., C) tensor (the official ``gamma_1``/``gamma_2``)."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class LayerScale2d(LayerScale):
+    """Per-channel scale of a (B, C, H, W) tensor (the official conv-block ``gamma``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma.view(1, -1, 1, 1)
 
 
 class Stem(nn.Module):
@@ -152,7 +172,7 @@ class ConvBlock(nn.Module):
         self.act1 = nn.GELU(approximate="tanh")
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, **dd)
         self.norm2 = nn.BatchNorm2d(dim, **dd)
-        self.ls = LayerScale2d(dim, layer_scale, **_timm_dd(device, dtype)) if layer_scale is not None else nn.Identity()
+        self.ls = LayerScale2d(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -223,11 +243,11 @@ class Block(nn.Module):
         tdd = _timm_dd(device, dtype)
         self.norm1 = nn.LayerNorm(dim, **dd)
         self.mixer = mixer
-        self.ls1 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
+        self.ls1 = LayerScale(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **tdd)
-        self.ls2 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
+        self.ls2 = LayerScale(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -402,7 +422,7 @@ class MambaVision(nn.Module):
                 **dd,
             ))
             prev_dim = dims[i]
-            self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
+            self.feature_info.append({"num_chs": dims[i], "reduction": 4 * 2 ** i, "module": f"stages.{i}"})
         self.stages = nn.Sequential(*stages)
         self.num_features = self.head_hidden_size = dims[-1]
         self.norm = nn.BatchNorm2d(self.num_features, **dd)
@@ -438,14 +458,14 @@ class MambaVision(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(
-            stem=r"^stem",
-            blocks=r"^stages\.(\d+)" if coarse else [
+        return {
+            "stem": r"^stem",
+            "blocks": r"^stages\.(\d+)" if coarse else [
                 (r"^stages\.(\d+)\.downsample", (0,)),
                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
                 (r"^norm", (99999,)),
             ],
-        )
+        }
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -562,8 +582,13 @@ def _load_checkpoint_file(path: str) -> dict:
         return safetensors.torch.load_file(path, device="cpu")
     # NVIDIA's .pth.tar files carry the training args as an argparse.Namespace next to the weights: allow that one
     # class and nothing else, keeping torch.load's weights_only safety.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise RuntimeError(f"{path} holds objects other than tensors and training args, so it is not loaded "
+                           "with weights_only=True. If you trust the file, allow the listed classes with "
+                           "torch.serialization.add_safe_globals([...]) and retry.") from exc
 
 
 _OFFICIAL_RENAMES = (
@@ -661,48 +686,48 @@ def _create_mamba_vision(variant: str, pretrained: bool = False, **kwargs) -> Ma
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),
+        feature_cfg={"out_indices": (0, 1, 2, 3), "flatten_sequential": True},
         **kwargs,
     )
 
 
 @register_model
 def mamba_vision_T(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(1, 3, 8, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (1, 3, 8, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_mamba_vision("mamba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def mamba_vision_T2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(1, 3, 11, 4), dims=80, stem_dim=32, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (1, 3, 11, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_mamba_vision("mamba_vision_T2", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def mamba_vision_S(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 7, 5), dims=96, stem_dim=64, num_heads=(2, 4, 8, 16), window_size=(8, 8, 14, 7),
-                      drop_path_rate=0.2)
+    model_args = {"depths": (3, 3, 7, 5), "dims": 96, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
     return _create_mamba_vision("mamba_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def mamba_vision_B(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 10, 5), dims=128, stem_dim=64, num_heads=(2, 4, 8, 16),
-                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    model_args = {"depths": (3, 3, 10, 5), "dims": 128, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
     return _create_mamba_vision("mamba_vision_B", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def mamba_vision_L(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 10, 5), dims=196, stem_dim=64, num_heads=(4, 8, 16, 32),
-                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    model_args = {"depths": (3, 3, 10, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
     return _create_mamba_vision("mamba_vision_L", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def mamba_vision_L2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = dict(depths=(3, 3, 12, 5), dims=196, stem_dim=64, num_heads=(4, 8, 16, 32),
-                      window_size=(8, 8, 14, 7), drop_path_rate=0.3, layer_scale=1e-5)
+    model_args = {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
     return _create_mamba_vision("mamba_vision_L2", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,122 @@
+"""Comba kernel suite: visionssm.kernels.comba next to SDPA (same causality) and flash-linear-attention's
+``chunk_comba`` (causal only; its non-causal form would be two calls), bf16, forward and forward+backward.
+
+Shapes are the GKA issue's: three vision shapes and one LM shape. Targets (issue 4): vision forward+backward
+≤ 1.0× SDPA; at (B4, T2048, H8, D128) ≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
+so below that version only its forward is timed (its forward+backward rows are left out).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from visionssm.utils.benchmark import time_fn
+
+ANCHOR = "sdpa"
+SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128)]
+
+
+def _fla_chunk_comba():
+    try:
+        from fla.ops.comba import chunk_comba
+    except Exception as exc:  # noqa: BLE001 - any import failure just drops the column
+        print(f"# flash-linear-attention not usable here ({type(exc).__name__}: {exc}); chunk_comba column skipped")
+        return None, False
+    import triton
+
+    version = tuple(int(x) for x in triton.__version__.split(".")[:3] if x.isdigit())
+    backward_ok = version >= (3, 7, 1) or torch.cuda.get_device_capability()[0] != 9
+    if not backward_ok:
+        print(f"# triton {triton.__version__} on Hopper: FLA chunk_comba backward is known wrong; forward only")
+    return chunk_comba, backward_ok
+
+
+def _inputs(B, T, H, D, dtype=torch.bfloat16):
+    dev = "cuda"
+    q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1)
+    p = (k * torch.sigmoid(torch.randn(B, T, H, 1, device=dev))).to(dtype)
+    k = k.to(dtype)
+    v = torch.randn(B, T, H, D, device=dev, dtype=dtype)
+    g = F.logsigmoid(torch.randn(B, T, H, device=dev)) / 16
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(dtype)
+    return q, k, v, p, g, beta
+
+
+def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
+    """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, and the fp32 per-chunk
+    states written by the forward and read by the backward."""
+    tokens = B * T * H
+    fwd = tokens * (5 * D * elem + 4 + elem)
+    if not backward:
+        return fwd
+    bt = 16 if D <= 32 else 32
+    states = (1 if causal else 2) * B * H * (-(-T // bt)) * D * D * 4
+    return fwd + 2 * states + tokens * (10 * D * elem + 2 * (4 + elem))
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    from visionssm.kernels import comba
+
+    if not torch.cuda.is_available():
+        print("# comba suite needs CUDA; skipped")
+        return []
+    fla_chunk_comba, fla_backward_ok = _fla_chunk_comba()
+    rows = []
+    for B, T, H, D in SHAPES[:1] if quick else SHAPES:
+        shape = f"B{B} T{T} H{H} D{D}"
+        q, k, v, p, g, beta = _inputs(B, T, H, D)
+        sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        do = torch.randn_like(v)
+        sdo = do.transpose(1, 2).contiguous()
+        for causal in (True, False):
+            tag = "causal" if causal else "noncausal"
+            impls = {
+                "visionssm": ((q, k, v, p, g, beta), lambda a, c=causal: comba(*a, causal=c), do),
+                "sdpa": ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo),
+            }
+            if causal and fla_chunk_comba is not None:
+                impls["fla_chunk_comba"] = ((q, k, v, p, g, beta), lambda a: fla_chunk_comba(
+                    q=a[0], k=a[1], v=a[2], p=a[3], g=a[4], beta=a[5])[0], do)
+            for impl, (args, fn, grad_out) in impls.items():
+                for backward in (False, True):
+                    if backward and impl == "fla_chunk_comba" and not fla_backward_ok:
+                        continue
+                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
+                    leaves = [a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
+                    if backward:
+                        call = lambda f=fn, x=leaves, go=grad_out: torch.autograd.grad(f(x), x, go)
+                    else:
+                        call = lambda f=fn, x=leaves: f(x)
+                    try:
+                        with torch.no_grad() if not backward else torch.enable_grad():
+                            timing = time_fn(call, warmup=5, repeats=30)
+                    except Exception as exc:  # noqa: BLE001 - report and keep going
+                        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}")
+                        continue
+                    row = {"op": "comba", "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
+                           "spread": round(timing.spread, 3)}
+                    if impl == "visionssm":
+                        gbps = _bytes(B, T, H, D, causal, backward) / (timing.median_ms * 1e-3) / 1e9
+                        row["GB/s"] = round(gbps, 1)
+                        if copy_gbps:
+                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
+                    rows.append(row)
+                    print(f"{shape:22s} {mode:18s} {impl:16s} {timing.median_ms:8.4f} ms", flush=True)
+        del q, k, v, p, g, beta, sq, sk, sv, do, sdo
+        torch.cuda.empty_cache()
+    _print_fla_ratios(rows)
+    from visionssm.kernels.comba import fused
+
+    for key, timings in fused.TUNING_LOG.items():
+        print("# launch tuning", key, " ".join(f"{cfg}: {ms:.4f} ms" for cfg, ms in timings))
+    return rows
+
+
+def _print_fla_ratios(rows: list[dict]) -> None:
+    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
+    for (shape, mode, impl), ms in by_key.items():
+        fla = by_key.get((shape, mode, "fla_chunk_comba"))
+        if impl == "visionssm" and fla:
+            print(f"# visionssm / fla_chunk_comba  {shape} {mode}: {ms / fla:.2f}x")

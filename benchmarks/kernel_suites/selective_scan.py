@@ -1,0 +1,174 @@
+"""Selective scan at MambaVision's shapes (bf16 activations, fp32 A/D/delta_bias, B/C shared, softplus, z=None).
+
+Implementations: ours (Triton), the PyTorch reference path compiled with ``torch.compile`` (the anchor), and
+``mamba_ssm.selective_scan_fn`` when it is importable on the machine. The issue's H100 ``mamba_ssm`` numbers are
+added as rows marked ``quoted`` (not measured in this run; different GPU when run elsewhere).
+
+    python benchmarks/kernels.py --ops selective_scan
+    python -c "import sys; sys.path[:0] = ['benchmarks', '.']; from kernel_suites import selective_scan as s; s.sweep()"
+    VISIONSSM_SCAN_CONFIG='{"block_d_fwd": 64}' python benchmarks/kernels.py --ops selective_scan
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from visionssm.kernels import selective_scan
+from visionssm.kernels.selective_scan.naive import selective_scan_torch
+from visionssm.utils.benchmark import time_fn
+
+ANCHOR = "torch.compile(ref)"
+OURS = "visionssm-triton"
+OURS_GRAPH = "visionssm-triton (CUDA graph)"
+OURS_SCAN = "visionssm-triton scan-path"
+#: JSON launch config for our kernels (see ``scan.CONFIG_OVERRIDE``); unset: the built-in defaults.
+CONFIG_ENV = "VISIONSSM_SCAN_CONFIG"
+QUOTED = "mamba_ssm H100 (quoted)"
+
+#: (batch, dim, L, N): mamba_vision_T stages 2 and 3, and mamba_vision_B's widths.
+SHAPES = [(256, 160, 196, 8), (256, 320, 49, 8), (256, 256, 196, 8), (256, 512, 49, 8)]
+#: Issue 5: mamba_ssm's CUDA selective_scan_fn on an H100 with bf16 inputs, (forward ms, forward+backward ms).
+QUOTED_H100 = {(256, 160, 196, 8): (0.24, 0.94), (256, 320, 49, 8): (0.26, 0.84),
+               (256, 256, 196, 8): (0.32, 1.29), (256, 512, 49, 8): (0.35, 1.31)}
+
+
+def make_inputs(batch, dim, length, nstate, device="cuda", dtype=torch.bfloat16):
+    g = torch.Generator(device=device).manual_seed(0)
+    rand = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+    return {
+        "u": rand(batch, dim, length).to(dtype),
+        "delta": (rand(batch, dim, length) * 0.5 - 2.0).to(dtype),
+        "A": -torch.arange(1, nstate + 1, device=device, dtype=torch.float32).repeat(dim, 1),
+        "B": rand(batch, nstate, length).to(dtype),
+        "C": rand(batch, nstate, length).to(dtype),
+        "D": torch.ones(dim, device=device),
+        "delta_bias": rand(dim) * 0.1,
+    }
+
+
+def _callable(fn, x, mode):
+    keys = ("u", "delta", "A", "B", "C", "D", "delta_bias")
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                return fn(x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], None, x["delta_bias"], True)
+        return call
+    leaves = {k: x[k].detach().requires_grad_(True) for k in keys}
+    dout = torch.randn_like(x["u"])
+
+    def call():
+        out = fn(leaves["u"], leaves["delta"], leaves["A"], leaves["B"], leaves["C"], leaves["D"], None,
+                 leaves["delta_bias"], True)
+        return torch.autograd.grad(out, [leaves[k] for k in keys], dout)
+    return call
+
+
+def _bytes(batch, dim, length, nstate, mode):
+    """Bytes a fused kernel must move (bf16 activations): the memory floor."""
+    act, bc = batch * dim * length * 2, batch * nstate * length * 2
+    fwd = 3 * act + 2 * bc  # u, delta in; out
+    return fwd if mode == "fwd" else fwd + 5 * act + 4 * bc  # + u, delta, dout in; du, ddelta out; B, C, dB, dC
+
+
+def _with_config(config):
+    from visionssm.kernels.selective_scan import scan
+
+    def call(*args):
+        previous = scan.CONFIG_OVERRIDE
+        scan.CONFIG_OVERRIDE = config
+        try:
+            return selective_scan(*args)
+        finally:
+            scan.CONFIG_OVERRIDE = previous
+    return call
+
+
+def _implementations():
+    config = json.loads(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None
+    if config:
+        print(f"# {OURS} launch config: {config}", flush=True)
+    ours = _with_config(config)
+    impls = {OURS: ours, OURS_GRAPH: ours, OURS_SCAN: _with_config({"path": "scan"}),
+             ANCHOR: torch.compile(selective_scan_torch, dynamic=False)}
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except ImportError:
+        print("# mamba_ssm not importable here: its CUDA scan is not measured", flush=True)
+    else:
+        impls["mamba_ssm"] = selective_scan_fn
+    return impls
+
+
+def run(quick: bool, copy_gbps: float | None) -> list[dict]:
+    rows = []
+    impls = _implementations()
+    for shape in SHAPES[:1] if quick else SHAPES:
+        x = make_inputs(*shape)
+        label = "x".join(map(str, shape))
+        for mode in ("fwd", "fwd+bwd"):
+            for name, fn in impls.items():
+                if name == OURS_GRAPH and mode != "fwd":  # autograd is not captured: graphs time the forward only
+                    continue
+                try:
+                    timing = time_fn(_callable(fn, x, mode), warmup=5, repeats=30, cuda_graph=name == OURS_GRAPH)
+                except Exception as exc:  # an anchor that fails (e.g. out of memory) is reported, not fatal
+                    print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                row = {"op": "selective_scan", "shape": label, "mode": mode, "impl": name,
+                       "ms": timing.median_ms, "spread": round(timing.spread, 3)}
+                gbps = _bytes(*shape, mode) / (timing.median_ms * 1e-3) / 1e9
+                row["GB/s"] = gbps
+                if copy_gbps:
+                    row["%copy"] = 100 * gbps / copy_gbps
+                rows.append(row)
+                print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
+            quoted = QUOTED_H100.get(shape)
+            if quoted:
+                rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": QUOTED,
+                             "ms": quoted[0 if mode == "fwd" else 1], "note": "issue 5, H100, not measured here"})
+        del x
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep(shapes=None, configs=None, out_path=None) -> dict:
+    """Time the sequential kernels over launch shapes; return (and optionally write as JSON) the best config:
+    forward block/warps by forward time, backward block/warps and chunk by (forward+backward - forward)."""
+    from visionssm.kernels.selective_scan import scan
+
+    configs = configs or [(16, 32, 1), (16, 32, 2), (16, 64, 2), (16, 16, 1), (16, 64, 4), (32, 32, 1),
+                          (8, 32, 1), (16, 128, 4)]
+    totals = {}
+    for shape in shapes or SHAPES[:2]:
+        x = make_inputs(*shape)
+        label = "x".join(map(str, shape))
+        for chunk, block_d, nw in configs:
+            scan.CONFIG_OVERRIDE = {"path": "seq", "block_l": chunk, "block_d_fwd": block_d, "block_d_bwd": block_d,
+                                    "warps_fwd": nw, "warps_bwd": nw}
+            try:
+                fwd = time_fn(_callable(selective_scan, x, "fwd"), warmup=3, repeats=20, cuda_graph=True).median_ms
+                both = time_fn(_callable(selective_scan, x, "fwd+bwd"), warmup=3, repeats=20).median_ms
+            except Exception as exc:
+                print(f"{label} chunk{chunk} D{block_d} w{nw}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            acc = totals.setdefault((chunk, block_d, nw), [0.0, 0.0, 0])
+            acc[0] += fwd
+            acc[1] += both - fwd
+            acc[2] += 1
+            print(f"{label} chunk{chunk:3d} D{block_d:4d} w{nw}: fwd {fwd:.4f} ms (graph)  fwd+bwd {both:.4f} ms",
+                  flush=True)
+        del x
+    scan.CONFIG_OVERRIDE = None
+    complete = {k: v for k, v in totals.items() if v[2] == max(t[2] for t in totals.values())}
+    best_fwd = min(complete, key=lambda k: complete[k][0])
+    best_bwd = min(complete, key=lambda k: complete[k][1])
+    best = {"path": "seq", "block_l": best_bwd[0], "block_d_fwd": best_fwd[1], "warps_fwd": best_fwd[2],
+            "block_d_bwd": best_bwd[1], "warps_bwd": best_bwd[2]}
+    print("best:", json.dumps(best), flush=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(best, f)
+    return best

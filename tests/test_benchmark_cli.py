@@ -1,0 +1,300 @@
+"""The backbone benchmark command (visionssm.benchmark) and the regression check, on CPU with tiny timm models."""
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from visionssm import benchmark as bench
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--device", "cpu", "--batch-size", "2", "--img-size", "64", "--warmup", "0", "--repeats", "2"]
+
+
+def _load_check_regression():
+    spec = importlib.util.spec_from_file_location("check_regression", REPO / "benchmarks" / "check_regression.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check_regression = _load_check_regression()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One real CPU run of two tiny timm models, shared by the output and regression tests."""
+    out = tmp_path_factory.mktemp("bench")
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = bench.main(["test_resnet", "test_vit", *TINY, "--baseline", "test_resnet", "--out-dir", str(out)])
+    return status, stdout.getvalue(), out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument handling
+
+
+def _config(**overrides):
+    values = {"models": ["test_resnet"], "batch_size": 2, "img_size": 64, "device": "cpu", "repeats": 1,
+              "warmup": 0}
+    values.update(overrides)
+    return bench.BenchmarkConfig(**values)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"models": []}, "at least one"),
+    ({"models": ["resnet_does_not_exist"]}, "unknown model"),
+    ({"models": ["no_such_family_*"]}, "matches no timm model"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"),
+    ({"img_size": -1}, "img_size"),
+    ({"repeats": 0}, "repeats"),
+    ({"warmup": -1}, "warmup"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"precision": "mixed"}, "precision"),
+    ({"modes": ("infer", "backward")}, "modes"),
+    ({"modes": ()}, "modes"),
+    ({"compile_mode": "fastest"}, "compile_mode"),
+    ({"device": "tpu"}, "device"),
+    ({"baseline": "resnet50"}, "baseline"),
+    ({"data_parallel": 0}, "data_parallel"),
+    ({"cuda_graph": True}, "cuda_graph"),
+])
+def test_bad_arguments_raise_value_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        bench.validate_config(_config(**overrides))
+
+
+def test_unknown_model_suggests_close_names():
+    with pytest.raises(ValueError, match="did you mean.*resnet18"):
+        bench.resolve_models(["resnet181"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")
+def test_cuda_without_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        bench.validate_config(_config(device="cuda"))
+
+
+def test_skip_unknown_leaves_out_names_this_timm_lacks():
+    cfg = bench.validate_config(_config(models=["test_resnet", "no_such_model_abc"], skip_unknown=True))
+    assert cfg.models == ["test_resnet"] and "no_such_model_abc" in cfg.skipped[0]
+    with pytest.raises(ValueError, match="none of the given names"):
+        bench.validate_config(_config(models=["no_such_model_abc"], skip_unknown=True))
+
+
+def test_normalises_dtype_aliases_modes_and_patterns():
+    cfg = bench.validate_config(_config(models=["test_vit*", "test_resnet"], dtype="bf16",
+                                        modes=("latency", "infer")))
+    assert cfg.dtype == "bfloat16" and cfg.torch_dtype is torch.bfloat16
+    assert cfg.modes == ("infer", "latency")
+    assert "test_vit" in cfg.models and "test_vit2" in cfg.models and cfg.models[-1] == "test_resnet"
+    assert cfg.baseline == cfg.models[0]
+    assert bench.validate_config(_config(dtype="fp16")).dtype == "float16"
+
+
+@pytest.mark.parametrize("argv", [
+    ["resnet_does_not_exist", "--device", "cpu"],
+    ["test_resnet", "--device", "cpu", "--batch-size", "0"],
+    ["test_resnet", "--device", "cpu", "--dtype", "float8"],
+    ["test_resnet", "--device", "cpu", "--gpus", "many"],
+    ["test_resnet", "--device", "cpu", "--chart", "latency"],
+    ["test_resnet", "--device", "cpu", "--batch-size", "two"],
+])
+def test_cli_rejects_bad_arguments_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_module_entry_point_reports_unknown_model():
+    result = subprocess.run([sys.executable, "-m", "visionssm.benchmark", "not_a_model_xyz", "--device", "cpu"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "unknown model 'not_a_model_xyz'" in result.stderr
+
+
+def test_kernels_subcommand_reaches_the_kernel_suite(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["kernels", "--help"])
+    assert exit_info.value.code == 0
+    assert "--ops" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurements and outputs
+
+
+def test_flop_rule_is_two_times_macs():
+    h = w = 8
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * h * w, 10))
+    macs = 4 * 3 * 9 * h * w + 4 * h * w * 10
+    assert bench.count_flops(model, h) == pytest.approx(2 * macs / 1e9)
+
+
+def test_flop_count_leaves_out_the_sequence_mixer_ops():
+    from visionssm import kernels
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16, bias=False)
+
+        def forward(self, img):
+            q = self.proj(img[:, 0].reshape(1, 4, 1, 16))
+            return kernels.gka(q, q, q, None, causal=False)
+
+    model = Mixer()
+    assert bench.count_flops(model, 8) == pytest.approx(2 * 4 * 16 * 16 / 1e9)
+    assert kernels.gka.__name__ == "gka"  # the counting wrapper is removed again
+
+
+def test_table_json_csv_png(tiny_run):
+    status, stdout, out = tiny_run
+    assert status == 0, stdout
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.startswith("model "))
+    for column in ("params (M)", "GFLOPs", "infer img/s", "train img/s", "lat b1 (ms)", "infer/base"):
+        assert column in header
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["test_resnet"], ["test_vit"])}
+    assert set(rows) == {"test_resnet", "test_vit"}
+    assert rows["test_resnet"].split()[-3:] == ["1.00x"] * 3  # the baseline against itself
+
+    (json_path,) = out.glob("backbones-*.json")
+    data = json.loads(json_path.read_text())
+    env = data["environment"]
+    assert env["device"].startswith("CPU") and env["benchmark"]["batch_size"] == 2
+    assert env["flop_rule"] == bench.FLOP_RULE and "timm" in env and env["date"]
+    by_model = {r["model"]: r for r in data["results"]}
+    assert list(by_model) == ["test_resnet", "test_vit"]
+    for row in by_model.values():
+        assert row["error"] is None
+        assert row["family"] == "timm" and row["params_M"] > 0 and row["gflops"] > 0
+        for key in ("infer_img_s", "train_img_s", "latency_ms", "infer_ms", "infer_p20_ms", "infer_p80_ms"):
+            assert row[key] > 0, key
+        assert row["infer_p20_ms"] <= row["infer_ms"] <= row["infer_p80_ms"]
+        assert row["infer_img_s"] == pytest.approx(2 / (row["infer_ms"] / 1e3))
+        assert row["gpus"] == 1 and row["dp_infer_img_s"] == row["infer_img_s"]
+        assert row["infer_peak_MiB"] is None  # no CUDA memory on a CPU run
+    reference = sum(p.numel() for p in __import__("timm").create_model("test_resnet").parameters()) / 1e6
+    assert by_model["test_resnet"]["params_M"] == pytest.approx(reference)
+
+    with json_path.with_suffix(".csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    assert [r["model"] for r in csv_rows] == ["test_resnet", "test_vit"]
+    assert float(csv_rows[1]["infer_img_s"]) == pytest.approx(by_model["test_vit"]["infer_img_s"])
+    png = json_path.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_failing_model_is_recorded_and_others_still_measured(monkeypatch, tmp_path, capsys):
+    real_create = bench._create_model
+
+    def create(name, cfg, device):
+        if name == "test_vit":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_create(name, cfg, device)
+
+    monkeypatch.setattr(bench, "_create_model", create)
+    status = bench.main(["test_resnet", "test_vit", *TINY, "--modes", "infer", "--no-save", "--no-flops"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "! test_vit: RuntimeError: CUDA out of memory (simulated)" in out
+    resnet_line = next(line for line in out.splitlines() if line.startswith("test_resnet"))
+    assert resnet_line.split()[4] != "-"  # infer img/s was measured
+
+
+def test_modes_subset_and_chart_on_gflops(tmp_path):
+    cfg = bench.BenchmarkConfig(models=["test_resnet"], batch_size=2, img_size=64, device="cpu", warmup=0,
+                                repeats=2, modes=("latency",))
+    seen = []
+    rows = bench.run_benchmark(cfg, log=lambda *a, **k: None, on_row=lambda so_far: seen.append(len(so_far)))
+    assert seen == [1]  # called after each model, so the command line can save partial results
+    assert rows[0]["latency_ms"] > 0 and "infer_img_s" not in rows[0] and "train_img_s" not in rows[0]
+    rows[0]["infer_img_s"] = 100.0
+    png = bench.plot_results(rows, tmp_path / "chart.png", x="gflops")
+    assert png is not None and png.exists()
+
+
+@pytest.mark.slow
+def test_data_parallel_processes_on_cpu():
+    """Two gloo processes stand in for two GPUs: the totals come back and are the sum over processes."""
+    cfg = bench.BenchmarkConfig(models=["test_resnet"], batch_size=2, img_size=64, device="cpu", warmup=0,
+                                repeats=2, modes=("infer", "train"), data_parallel=2, count_flops=False)
+    rows = bench.run_benchmark(cfg, log=lambda *a, **k: None)
+    row = rows[0]
+    assert row["gpus"] == 2 and "dp_error" not in row
+    assert row["dp_infer_img_s"] > 0 and row["dp_train_img_s"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Regression check
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_regression_check_passes_unchanged_and_flags_slowed_model(tiny_run, tmp_path, capsys):
+    _, _, out = tiny_run
+    (committed_path,) = out.glob("backbones-*.json")
+    committed = json.loads(committed_path.read_text())
+
+    assert check_regression.main([str(committed_path), "--against", str(committed_path)]) == 0
+    assert "no model more than 10% slower" in capsys.readouterr().out
+
+    slowed = json.loads(json.dumps(committed))
+    vit = next(r for r in slowed["results"] if r["model"] == "test_vit")
+    vit["infer_img_s"] /= 1.25
+    resnet = next(r for r in slowed["results"] if r["model"] == "test_resnet")
+    resnet["train_img_s"] /= 1.05  # within the 10% allowance
+    fresh = _write(tmp_path / "fresh.json", slowed)
+    assert check_regression.main([str(fresh), "--against", str(committed_path)]) == 1
+    report = capsys.readouterr().out
+    assert "1 model(s) more than 10% slower: test_vit" in report
+    assert "+25.0%" in report
+
+    slower_latency = json.loads(json.dumps(committed))
+    slower_latency["results"][0]["latency_ms"] *= 1.2
+    fresh = _write(tmp_path / "latency.json", slower_latency)
+    assert check_regression.main([str(fresh), "--against", str(committed_path)]) == 1
+    assert "more than 10% slower: test_resnet" in capsys.readouterr().out
+
+    # a looser threshold lets the 25% slowdown through
+    assert check_regression.main([str(tmp_path / "fresh.json"), "--against", str(committed_path),
+                                  "--threshold", "0.3"]) == 0
+
+
+def test_regression_check_finds_committed_run_and_refuses_other_devices(tiny_run, tmp_path, capsys):
+    _, _, out = tiny_run
+    (committed_path,) = out.glob("backbones-*.json")
+    committed = json.loads(committed_path.read_text())
+    failed = json.loads(json.dumps(committed))
+    failed["results"][1]["error"] = "RuntimeError: boom"
+    fresh = _write(tmp_path / "fresh.json", failed)
+    # no --against: the newest committed run on the same device in --results-dir
+    assert check_regression.main([str(fresh), "--results-dir", str(out)]) == 1
+    assert "REGRESSION (RuntimeError: boom)" in capsys.readouterr().out
+
+    other = json.loads(json.dumps(committed))
+    other["environment"]["device"] = "NVIDIA H200"
+    fresh = _write(tmp_path / "other.json", other)
+    assert check_regression.main([str(fresh), "--against", str(committed_path)]) == 2
+    assert "different devices" in capsys.readouterr().err
+    assert check_regression.main([str(fresh), "--results-dir", str(out)]) == 2
+    assert check_regression.main([str(fresh), "--against", str(committed_path), "--allow-device-mismatch"]) == 0
+
+    unrelated = _write(tmp_path / "kernels.json", {"environment": {"device": "x"}, "results": []})
+    assert check_regression.main([str(unrelated), "--against", str(committed_path)]) == 2

@@ -1,0 +1,220 @@
+"""The GKA and Comba mixer layers: shape contract, causality, gradients, feedback factor b, dtype/device kwargs.
+
+CPU only; the kernels run on their PyTorch reference path here (tests/conftest.py sets VISIONSSM_KERNELS=torch).
+"""
+
+import pytest
+import torch
+
+from visionssm import kernels
+from visionssm.layers.comba import CombaMixer
+from visionssm.layers.gka import GKAMixer
+
+DIM = 64
+SEQ = 23  # not a multiple of any chunk size
+
+LAYERS = {
+    # dim 64 -> GKA: expand 0.5, 2 heads of 16; Comba: 2 heads of 32.
+    "gka": lambda causal, **kw: GKAMixer(DIM, causal=causal, num_iters=8, **kw),
+    "comba": lambda causal, **kw: CombaMixer(DIM, causal=causal, num_heads=2, **kw),
+}
+
+
+def _input(batch=2, seq=SEQ, dtype=torch.float32):
+    return torch.randn(batch, seq, DIM, dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_shape_contract(name, causal):
+    layer = LAYERS[name](causal)
+    assert layer.causal is causal
+    for batch, seq in ((2, SEQ), (1, 1), (3, 5)):
+        x = _input(batch, seq)
+        y = layer(x)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("layer", [
+    GKAMixer(DIM, use_output_gate=False, num_iters=8),
+    GKAMixer(DIM, expand=1.0, head_dim=32, conv_size=4, num_iters=8),
+    CombaMixer(DIM, gate_rank=None, causal=True),
+    CombaMixer(DIM, num_heads=4, expand_v=0.5, conv_size=4),
+], ids=["gka-no-gate", "gka-expand1", "comba-full-gate", "comba-expand-v"])
+def test_variants(layer):
+    x = _input()
+    y = layer(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    y.square().mean().backward()
+    for param_name, param in layer.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, param_name
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_default_causality(name):
+    # GKA is causal as published; Comba defaults to the bidirectional vision variant.
+    layer = GKAMixer(DIM) if name == "gka" else CombaMixer(DIM, num_heads=2)
+    assert layer.causal is (name == "gka")
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_bad_input_fails_loudly(name):
+    layer = LAYERS[name](True)
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(torch.randn(2, SEQ, DIM + 1))
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(torch.randn(SEQ, DIM))
+    with pytest.raises(TypeError, match="causal"):
+        LAYERS[name](1)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="head_dim"):
+        GKAMixer(40)  # 40 * 0.5 = 20 channels is not a whole number of 16-channel heads
+    with pytest.raises(ValueError, match="ridge"):
+        GKAMixer(DIM, ridge=0.0)
+    with pytest.raises(ValueError, match="num_iters"):
+        GKAMixer(DIM, num_iters=0)
+    with pytest.raises(ValueError, match="num_heads"):
+        CombaMixer(DIM, num_heads=3)
+    with pytest.raises(ValueError, match="gate_rank"):
+        CombaMixer(DIM, gate_rank=0)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_causal_and_non_causal_differ(name):
+    causal = LAYERS[name](True)
+    bidirectional = LAYERS[name](False)
+    # Same weights wherever both have them (the non-causal GKA layer has no forgetting gate: its input projection
+    # lacks the last H rows, the forget-gate logits).
+    state = causal.state_dict()
+    shapes = {name: t.shape for name, t in bidirectional.state_dict().items()}
+    state = {name: t[:shapes[name][0]] for name, t in state.items() if name in shapes}
+    bidirectional.load_state_dict(state)
+    x = _input()
+    y_causal, y_bidirectional = causal(x), bidirectional(x)
+    # The last token sees the whole sequence in both variants, earlier tokens do not.
+    assert (y_causal[:, :-1] - y_bidirectional[:, :-1]).abs().amax() > 1e-3
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_causal_output_ignores_later_tokens(name, causal):
+    layer = LAYERS[name](causal)
+    x = _input()
+    t0 = SEQ // 2
+    x_perturbed = x.clone()
+    x_perturbed[:, t0] += 3.0 * torch.randn(x.shape[0], DIM)
+    y, y_perturbed = layer(x), layer(x_perturbed)
+    change = (y - y_perturbed).abs().amax(dim=(0, 2))
+    assert change[t0:].amax() > 1e-3  # the perturbation is seen at and after t0
+    if causal:
+        assert change[:t0].amax() == 0.0
+    else:
+        assert change[:t0].amin() > 1e-6  # the bidirectional layer does see the future: the check can fail
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_gradients_reach_every_parameter(name, causal):
+    layer = LAYERS[name](causal)
+    x = _input().requires_grad_()
+    layer(x).square().mean().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    for param_name, param in layer.named_parameters():
+        assert param.grad is not None, param_name
+        assert torch.isfinite(param.grad).all(), param_name
+        assert param.grad.abs().sum() > 0, f"{param_name} gets a zero gradient"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_comba_feedback_b_is_not_cancelled(causal, monkeypatch):
+    layer = CombaMixer(DIM, causal=causal, num_heads=2)
+    with torch.no_grad():
+        layer.b_logit.copy_(torch.tensor([-1.0, 2.0]))
+        layer.correction.copy_(torch.tensor([0.3, -0.2]))
+    captured = {}
+    original = kernels.comba
+
+    def spy(q, k, v, p, g, beta, **kwargs):
+        captured.update(q=q, k=k, p=p, g=g, beta=beta, kwargs=kwargs)
+        return original(q, k, v, p, g, beta, **kwargs)
+
+    monkeypatch.setattr(kernels, "comba", spy)
+    x = _input()
+    layer(x).square().mean().backward()
+    b = torch.sigmoid(layer.b_logit.detach())
+    k, p, q = captured["k"].detach(), captured["p"].detach(), captured["q"].detach()
+    # k is unit-norm, p = b·k keeps its norm b (the kernel receives it un-normalised), q = q̂ − d·p.
+    # (Norms are 1 up to the eps of the L2 normalisation.)
+    torch.testing.assert_close(k.norm(dim=-1), torch.ones_like(k[..., 0]), rtol=0, atol=1e-3)
+    torch.testing.assert_close(p, k * b[:, None])
+    q_hat = q + layer.correction.detach()[:, None] * p
+    torch.testing.assert_close(q_hat.norm(dim=-1), torch.ones_like(q[..., 0]), rtol=0, atol=1e-3)
+    assert (captured["g"] <= 0).all() and ((captured["beta"] > 0) & (captured["beta"] < 1)).all()
+    assert captured["kwargs"] == {"causal": causal}
+    # And b matters: it gets a gradient, and changing it changes the output.
+    assert layer.b_logit.grad is not None and (layer.b_logit.grad.abs() > 0).all()
+    assert (layer.correction.grad.abs() > 0).all()
+    monkeypatch.setattr(kernels, "comba", original)
+    y = layer(x)
+    with torch.no_grad():
+        layer.b_logit.add_(1.0)
+    assert (layer(x) - y).abs().amax() > 1e-4
+
+
+def test_gka_kernel_arguments(monkeypatch):
+    layer = GKAMixer(DIM, causal=True, ridge=0.05, num_iters=7)
+    captured = {}
+    original = kernels.gka
+
+    def spy(q, k, v, g, beta, alpha, **kwargs):
+        captured.update(q=q, k=k, v=v, g=g, beta=beta, alpha=alpha, kwargs=kwargs)
+        return original(q, k, v, g, beta, alpha, **kwargs)
+
+    monkeypatch.setattr(kernels, "gka", spy)
+    layer(_input())
+    q, k, v = captured["q"], captured["k"], captured["v"]
+    assert q.shape == k.shape == v.shape == (2, SEQ, 2, 16)  # head dim 16, expand 0.5
+    torch.testing.assert_close(q.norm(dim=-1), torch.ones_like(q[..., 0]), rtol=0, atol=1e-3)
+    torch.testing.assert_close(k.norm(dim=-1), torch.ones_like(k[..., 0]), rtol=0, atol=1e-3)
+    assert captured["g"].dtype == torch.float32 and (captured["g"] <= 0).all()
+    for gate in ("beta", "alpha"):
+        assert captured[gate].shape == (2, SEQ, 2)
+        assert ((captured[gate] > 0) & (captured[gate] < 1)).all()
+    assert captured["kwargs"] == {"causal": True, "ridge": 0.05, "num_iters": 7}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_dtype_and_device_kwargs(name):
+    layer = LAYERS[name](True, dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in layer.parameters())
+    x = _input(dtype=torch.float64)
+    y = layer(x)
+    assert y.dtype == torch.float64 and torch.isfinite(y).all()
+    # float64 gives the float32 result up to float32 rounding.
+    layer32 = LAYERS[name](True)
+    layer32.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    torch.testing.assert_close(layer32(x.float()), y.float(), rtol=1e-3, atol=1e-4)
+
+    meta = LAYERS[name](True, device="meta")
+    assert all(p.device.type == "meta" for p in meta.parameters())
+
+    bf16 = LAYERS[name](True, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
+    y16 = bf16(_input(dtype=torch.bfloat16))
+    assert y16.dtype == torch.bfloat16 and torch.isfinite(y16.float()).all()
+
+
+def test_gka_parameter_budget():
+    # gka_vision_T hosts this layer in 4 blocks of width 320 and 2 of width 640 (see the module docstring):
+    # the six mixers must hold 0.99 M – 4.17 M parameters for the model to stay within 5 % of 31.8 M.
+    def count(dim, **kw):
+        return sum(p.numel() for p in GKAMixer(dim, **kw).parameters())
+
+    assert count(320) == 267_096 and count(640) == 1_065_376
+    total = 4 * count(320) + 2 * count(640)
+    assert 0.99e6 <= total <= 4.17e6
+    assert 29_218_888 + total == 32_418_024  # the rest of mamba_vision_T is 29,218,888 parameters
+    assert 29_218_888 + 4 * count(320, use_output_gate=False) + 2 * count(640, use_output_gate=False) == 31_803_624

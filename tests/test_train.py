@@ -1,0 +1,291 @@
+"""train_imagenet.py end to end on a tiny generated ImageFolder (CPU), plus its config, data and checkpoint parts.
+
+The runs are subprocesses (accelerate keeps process-wide state): a 2-epoch run, ``--eval-only`` against its
+metrics, a run SIGKILLed while writing a mid-epoch checkpoint and then resumed (which must end with the same
+weights as the uninterrupted run), a 2-process run with ``accelerate launch``, and a missing split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from visionssm.data.loader import SafeImageFolder, build_split, collate_skipping
+from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
+from visionssm.utils.training import CheckpointManager, parse_config, scaled_lr
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "train_imagenet.py"
+CONFIGS = ROOT / "configs" / "imagenet"
+
+# 3 classes x 16 training images (one of them corrupt) = 6 batches of 8; 3 x 4 validation images + 1 corrupt.
+TINY_MODEL = ["--model", "mamba_vision_T", "--model-kwargs",
+              "{dims: 8, depths: [1, 1, 1, 1], stem_dim: 8, num_heads: [1, 1, 2, 2], window_size: [8, 8, 2, 2]}"]
+TINY_RUN = [*TINY_MODEL, "--img-size", "16", "--batch-size", "8", "--workers", "0", "--epochs", "2",
+            "--warmup-epochs", "0", "--lr", "1e-3", "--seed", "1", "--checkpoint-every-steps", "2", "--keep-last", "2",
+            "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25",
+            "--model-ema-decay", "0.9", "--log-interval", "1"]
+UPDATES_PER_EPOCH = 6
+METRIC_KEYS = {"epoch", "train_loss", "val_top1", "val_top5", "ema_val_top1", "ema_val_top5", "lr",
+               "train_img_per_s", "epoch_seconds", "peak_memory_mib", "skipped_images", "global_update"}
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("VISIONSSM_KERNELS", "torch")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TQDM_DISABLE="1")
+    return env
+
+
+def _run(args, cwd, timeout=240, launcher=None) -> subprocess.CompletedProcess:
+    cmd = (launcher or [sys.executable]) + [str(SCRIPT), *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-5000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    root = ensure_synthetic_dataset(tmp_path_factory.mktemp("data") / "tiny",
+                                    SyntheticSpec(classes=3, train_per_class=16, val_per_class=4, image_size=16),
+                                    workers=1, verbose=False)
+    (root / "train" / "00_disc" / "000000.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    (root / "val" / "01_square" / "broken.png").write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    proc = _run(["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN], cwd=out.parent)
+    return out, proc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configuration
+
+
+def test_command_line_overrides_every_key_with_typed_values():
+    cfg = parse_config(["--lr", "5e-4", "--epochs", "3", "--amp", "bf16", "--no-model-ema", "--img-size", "null",
+                        "--scale", "[0.5, 1.0]", "--model", "resnet10t", "--workers", "1", "--seed", "7",
+                        "--batch-size", "16"])
+    assert cfg["lr"] == 5e-4 and cfg["epochs"] == 3 and cfg["amp"] == "bf16" and cfg["model_ema"] is False
+    assert cfg["img_size"] is None and cfg["scale"] == [0.5, 1.0] and cfg["batch_size"] == 16
+    assert cfg["model_kwargs"] == {}, "a new --model must not inherit the default model's kwargs"
+    assert parse_config([])["model_kwargs"], "the embedded default shrinks its model through model_kwargs"
+    assert parse_config(["--resume"])["resume"] == "latest"
+    with pytest.raises(SystemExit):
+        parse_config(["--epochs", "two"])
+    with pytest.raises(ValueError, match="amp"):
+        parse_config(["--amp", "fp8"])
+
+
+def test_recipes_parse_and_name_registered_models(tmp_path):
+    import timm
+
+    import visionssm.models  # noqa: F401
+
+    expected = {"mamba_vision_T", "mamba_vision_T2", "mamba_vision_S", "mamba_vision_B", "mamba_vision_L",
+                "mamba_vision_L2", "gka_vision_T", "comba_vision_T", "comba_vision_S"}
+    assert expected <= {p.stem for p in CONFIGS.glob("*.yaml")}
+    for name in expected:
+        cfg = parse_config(["--config", str(CONFIGS / f"{name}.yaml")])
+        assert cfg["model"] == name and timm.is_model(name)
+        assert cfg["model_kwargs"] == {} and cfg["img_size"] == 224
+    mv = parse_config(["--config", str(CONFIGS / "mamba_vision_T.yaml")])
+    assert (mv["opt"], mv["lr_base"], mv["lr_base_size"], mv["epochs"] + mv["cooldown_epochs"]) == ("lamb", 5e-3,
+                                                                                                   4096, 320)
+    assert (mv["model_ema_decay"], mv["clip_grad"], mv["mixup"], mv["cutmix"]) == (0.9998, 5.0, 0.8, 1.0)
+    assert parse_config(["--config", str(CONFIGS / "mamba_vision_L.yaml")])["weight_decay"] == 0.12
+    gka = parse_config(["--config", str(CONFIGS / "gka_vision_T.yaml")])
+    assert (gka["opt"], gka["lr_base"], gka["weight_decay"]) == ("adamw", 5e-4, 0.05)
+    assert scaled_lr(5e-4, 512, 1024, "linear") == pytest.approx(1e-3)
+    assert scaled_lr(5e-3, 4096, 1024, "sqrt") == pytest.approx(2.5e-3)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: resnet10t\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="learning_rate"):
+        parse_config(["--config", str(bad)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def test_unreadable_images_are_skipped_and_counted(tiny_data):
+    train = SafeImageFolder(tiny_data / "train", on_error="replace")
+    broken = [i for i, (path, _) in enumerate(train.samples) if path.endswith("00_disc/000000.png")]
+    assert len(broken) == 1
+    with pytest.warns(RuntimeWarning, match="skipping unreadable image"):
+        image, target, unreadable = train[broken[0]]
+    assert unreadable == 1 and image is not None and target == train.samples[broken[0] + 1][1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning is given once per file
+        assert train[broken[0]][2] == 1
+
+    val = SafeImageFolder(tiny_data / "val", on_error="drop", class_to_idx=train.class_to_idx)
+    items = [val[i] for i in range(len(val))]
+    images, targets, unreadable = collate_skipping(
+        [(torch.zeros(1) if img is not None else None, t, n) for img, t, n in items])
+    assert int(unreadable) == 1 and len(targets) == len(val) - 1 == 12
+
+
+def test_randaugment_posterize_at_full_magnitude_runs():
+    """timm's inc1 policies ask Pillow for 0-bit posterize at magnitude 10, which current Pillow rejects."""
+    from PIL import Image
+    from timm.data.auto_augment import AugmentOp
+
+    from visionssm.data.loader import patch_timm_posterize
+
+    patch_timm_posterize()
+    op = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10, hparams={"magnitude_std": 0})
+    assert op(Image.new("RGB", (8, 8), (200, 100, 50))).getpixel((0, 0)) == (0, 0, 0)
+
+
+def test_missing_or_empty_split_is_a_clear_error(tmp_path, tiny_data):
+    with pytest.raises(FileNotFoundError, match="split 'validation' not found"):
+        build_split(tiny_data, "validation", None, "drop")
+    (tmp_path / "train" / "cls").mkdir(parents=True)
+    (tmp_path / "train" / "cls" / "notes.txt").write_text("no images here")
+    with pytest.raises(FileNotFoundError, match="split 'train' at .* is empty"):
+        build_split(tmp_path, "train", None, "replace")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_split(tmp_path / "nowhere", "train", None, "replace")
+
+
+def test_missing_split_stops_the_script_with_the_message(tmp_path, tiny_data):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data / "train", data / "train")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data), "--output", str(tmp_path / "o"),
+                           *TINY_MODEL, "--workers", "0"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "split 'val' not found" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training runs
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_epoch_run_writes_metrics_checkpoints_and_curves(trained):
+    out, proc = trained
+    records = _records(out)
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert r.keys() >= METRIC_KEYS
+        assert r["global_update"] == UPDATES_PER_EPOCH * r["epoch"]
+        assert r["skipped_train_images"] == 1 and r["skipped_val_images"] == 1 and r["skipped_images"] == 2
+        assert r["val_images"] == 12 and 0 <= r["val_top1"] <= r["val_top5"] <= 100
+        assert r["train_img_per_s"] > 0 and r["peak_memory_mib"] > 0 and r["train_loss"] > 0
+    assert records[1]["lr"] < records[0]["lr"], "the cosine schedule is stepped per update"
+    names = {p.name for p in (out / "checkpoints").iterdir()}
+    best = json.loads((out / "checkpoints" / "epoch_0002" / "trainer_state.json").read_text())["best_checkpoint"]
+    # keep_last=2: the two newest (step 10 within epoch 2, end of epoch 2) plus the best epoch end
+    assert names == {"step_00000010", "epoch_0002", best}
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "model_best.safetensors").is_file()
+    config = (out / "config.yaml").read_text()
+    assert "global_batch: 8" in config and "updates_per_epoch: 6" in config
+    assert "skipping unreadable image" in proc.stderr
+
+
+def test_eval_only_reproduces_recorded_top1(trained, tmp_path):
+    out, _ = trained
+    last = _records(out)[-1]
+    proc = _run(["--data-dir", str(_data_dir(out)), "--output", str(tmp_path), *TINY_RUN,
+                 "--eval-only", "--checkpoint", str(out / "checkpoints" / "epoch_0002")], cwd=tmp_path)
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["val_top1"] == pytest.approx(last["val_top1"], abs=1e-9)
+    assert result["val_top5"] == pytest.approx(last["val_top5"], abs=1e-9)
+    assert result["ema_val_top1"] == pytest.approx(last["ema_val_top1"], abs=1e-9)
+    assert result["img_per_s"] > 0 and result["skipped_val_images"] == 1
+    assert '"val_top1"' in proc.stdout
+
+
+def _data_dir(out: Path) -> Path:
+    for line in (out / "config.yaml").read_text().splitlines():
+        if line.startswith("data_dir:"):
+            return Path(line.split(":", 1)[1].strip())
+    raise AssertionError("data_dir missing from config.yaml")
+
+
+def test_sigkill_while_checkpointing_then_resume_matches_uninterrupted_run(trained, tiny_data, tmp_path):
+    reference, _ = trained
+    out = tmp_path / "killed"
+    args = ["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Kill while the checkpoint after update 10 (epoch 2, batch 4 of 6) is being written, or right after it.
+    target = f"step_{UPDATES_PER_EPOCH + 4:08d}"
+    deadline = time.monotonic() + 240
+    killed_during_save = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        root = out / "checkpoints"
+        if (root / f".tmp-{target}").exists():
+            killed_during_save = True
+            break
+        if (root / target).exists():
+            break
+        time.sleep(0.001)
+    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    print(f"killed {'while writing' if killed_during_save else 'after'} {target}")
+    proc.stderr.close()
+
+    complete = CheckpointManager.complete(out / "checkpoints")
+    assert complete, "the checkpoints written before the kill survive"
+    for path, _ in complete:  # every checkpoint that looks complete is complete
+        assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"} <= {
+            p.name for p in path.iterdir()}
+        load_file(str(path / "model.safetensors"))
+    expected_latest = f"step_{UPDATES_PER_EPOCH + 2:08d}" if killed_during_save else target
+    assert complete[-1][0].name == expected_latest
+    assert complete[-1][1]["epoch"] == 1 and 0 < complete[-1][1]["batch_in_epoch"] < UPDATES_PER_EPOCH
+
+    resumed = _run(args, cwd=tmp_path)
+    assert f"resumed from {out / 'checkpoints' / expected_latest}" in resumed.stdout
+    assert "epoch 1/2:" not in resumed.stdout and "epoch 2/2:" in resumed.stdout
+    records = _records(out)
+    assert [r["epoch"] for r in records] == [1, 2]
+    # Same data order, RNG, optimizer, schedule and EMA: the resumed run ends exactly where the uninterrupted did.
+    assert records[-1]["val_top1"] == _records(reference)[-1]["val_top1"]
+    final = load_file(str(out / "checkpoints" / "epoch_0002" / "model.safetensors"))
+    expected = load_file(str(reference / "checkpoints" / "epoch_0002" / "model.safetensors"))
+    assert final.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(final[key], expected[key], rtol=0, atol=0, msg=key)
+    assert records[-1]["train_loss"] == pytest.approx(_records(reference)[-1]["train_loss"], rel=1e-9)
+
+
+def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
+    out = tmp_path / "ddp"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "29533"]
+    args = ["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN, "--batch-size", "4", "--epochs", "1",
+            "--checkpoint-every-steps", "0"]
+    proc = _run(args, cwd=tmp_path, launcher=launcher)
+    assert "2 process(es)" in proc.stdout
+    records = _records(out)
+    assert [r["epoch"] for r in records] == [1]
+    # 47 readable + 1 corrupt training images, 4 per process and step: 6 updates; all 12 val images counted once
+    assert records[0]["global_update"] == UPDATES_PER_EPOCH and records[0]["val_images"] == 12
+    assert records[0]["skipped_val_images"] == 1
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (out / "checkpoints" /
+                                                                                "epoch_0001").iterdir()}

@@ -1,0 +1,150 @@
+"""Tracking experiment configs: OSTrack's defaults, overridden by a YAML file with strict key checking.
+
+A YAML may only set keys that exist in :data:`DEFAULTS` (a typo fails loudly, as OSTrack's
+``update_config_from_file`` does); ``data.train`` is a list of datasets, each ``{type, root, split, ratio}``
+(``type`` ``got10k`` or ``lasot``; ``ratio`` is the sampling weight). ``--set a.b=value`` on the command line
+overrides single keys (values parsed as YAML).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+DEFAULTS: dict = {
+    "name": "tracking",
+    "output_dir": None,  # default: output/tracking/<name>
+    "seed": 0,
+    "model": {
+        "backbone": "gka_vision_T",
+        "pretrained": None,  # ImageNet checkpoint file of the backbone (.pth / .pth.tar / .safetensors)
+        "backbone_kwargs": {},
+        "drop_path_rate": 0.1,
+        "template_size": 128,
+        "search_size": 256,
+        "head_channels": 256,
+    },
+    "data": {
+        "train": [],
+        "pairs_per_epoch": 60000,
+        "max_gap": 200,
+        "template_factor": 2.0,
+        "search_factor": 4.0,
+        "center_jitter": 3.0,
+        "scale_jitter": 0.25,
+        "grayscale_prob": 0.05,
+        "flip_prob": 0.5,
+        "brightness": [0.8, 1.2],
+        "num_workers": 8,
+    },
+    "train": {
+        "epochs": 100,
+        "batch_size": 32,  # per process
+        "lr": 4.0e-4,
+        "backbone_lr_mult": 0.1,
+        "weight_decay": 1.0e-4,
+        "grad_clip": 0.1,
+        "lr_drop_fraction": 0.8,  # lr ÷ 10 after this fraction of the epochs
+        "loss_weights": {"focal": 1.0, "giou": 2.0, "l1": 5.0},
+        "mixed_precision": "no",  # accelerate: no | bf16 | fp16
+        "grad_checkpointing": False,
+        "checkpoint_every_steps": 1000,  # also checkpoint within an epoch (0: only at epoch ends)
+        "keep_last": 2,  # complete checkpoints kept under output_dir/checkpoints
+        "log_every": 50,  # steps
+        "max_steps": None,  # stop after this many optimizer steps in all (smoke runs); resumable
+        "time_limit_s": None,  # checkpoint and stop after this many seconds of this run; resumable
+    },
+    "test": {
+        "search_factor": 4.0,
+        "hann_window": True,
+    },
+}
+
+DATASET_KEYS = {"type": None, "root": None, "split": "train", "ratio": 1.0}
+DATASET_TYPES = ("got10k", "lasot")
+
+
+def _merge(base: dict, update: dict, path: str = "") -> dict:
+    for key, value in update.items():
+        where = f"{path}{key}"
+        if key not in base:
+            raise KeyError(f"unknown config key {where!r} (known: {sorted(base)})")
+        if isinstance(base[key], dict) and key != "backbone_kwargs":
+            if not isinstance(value, dict):
+                raise TypeError(f"config key {where!r} must be a mapping, got {type(value).__name__}")
+            _merge(base[key], value, where + ".")
+        else:
+            base[key] = _coerce(base[key], value, where)
+    return base
+
+
+def _coerce(default, value, where: str):
+    """Numbers stay numbers: YAML reads ``4e-4`` (no dot) as a string, so parse such strings; reject the rest."""
+    if isinstance(default, bool) or default is None or value is None:
+        return value
+    if isinstance(default, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise TypeError(f"config key {where!r} must be a number, got {value!r}") from None
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"config key {where!r} must be a number, got {type(value).__name__}")
+        if isinstance(default, int) and float(value).is_integer():
+            return int(value)
+        return float(value)
+    return value
+
+
+def _check_datasets(entries) -> list[dict]:
+    if not isinstance(entries, list):
+        raise TypeError("data.train must be a list of {type, root, split, ratio}")
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise TypeError(f"data.train[{i}] must be a mapping")
+        unknown = set(entry) - set(DATASET_KEYS)
+        if unknown:
+            raise KeyError(f"data.train[{i}]: unknown keys {sorted(unknown)} (known: {sorted(DATASET_KEYS)})")
+        full = {**DATASET_KEYS, **entry}
+        if full["type"] not in DATASET_TYPES:
+            raise ValueError(f"data.train[{i}].type must be one of {DATASET_TYPES}, got {full['type']!r}")
+        if not full["root"]:
+            raise ValueError(f"data.train[{i}].root is required")
+        out.append(full)
+    return out
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``['train.epochs=3', 'model.backbone=tiny']`` → nested dict (values parsed as YAML)."""
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"override must look like key.sub=value, got {item!r}")
+        key, value = item.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def load_config(path: str | None = None, overrides: list[str] | dict | None = None) -> dict:
+    cfg = copy.deepcopy(DEFAULTS)
+    if path:
+        with open(path) as f:
+            loaded = yaml.safe_load(f) or {}
+        _merge(cfg, loaded)
+    if overrides:
+        _merge(cfg, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+    cfg["data"]["train"] = _check_datasets(cfg["data"]["train"])
+    if cfg["output_dir"] is None:
+        cfg["output_dir"] = f"output/tracking/{cfg['name']}"
+    t = cfg["train"]
+    if t["epochs"] < 1 or t["batch_size"] < 1:
+        raise ValueError("train.epochs and train.batch_size must be ≥ 1")
+    if not 0 < t["lr_drop_fraction"] <= 1:
+        raise ValueError("train.lr_drop_fraction must be in (0, 1]")
+    return cfg

@@ -1,0 +1,177 @@
+"""Run a tracker over GOT-10k or LaSOT and write its results in the benchmark's format.
+
+::
+
+    python -m visionssm.tracking.run --dataset got10k --root data/GOT-10k --split val \
+        --checkpoint output/track_gka_T_got10k/final.pth --name gka_T
+    python -m visionssm.tracking.run --dataset lasot --root data/LaSOT --split test --checkpoint ... --name gka_T
+
+Layout written (floats, comma separated, one ``x,y,w,h`` per frame; per-frame seconds in ``*_time.txt``):
+
+- GOT-10k (the toolkit's / submission layout): ``<results>/GOT-10k/<name>/<seq>/<seq>_001.txt`` and
+  ``<seq>_time.txt``; ``--pack`` zips ``<results>/GOT-10k/<name>`` into ``<name>.zip`` for the evaluation server.
+- LaSOT: ``<results>/LaSOT/<name>/<seq>.txt`` and ``<seq>_time.txt``.
+
+``--baseline first-box`` writes the results of a tracker that repeats the first box. FPS (frames / tracking time,
+image decoding excluded, and the toolkit's mean of 1/t) is printed and saved in ``run_summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .data.got10k import Got10k
+from .data.lasot import LaSOT
+from .data.sampler import load_rgb
+from .tracker import FirstBoxTracker, load_tracker
+
+DATASET_DIRS = {"got10k": "GOT-10k", "lasot": "LaSOT"}
+
+
+def open_dataset(dataset: str, root: str, split: str):
+    if dataset == "got10k":
+        if split not in ("val", "test", "train"):
+            raise ValueError(f"GOT-10k split must be val, test or train, got {split!r}")
+        return Got10k(root, split)
+    if dataset == "lasot":
+        if split not in ("test", "train", "all"):
+            raise ValueError(f"LaSOT split must be test (protocol II), train or all, got {split!r}")
+        return LaSOT(root, split)
+    raise ValueError(f"dataset must be got10k or lasot, got {dataset!r}")
+
+
+def result_paths(results_dir: str, dataset: str, name: str, seq: str, repetition: int = 1) -> tuple[str, str]:
+    base = os.path.join(results_dir, DATASET_DIRS[dataset], name)
+    if dataset == "got10k":
+        seq_dir = os.path.join(base, seq)
+        return os.path.join(seq_dir, f"{seq}_{repetition:03d}.txt"), os.path.join(seq_dir, f"{seq}_time.txt")
+    return os.path.join(base, f"{seq}.txt"), os.path.join(base, f"{seq}_time.txt")
+
+
+def track_sequence(tracker, seq) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes (N, 4) and per-frame seconds (N,); frame 1 gets the given box (and the initialisation time)."""
+    first = seq.boxes[0]
+    boxes = np.zeros((len(seq), 4))
+    times = np.zeros(len(seq))
+    for t, path in enumerate(seq.frames):
+        image = load_rgb(path)
+        start = time.perf_counter()
+        if t == 0:
+            tracker.initialize(image, first)
+            boxes[0] = first
+        else:
+            boxes[t] = tracker.track(image)
+        times[t] = time.perf_counter() - start
+    return boxes, times
+
+
+def _write_atomic(path: str, array: np.ndarray, fmt: str):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    np.savetxt(tmp, array, fmt=fmt, delimiter=",")
+    os.replace(tmp, path)
+
+
+def run(
+    dataset: str,
+    root: str,
+    split: str,
+    name: str,
+    results_dir: str = "results",
+    checkpoint: str | None = None,
+    baseline: str | None = None,
+    device: str | None = None,
+    sequences: list[str] | None = None,
+    max_sequences: int | None = None,
+    amp: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Track every sequence of the split and write the result files; returns the run summary."""
+    if (checkpoint is None) == (baseline is None):
+        raise ValueError("give exactly one of checkpoint or baseline")
+    data = open_dataset(dataset, root, split)
+    names = list(sequences) if sequences else list(data.seq_names)
+    if max_sequences:
+        names = names[:max_sequences]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if baseline is not None:
+        if baseline != "first-box":
+            raise ValueError(f"unknown baseline {baseline!r} (only 'first-box')")
+        tracker = FirstBoxTracker()
+    else:
+        tracker = load_tracker(checkpoint, device=device, amp=amp)
+    total_frames, total_time, inverse_times, per_seq = 0, 0.0, [], {}
+    for seq_name in tqdm(names, desc=f"{name} on {dataset}/{split}", disable=not progress):
+        box_file, time_file = result_paths(results_dir, dataset, name, seq_name)
+        if os.path.exists(box_file) and not overwrite:
+            continue
+        seq = data[seq_name]
+        boxes, times = track_sequence(tracker, seq)
+        _write_atomic(box_file, boxes, "%.4f")
+        _write_atomic(time_file, times[:, None], "%.8f")
+        tracked = times[1:]
+        total_frames += len(tracked)
+        total_time += float(tracked.sum())
+        inverse_times += (1.0 / times[times > 0]).tolist()
+        per_seq[seq_name] = {"frames": len(seq), "fps": float(len(tracked) / max(tracked.sum(), 1e-12))}
+    summary = {
+        "dataset": dataset, "split": split, "name": name, "device": str(device),
+        "gpu": torch.cuda.get_device_name() if str(device).startswith("cuda") else None,
+        "checkpoint": checkpoint, "baseline": baseline, "sequences": len(per_seq),
+        "frames_tracked": total_frames,
+        "fps": float(total_frames / total_time) if total_time > 0 else None,
+        "fps_toolkit_mean_inverse_time": float(np.mean(inverse_times)) if inverse_times else None,
+        "per_sequence": per_seq,
+    }
+    out_dir = os.path.join(results_dir, DATASET_DIRS[dataset], name)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "run_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def pack_got10k(results_dir: str, name: str) -> str:
+    """Zip ``<results>/GOT-10k/<name>`` (the server's submission format) into ``<results>/GOT-10k/<name>.zip``."""
+    base = os.path.join(results_dir, DATASET_DIRS["got10k"])
+    return shutil.make_archive(os.path.join(base, name), "zip", root_dir=os.path.join(base, name))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Run a visionssm tracker on GOT-10k or LaSOT.")
+    parser.add_argument("--dataset", required=True, choices=["got10k", "lasot"])
+    parser.add_argument("--root", required=True, help="dataset root (GOT-10k: holds train/val/test; LaSOT: categories)")
+    parser.add_argument("--split", required=True, help="got10k: val|test, lasot: test")
+    parser.add_argument("--checkpoint", help="training checkpoint (final.pth / last.pth)")
+    parser.add_argument("--baseline", choices=["first-box"], help="run a baseline instead of a checkpoint")
+    parser.add_argument("--name", required=True, help="tracker name (result folder)")
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--sequences", nargs="*", help="only these sequences")
+    parser.add_argument("--max-sequences", type=int, default=None)
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA")
+    parser.add_argument("--overwrite", action="store_true", help="re-run sequences that already have results")
+    parser.add_argument("--pack", action="store_true", help="GOT-10k: zip the results for the evaluation server")
+    args = parser.parse_args(argv)
+    summary = run(args.dataset, args.root, args.split, args.name, args.results_dir, args.checkpoint, args.baseline,
+                  args.device, args.sequences, args.max_sequences, args.amp, args.overwrite)
+    fps = summary["fps"]
+    print(f"{args.name}: {summary['sequences']} sequences, {summary['frames_tracked']} frames tracked, "
+          f"FPS {fps:.1f} (frames / tracking time, image decoding excluded; device {summary['device']})"
+          if fps else f"{args.name}: nothing new to track (results exist; --overwrite to redo)")
+    if args.pack:
+        if args.dataset != "got10k":
+            parser.error("--pack is for GOT-10k")
+        print("submission archive:", pack_got10k(args.results_dir, args.name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Train a one-stream tracker (OSTrack recipe) under accelerate.
+
+::
+
+    accelerate launch -m visionssm.tracking.train --config configs/tracking/gka_vision_T_got10k_ep100.yaml
+    python -m visionssm.tracking.train --config configs/tracking/smoke_synthetic.yaml --set train.epochs=1
+
+Recipe: AdamW (lr 4e-4, backbone lr × 0.1, weight decay 1e-4 on weight matrices and conv kernels; norms, biases,
+position / token-type embeddings and 1-D SSM parameters undecayed), gradient-norm clip 0.1, lr ÷ 10 after 80 % of the
+epochs (per-epoch step), loss focal + 2·GIoU + 5·L1, backbone initialised from ``model.pretrained`` (an ImageNet
+checkpoint file).
+
+Outputs in ``output_dir``: ``config.yaml``; ``metrics.jsonl`` (one JSON line every ``log_every`` steps and one per
+epoch with ``epoch_summary: true``); ``checkpoints/epoch_NNNN`` and ``checkpoints/step_NNNNNNNN`` written like the
+ImageNet trainer's (accelerate state into a temporary directory, renamed into place once complete, the newest
+``keep_last`` kept); ``final.pth`` (tracker weights + config, what ``visionssm.tracking.run`` loads; ``finished``
+says whether the schedule completed). Rerunning the same command resumes from the newest complete checkpoint, at
+the exact batch: pairs are a deterministic function of (seed, epoch, index). ``--no-resume`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState
+
+from .config import load_config
+from .data.got10k import Got10k
+from .data.lasot import LaSOT
+from .data.sampler import PairDataset
+from .losses import tracking_loss
+from .model.tracker_model import build_model
+
+NO_DECAY_NAMES = ("pos_embed", "token_type", "A_log", "dt_bias")
+
+
+def build_datasets(cfg: dict) -> PairDataset:
+    d = cfg["data"]
+    if not d["train"]:
+        raise ValueError("data.train lists no dataset")
+    datasets, ratios = [], []
+    for entry in d["train"]:
+        cls = Got10k if entry["type"] == "got10k" else LaSOT
+        datasets.append(cls(entry["root"], entry["split"]))
+        ratios.append(float(entry["ratio"]))
+    return PairDataset(
+        datasets, ratios, d["pairs_per_epoch"], d["max_gap"], cfg["model"]["template_size"],
+        cfg["model"]["search_size"], d["template_factor"], d["search_factor"], d["center_jitter"],
+        d["scale_jitter"], d["grayscale_prob"], d["flip_prob"], tuple(d["brightness"]), cfg["seed"],
+    )
+
+
+def _worker_init(_):
+    # Each loader worker decodes and warps whole images; one OpenCV/torch thread per worker avoids oversubscription.
+    import cv2
+
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+
+
+def param_groups(model: torch.nn.Module, lr: float, backbone_mult: float, weight_decay: float) -> list[dict]:
+    """Backbone parameters at ``lr·backbone_mult``, the head at ``lr``; no decay for 1-D parameters and embeddings."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        decay = p.ndim >= 2 and not any(k in name for k in NO_DECAY_NAMES)
+        groups.setdefault((name.startswith("backbone."), decay), []).append(p)
+    return [{"params": params, "lr": lr * (backbone_mult if bb else 1.0),
+             "weight_decay": weight_decay if decay else 0.0} for (bb, decay), params in sorted(groups.items())]
+
+
+def save_atomic(obj: dict, path: str):
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
+    """Run (or resume) training; returns the mean statistics of the last epoch worked on."""
+    t = cfg["train"]
+    run_start = time.time()
+    accelerator = Accelerator(mixed_precision=t["mixed_precision"])
+    set_seed(cfg["seed"])
+    out_dir = cfg["output_dir"]
+    if accelerator.is_main_process:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+
+    dataset = build_datasets(cfg)
+    loader = DataLoader(dataset, batch_size=t["batch_size"], shuffle=False, drop_last=True,
+                        num_workers=cfg["data"]["num_workers"], pin_memory=torch.cuda.is_available(),
+                        persistent_workers=False, worker_init_fn=_worker_init)
+    model = build_model(cfg["model"], load_pretrained=True)
+    if t["grad_checkpointing"]:
+        model.backbone.set_grad_checkpointing(True)
+    optimizer = torch.optim.AdamW(param_groups(model, t["lr"], t["backbone_lr_mult"], t["weight_decay"]),
+                                  lr=t["lr"], weight_decay=t["weight_decay"])
+    drop_epoch = max(1, int(round(t["lr_drop_fraction"] * t["epochs"])))
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[drop_epoch], gamma=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    state = TrainState()
+    accelerator.register_for_checkpointing(scheduler, state)
+
+    checkpoints = CheckpointManager(accelerator, out_dir, keep_last=t["keep_last"])
+    checkpoints.clean_leftovers()
+    metrics = MetricsLog(os.path.join(out_dir, "metrics.jsonl"))
+    latest = checkpoints.latest() if resume else None
+    if latest is not None:
+        accelerator.load_state(str(latest))
+        accelerator.print(f"resumed from {latest} (epoch {state.epoch + 1}, batch {state.batch_in_epoch}, "
+                          f"step {state.global_update})")
+        if accelerator.is_main_process:
+            records = [r for r in metrics.read() if r["step"] <= state.global_update]
+            tmp = str(metrics.path) + ".tmp"
+            with open(tmp, "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+            os.replace(tmp, metrics.path)
+    elif accelerator.is_main_process and metrics.path.exists():
+        metrics.path.unlink()
+
+    weights = (t["loss_weights"]["focal"], t["loss_weights"]["giou"], t["loss_weights"]["l1"])
+    steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
+        raise ValueError("data.pairs_per_epoch is smaller than one batch")
+    last_stats: dict = {}
+    stop_reason = None
+
+    def log(record: dict):
+        if accelerator.is_main_process:
+            metrics.append(record)
+
+    def save(name: str):
+        checkpoints.save(name, state)
+
+    while state.epoch < t["epochs"] and stop_reason is None:
+        epoch = state.epoch
+        dataset.set_epoch(epoch)
+        model.train()
+        batches = loader if state.batch_in_epoch == 0 else accelerator.skip_first_batches(loader, state.batch_in_epoch)
+        window: dict[str, torch.Tensor] = {}
+        window_n, tic, epoch_tic = 0, time.time(), time.time()
+        sums = state.extra.get("epoch_sums", {})
+        bar = tqdm(batches, total=steps_per_epoch - state.batch_in_epoch, desc=f"epoch {epoch + 1}/{t['epochs']}",
+                   disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
+        for batch in bar:
+            outputs = model(batch["template"], batch["search"])
+            loss, stats = tracking_loss(outputs, batch["search_box"], weights)
+            accelerator.backward(loss)
+            if t["grad_clip"]:
+                accelerator.clip_grad_norm_(model.parameters(), t["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.global_update += 1
+            state.batch_in_epoch += 1
+            window_n += 1
+            for k, v in stats.items():
+                window[k] = window.get(k, 0) + v
+            last = state.batch_in_epoch == steps_per_epoch
+            if state.global_update % t["log_every"] == 0 or last:
+                means = {k: float(accelerator.reduce(v / window_n, "mean")) for k, v in window.items()}
+                if not math.isfinite(means["loss"]):
+                    raise FloatingPointError(f"non-finite loss at step {state.global_update}: {means}")
+                for k, v in means.items():
+                    sums[k] = sums.get(k, 0.0) + v * window_n
+                sums["n"] = sums.get("n", 0) + window_n
+                elapsed = time.time() - tic
+                log({"epoch": epoch + 1, "step": state.global_update, "lr": optimizer.param_groups[-1]["lr"], **means,
+                     "pairs_per_s": window_n * t["batch_size"] * accelerator.num_processes / max(elapsed, 1e-9)})
+                bar.set_postfix(loss=f"{means['loss']:.3f}", iou=f"{means['iou']:.3f}")
+                window, window_n, tic = {}, 0, time.time()
+            state.extra["epoch_sums"] = sums
+            if t["max_steps"] and state.global_update >= t["max_steps"]:
+                stop_reason = "max_steps"
+            elif t["time_limit_s"] and time.time() - run_start > t["time_limit_s"]:
+                stop_reason = "time_limit_s"
+            if last:
+                break
+            if stop_reason or (t["checkpoint_every_steps"] and state.global_update % t["checkpoint_every_steps"] == 0):
+                if window_n:  # fold the unlogged window in so that the epoch summary survives a resume
+                    means = {k: float(accelerator.reduce(v / window_n, "mean")) for k, v in window.items()}
+                    for k, v in means.items():
+                        sums[k] = sums.get(k, 0.0) + v * window_n
+                    sums["n"] = sums.get("n", 0) + window_n
+                    window, window_n = {}, 0
+                save(f"step_{state.global_update:08d}")
+                if stop_reason:
+                    break
+        if state.batch_in_epoch == steps_per_epoch:
+            n = max(sums.get("n", 0), 1)
+            last_stats = {k: v / n for k, v in sums.items() if k != "n"}
+            log({"epoch": epoch + 1, "step": state.global_update, "epoch_summary": True,
+                 "seconds": time.time() - epoch_tic, **last_stats})
+            scheduler.step()
+            state.epoch, state.batch_in_epoch, state.extra = epoch + 1, 0, {}
+            save(f"epoch_{state.epoch:04d}")
+    finished = state.epoch >= t["epochs"]
+    if accelerator.is_main_process:
+        save_atomic({"model": accelerator.unwrap_model(model).state_dict(), "config": cfg, "finished": finished,
+                     "epoch": state.epoch, "step": state.global_update}, os.path.join(out_dir, "final.pth"))
+        if stop_reason:
+            accelerator.print(f"stopped early ({stop_reason}) at step {state.global_update}; rerun to resume")
+    accelerator.wait_for_everyone()
+    return last_stats
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Train a visionssm one-stream tracker.")
+    parser.add_argument("--config", required=True, help="YAML experiment config (configs/tracking/*.yaml)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
+    parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    stats = train(cfg, resume=not args.no_resume, progress=not args.no_progress)
+    print(json.dumps({"last_epoch_stats": stats, "output_dir": cfg["output_dir"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""Pieces of ``train_imagenet.py`` that are worth testing on their own.
+
+- ``parse_config``: timm's config flow. ``configs/imagenet/default.yaml`` lists every key with its default, a recipe
+  YAML overrides some, and the command line overrides any (``batch_size`` is ``--batch-size``).
+- ``TrainState``: epoch / position / update count / best metric, saved with the accelerate checkpoint.
+- ``CheckpointManager``: ``accelerator.save_state`` into a temporary directory, renamed when complete, so a kill at
+  any moment leaves the previous checkpoints intact; keeps the last K and the best.
+- ``MetricsLog`` and ``plot_curves``: ``metrics.jsonl`` (one record per epoch) and ``curves.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["CheckpointManager", "MetricsLog", "TrainState", "DEFAULT_CONFIG", "parse_config", "plot_curves",
+           "plot_runs", "scaled_lr"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagenet" / "default.yaml"
+_AMP_CHOICES = ("auto", "no", "bf16", "fp16")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configuration
+
+
+def _load_yaml(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _yaml_number(value):
+    """PyYAML reads ``5e-4`` (no dot) as a string; numbers written that way are meant as floats."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _value_parser(key: str, default: Any):
+    """The argparse type for a key, from its default's type; YAML syntax for lists, dicts and null."""
+    def parse(text: str):
+        if isinstance(default, str) and not isinstance(default, bool):
+            return None if text.lower() in ("null", "none") else text
+        value = _yaml_number(yaml.safe_load(text))
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise argparse.ArgumentTypeError(f"{_flag(key)} expects true/false, got {text!r}")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(default, int) and not isinstance(default, bool) and value is not None and not is_int:
+            raise argparse.ArgumentTypeError(f"{_flag(key)} expects an integer, got {text!r}")
+        if isinstance(default, float) and value is not None:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"{_flag(key)} expects a number, got {text!r}")
+            value = float(value)
+        return value
+    parse.__name__ = type(default).__name__ if default is not None else "value"
+    return parse
+
+
+def _check_known(config: Mapping, known: Iterable[str], source: str) -> None:
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise ValueError(f"{source}: unknown config keys {unknown} (every key is listed in {DEFAULT_CONFIG})")
+
+
+def _apply_layer(merged: dict, layer: Mapping) -> None:
+    """Override ``merged`` with ``layer``; ``model_kwargs`` belongs to the model it was written for, so a layer
+    that names a model without giving ``model_kwargs`` resets them to ``{}``."""
+    merged.update(layer)
+    if "model" in layer and "model_kwargs" not in layer:
+        merged["model_kwargs"] = {}
+
+
+def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.PathLike = DEFAULT_CONFIG) -> dict:
+    """Resolve the run's configuration: defaults file, then ``--config FILE``, then command-line flags."""
+    defaults = _load_yaml(defaults_file)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("-c", "--config", default=None, help="recipe YAML overriding the defaults")
+    known, _ = pre.parse_known_args(argv)
+    merged = dict(defaults)
+    if known.config:
+        recipe = _load_yaml(known.config)
+        _check_known(recipe, defaults, known.config)
+        _apply_layer(merged, {k: _yaml_number(v) if isinstance(defaults[k], float) else v for k, v in recipe.items()})
+
+    parser = argparse.ArgumentParser(
+        prog="train_imagenet.py", argument_default=argparse.SUPPRESS, parents=[pre],
+        description="Train or evaluate a timm/visionssm image classifier with accelerate. Every key of "
+                    f"{Path(defaults_file).name} is a flag (batch_size: --batch-size); values use YAML syntax "
+                    "(--scale '[0.08, 1.0]', --model-kwargs '{dims: 64}'). Giving --model without --model-kwargs "
+                    "resets model_kwargs to {}.")
+    for key, default in defaults.items():
+        shown = f" (default: {merged[key]})"
+        if key == "resume":
+            # bare --resume: continue from the latest checkpoint and fail if there is none
+            parser.add_argument("--resume", nargs="?", const="latest",
+                                help="auto | latest | never | CHECKPOINT_DIR (bare --resume: latest)" + shown)
+        elif isinstance(default, bool):
+            parser.add_argument(_flag(key), action=argparse.BooleanOptionalAction, help=shown.strip())
+        else:
+            parser.add_argument(_flag(key), type=_value_parser(key, default), metavar=key.upper(),
+                                help=shown.strip())
+    given = vars(parser.parse_args(argv))
+    given.pop("config", None)
+    _apply_layer(merged, given)
+    config = {key: merged[key] for key in defaults}
+    config["config"] = known.config
+    if config["amp"] is False:  # YAML reads a bare `no` as false
+        config["amp"] = "no"
+    if config["amp"] not in _AMP_CHOICES:
+        raise ValueError(f"amp must be one of {_AMP_CHOICES}, got {config['amp']!r}")
+    return config
+
+
+def scaled_lr(lr_base: float, lr_base_size: int, global_batch: int, rule: str) -> float:
+    """``lr_base`` (tuned at global batch ``lr_base_size``) scaled to ``global_batch`` by ``rule``."""
+    ratio = global_batch / lr_base_size
+    if rule == "linear":
+        return lr_base * ratio
+    if rule == "sqrt":
+        return lr_base * math.sqrt(ratio)
+    if rule == "none":
+        return lr_base
+    raise ValueError(f"lr_scale must be linear, sqrt or none, got {rule!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training state and checkpoints
+
+
+@dataclass
+class TrainState:
+    """Where training stands; registered with ``accelerator.register_for_checkpointing``.
+
+    ``epoch`` is the epoch in progress (0-based) and ``batch_in_epoch`` how many of its batches were consumed, so
+    an end-of-epoch checkpoint reads ``(epoch + 1, 0)``. ``loss_sum``/``loss_count`` carry the partial epoch's
+    training loss across a mid-epoch resume.
+    """
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    global_update: int = 0
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    best_checkpoint: str | None = None
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    images_seen: int = 0
+    skipped_train: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: Mapping) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.epoch, self.batch_in_epoch
+
+
+STATE_FILE = "trainer_state.json"  # written last into a checkpoint; its presence marks the checkpoint complete
+
+
+class CheckpointManager:
+    """Checkpoints under ``OUT/checkpoints``: ``epoch_NNNN`` at epoch ends, ``step_NNNNNNNN`` within epochs.
+
+    Every process calls ``save``; accelerate writes into ``.tmp-<name>``, the main process then adds
+    ``trainer_state.json`` and renames the directory into place. Deletion goes through a rename to ``.trash-<name>``
+    first, so no half-deleted checkpoint ever looks complete. Leftover ``.tmp-*``/``.trash-*`` directories from a
+    killed run are removed at start-up.
+    """
+
+    def __init__(self, accelerator, output_dir: str | os.PathLike, keep_last: int):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.accelerator = accelerator
+        self.root = Path(output_dir) / "checkpoints"
+        self.keep_last = keep_last
+
+    # -- discovery (works without an accelerator) --
+    @staticmethod
+    def complete(root: str | os.PathLike) -> list[tuple[Path, dict]]:
+        """Complete checkpoints under ``root``, oldest first, each with its saved ``TrainState`` fields."""
+        root = Path(root)
+        found = []
+        if root.is_dir():
+            for path in root.iterdir():
+                state_file = path / STATE_FILE
+                if path.name.startswith(".") or not state_file.is_file():
+                    continue
+                try:
+                    state = json.loads(state_file.read_text())
+                except (OSError, ValueError):
+                    continue
+                found.append((path, state))
+        found.sort(key=lambda item: (item[1]["epoch"], item[1]["batch_in_epoch"], item[1]["global_update"]))
+        return found
+
+    def latest(self) -> Path | None:
+        found = self.complete(self.root)
+        return found[-1][0] if found else None
+
+    def clean_leftovers(self) -> None:
+        if self.accelerator.is_main_process and self.root.is_dir():
+            for path in self.root.iterdir():
+                if path.name.startswith((".tmp-", ".trash-")):
+                    shutil.rmtree(path, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def save(self, name: str, state: TrainState, is_best: bool = False) -> Path:
+        accelerator = self.accelerator
+        final = self.root / name
+        tmp = self.root / f".tmp-{name}"
+        if accelerator.is_main_process:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        if is_best:
+            state.best_checkpoint = name
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
+            if final.exists():  # re-saving a name (a run restarted from an older checkpoint): move the old aside
+                self._discard(final)
+            os.replace(tmp, final)
+            self._prune(state.best_checkpoint)
+        accelerator.wait_for_everyone()
+        return final
+
+    def _discard(self, path: Path) -> None:
+        trash = path.parent / f".trash-{path.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _prune(self, best: str | None) -> None:
+        found = [path for path, _ in self.complete(self.root)]
+        keep = set(found[-self.keep_last:])
+        for path in found:
+            if path not in keep and path.name != best:
+                self._discard(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics and curves
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON record per finished epoch (main process only)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate(self, completed_epochs: int) -> None:
+        """Keep records of epochs ``<= completed_epochs`` (a resumed run rewrites what came after its checkpoint)."""
+        records = [r for r in self.read() if r["epoch"] <= completed_epochs]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, self.path)
+
+    def append(self, record: Mapping) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+
+def _import_pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(records: Sequence[Mapping], path: str | os.PathLike, title: str = "") -> None:
+    """Training loss and validation top-1 (model and EMA) against epoch."""
+    plot_runs({title or "run": records}, path, title=title)
+
+
+def plot_runs(runs: Mapping[str, Sequence[Mapping]], path: str | os.PathLike, title: str = "") -> None:
+    """Several runs side by side: training loss, validation top-1 (solid: model, dashed: EMA), learning rate."""
+    plt = _import_pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for i, (name, records) in enumerate(runs.items()):
+        if not records:
+            continue
+        colour = f"C{i % 10}"
+        epochs = [r["epoch"] for r in records]
+        axes[0].plot(epochs, [r["train_loss"] for r in records], color=colour, marker=".", label=name)
+        axes[1].plot(epochs, [r["val_top1"] for r in records], color=colour, marker=".", label=f"{name}")
+        if records[0].get("ema_val_top1") is not None:
+            axes[1].plot(epochs, [r["ema_val_top1"] for r in records], color=colour, linestyle="--",
+                         label=f"{name} (EMA)")
+        axes[2].plot(epochs, [r["lr"] for r in records], color=colour, label=name)
+    axes[0].set(xlabel="epoch", ylabel="train loss", title="training loss")
+    axes[1].set(xlabel="epoch", ylabel="top-1 (%)", title="validation top-1")
+    axes[2].set(xlabel="epoch", ylabel="lr", title="learning rate (end of epoch)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = Path(path).with_name(Path(path).name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
