@@ -125,7 +125,7 @@ def val_loader(dataset, cfg: dict, accelerator: Accelerator) -> DataLoader:
     """Each process evaluates its own slice (no padding, no duplicates); counts are summed afterwards."""
     return DataLoader(dataset, batch_size=cfg["val_batch_size"] or 2 * cfg["batch_size"],
                       sampler=ShardSampler(len(dataset), accelerator.process_index, accelerator.num_processes),
-                      num_workers=cfg["workers"], collate_fn=collate_skipping,
+                      num_workers=cfg["workers"], collate_fn=collate_skipping, persistent_workers=cfg["workers"] > 0,
                       pin_memory=cfg["pin_memory"] and torch.cuda.is_available())
 
 
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     train_dl = DataLoader(train_set, batch_size=cfg["batch_size"], sampler=train_sampler, drop_last=True,
                           num_workers=cfg["workers"], collate_fn=collate_skipping, generator=loader_generator,
                           pin_memory=cfg["pin_memory"] and torch.cuda.is_available(),
-                          persistent_workers=False)
+                          persistent_workers=False)  # fresh workers each epoch: they copy the dataset's epoch
     val_dl = val_loader(val_set, cfg, accelerator)
     mixup_fn = None
     if mixup_active:
@@ -347,6 +347,9 @@ def main(argv=None) -> int:
     if cfg["log_with"]:
         accelerator.init_trackers("train_imagenet", config={k: v for k, v in cfg.items()
                                                             if isinstance(v, (int, float, str, bool))})
+        if accelerator.is_main_process and not accelerator.trackers:  # accelerate drops unavailable ones silently
+            raise ValueError(f"log_with={cfg['log_with']!r}: no such tracker is installed (e.g. pip install "
+                             "tensorboard)")
 
     best_key = cfg["best_metric"]
     if best_key == "auto":
@@ -374,6 +377,7 @@ def main(argv=None) -> int:
         loader = train_dl if state.batch_in_epoch == 0 else accelerator.skip_first_batches(train_dl,
                                                                                            state.batch_in_epoch)
         local = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, samples, images, unreadable
+        session_images = 0  # images trained on in this epoch by this run (a resumed epoch started earlier)
         epoch_start = time.perf_counter()
         model.train()
         bar = tqdm(total=len(train_dl), initial=state.batch_in_epoch, desc=f"epoch {epoch + 1}/{num_epochs}",
@@ -412,11 +416,11 @@ def main(argv=None) -> int:
                     ema.update(base_model, step=state.global_update)
                 every = cfg["checkpoint_every_steps"]
                 if every and state.global_update % every == 0 and state.batch_in_epoch < len(train_dl):
-                    _fold_partial_sums(state, local, accelerator)
+                    session_images += _fold_partial_sums(state, local, accelerator)
                     checkpoints.save(f"step_{state.global_update:08d}", state)
         bar.close()
         train_seconds = time.perf_counter() - epoch_start
-        _fold_partial_sums(state, local, accelerator)
+        session_images += _fold_partial_sums(state, local, accelerator)
 
         val = evaluate(eval_model, val_dl, accelerator, cfg["channels_last"])
         ema_val = evaluate(ema.module, val_dl, accelerator, cfg["channels_last"]) if ema is not None else None
@@ -431,7 +435,7 @@ def main(argv=None) -> int:
             "ema_val_top5": ema_val["top5"] if ema_val else None,
             "ema_val_loss": ema_val["loss"] if ema_val else None,
             "lr": optimizer.param_groups[0]["lr"],
-            "train_img_per_s": state.images_seen / max(train_seconds, 1e-9),
+            "train_img_per_s": session_images / max(train_seconds, 1e-9),
             "epoch_seconds": time.perf_counter() - epoch_start,
             "peak_memory_mib": peak, "peak_memory_kind": peak_kind,
             "skipped_images": state.skipped_train + val["unreadable"],
@@ -473,14 +477,17 @@ def _checkpointed(scheduler, state: TrainState, ema):
 EMA_CHECKPOINT_INDEX = 2  # position of the EMA in _checkpointed (custom_checkpoint_2.pkl)
 
 
-def _fold_partial_sums(state: TrainState, local: torch.Tensor, accelerator: Accelerator) -> None:
-    """Add this epoch's per-process sums, reduced over processes, into ``state`` (and zero them)."""
+def _fold_partial_sums(state: TrainState, local: torch.Tensor, accelerator: Accelerator) -> int:
+    """Add this epoch's per-process sums, reduced over processes, into ``state`` (and zero them).
+
+    Returns the number of images added."""
     total = accelerator.reduce(local.clone(), reduction="sum")
     state.loss_sum += total[0].item()
     state.loss_count += int(total[1].item())
     state.images_seen += int(total[2].item())
     state.skipped_train += int(total[3].item())
     local.zero_()
+    return int(total[2].item())
 
 
 # Settings that may differ between a run and its continuation without changing what is being trained.

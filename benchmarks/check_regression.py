@@ -1,7 +1,7 @@
 """Regression check: compare a fresh ``visionssm-benchmark`` JSON with the committed results.
 
     python benchmarks/check_regression.py fresh.json                       # against the newest committed run
-    python benchmarks/check_regression.py fresh.json --against benchmarks/results/backbones-nvidia-h200-....json
+    python benchmarks/check_regression.py fresh.json --against benchmarks/results/throughput-nvidia-h200-<date>.json
 
 A model is flagged when it is more than ``--threshold`` (default 10%) slower than the committed number in any
 metric both runs measured: for throughputs (img/s) slowdown = committed / fresh - 1, for latency (ms)

@@ -171,7 +171,7 @@ def test_table_json_csv_png(tiny_run):
     assert set(rows) == {"test_resnet", "test_vit"}
     assert rows["test_resnet"].split()[-3:] == ["1.00x"] * 3  # the baseline against itself
 
-    (json_path,) = out.glob("backbones-*.json")
+    (json_path,) = out.glob("throughput-*.json")
     data = json.loads(json_path.read_text())
     env = data["environment"]
     assert env["device"].startswith("CPU") and env["benchmark"]["batch_size"] == 2
@@ -249,7 +249,7 @@ def _write(path: Path, data: dict) -> Path:
 
 def test_regression_check_passes_unchanged_and_flags_slowed_model(tiny_run, tmp_path, capsys):
     _, _, out = tiny_run
-    (committed_path,) = out.glob("backbones-*.json")
+    (committed_path,) = out.glob("throughput-*.json")
     committed = json.loads(committed_path.read_text())
 
     assert check_regression.main([str(committed_path), "--against", str(committed_path)]) == 0
@@ -279,7 +279,7 @@ def test_regression_check_passes_unchanged_and_flags_slowed_model(tiny_run, tmp_
 
 def test_regression_check_finds_committed_run_and_refuses_other_devices(tiny_run, tmp_path, capsys):
     _, _, out = tiny_run
-    (committed_path,) = out.glob("backbones-*.json")
+    (committed_path,) = out.glob("throughput-*.json")
     committed = json.loads(committed_path.read_text())
     failed = json.loads(json.dumps(committed))
     failed["results"][1]["error"] = "RuntimeError: boom"

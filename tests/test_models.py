@@ -3,8 +3,8 @@
 On CPU, at small resolution (64-96 px; 224 px for the cfg check that forward_features matches ``pool_size``), on
 the PyTorch reference path of the kernels (tests/conftest.py sets ``VISIONSSM_KERNELS=torch`` without a GPU).
 The B/L/L2-sized models (98-242 M parameters) get the cheap checks only (creation on the meta device, cfg and
-parameter names) and the T2 models (T with a deeper third stage) the forward and cfg checks, to keep this file
-within its CPU budget; every code path they use is exercised by the T/S sizes.
+parameter names), to keep this file within its CPU budget; every code path they use is exercised by the T/S
+sizes.
 
 Exclusions, with the reason:
 - TorchScript (timm's ``test_model_forward_torchscript``): not run for any visionssm model. ``torch.jit.script``
@@ -39,9 +39,6 @@ ALL_MODELS = timm.list_models(module=MODULES)
 # Too big for CPU CI beyond creation on the meta device (their code paths are the T/S ones at other widths).
 LARGE = [m for m in ALL_MODELS if fnmatch.fnmatch(m, "*_vision_[BL]*")]
 MODELS = [m for m in ALL_MODELS if m not in LARGE]
-# T2 is T with a deeper third stage (no code path of its own): forward and cfg checks only.
-DEEP_ONLY = [m for m in MODELS if m.endswith("_T2")]
-CORE = [m for m in MODELS if m not in DEEP_ONLY]
 # Isotropic models return (B, L, C) tokens from forward_features (timm's "non-std" checks).
 NON_STD = [m for m in ALL_MODELS if "comba_vision" in m]
 STD = [m for m in MODELS if m not in NON_STD]
@@ -99,7 +96,7 @@ def test_model_forward(model_name):
         torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_name", CORE)
+@pytest.mark.parametrize("model_name", MODELS)
 def test_model_backward(model_name):
     """Train-mode forward/backward with a new classifier: every parameter receives a gradient."""
     model = _create(model_name)
@@ -160,7 +157,7 @@ def test_model_default_cfgs(model_name):
             assert unpooled(small).ndim == 4
 
 
-@pytest.mark.parametrize("model_name", CORE)
+@pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("feature_cls", [None, "getter"])
 def test_model_forward_features(model_name, feature_cls):
     """features_only: one map per feature_info entry, channels and strides as declared (4/8/16/32 for the
@@ -183,7 +180,7 @@ def test_model_forward_features(model_name, feature_cls):
         assert not torch.isnan(o).any()
 
 
-@pytest.mark.parametrize("model_name", CORE)
+@pytest.mark.parametrize("model_name", MODELS)
 def test_model_forward_intermediates(model_name):
     """forward_intermediates gives the feature_info maps and a final output equal to forward_features, with and
     without gradient checkpointing; prune_intermediate_layers keeps the requested stages working."""
@@ -224,7 +221,7 @@ def test_model_group_matcher_and_no_weight_decay(model_name):
     assert any(fnmatch.fnmatch(n, p) for n in names for p in patterns)
 
 
-@pytest.mark.parametrize("model_name", CORE)
+@pytest.mark.parametrize("model_name", MODELS)
 def test_model_forward_fx(model_name):
     """torchvision FX feature extraction with timm's leaf modules gives exactly the eager output."""
     why = _fx_excluded(model_name)

@@ -287,5 +287,11 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
     # 47 readable + 1 corrupt training images, 4 per process and step: 6 updates; all 12 val images counted once
     assert records[0]["global_update"] == UPDATES_PER_EPOCH and records[0]["val_images"] == 12
     assert records[0]["skipped_val_images"] == 1
-    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (out / "checkpoints" /
-                                                                                "epoch_0001").iterdir()}
+    checkpoint = out / "checkpoints" / "epoch_0001"
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.iterdir()}
+    # the DDP-wrapped weights evaluate in one process to the top-1 the two processes recorded
+    _run(["--data-dir", str(tiny_data), "--output", str(tmp_path / "eval"), *TINY_RUN, "--eval-only",
+          "--checkpoint", str(checkpoint)], cwd=tmp_path)
+    result = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert result["val_top1"] == pytest.approx(records[0]["val_top1"], abs=1e-9)
+    assert result["ema_val_top1"] == pytest.approx(records[0]["ema_val_top1"], abs=1e-9)

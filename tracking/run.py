@@ -13,7 +13,8 @@ Layout written (floats, comma separated, one ``x,y,w,h`` per frame; per-frame se
 - LaSOT: ``<results>/LaSOT/<name>/<seq>.txt`` and ``<seq>_time.txt``.
 
 ``--baseline first-box`` writes the results of a tracker that repeats the first box. FPS (frames / tracking time,
-image decoding excluded, and the toolkit's mean of 1/t) is printed and saved in ``run_summary.json``.
+image decoding excluded, and the toolkit's mean of 1/t) is printed and saved in
+``<results>/<GOT-10k|LaSOT>/<name>_run_summary.json`` (beside, not inside, the folder that gets submitted).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 
 import numpy as np
@@ -132,17 +132,31 @@ def run(
         "fps_toolkit_mean_inverse_time": float(np.mean(inverse_times)) if inverse_times else None,
         "per_sequence": per_seq,
     }
-    out_dir = os.path.join(results_dir, DATASET_DIRS[dataset], name)
+    out_dir = os.path.join(results_dir, DATASET_DIRS[dataset])
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "run_summary.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}_run_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
 
-def pack_got10k(results_dir: str, name: str) -> str:
-    """Zip ``<results>/GOT-10k/<name>`` (the server's submission format) into ``<results>/GOT-10k/<name>.zip``."""
-    base = os.path.join(results_dir, DATASET_DIRS["got10k"])
-    return shutil.make_archive(os.path.join(base, name), "zip", root_dir=os.path.join(base, name))
+def pack_got10k(results_dir: str, name: str, seq_names: list[str]) -> str:
+    """Zip the results of ``seq_names`` (``<seq>/<seq>_NNN.txt`` and ``<seq>_time.txt``, the server's submission
+    format) into ``<results>/GOT-10k/<name>.zip``. Val and test results share the tracker folder (as in the toolkit),
+    so only the listed sequences go in; every one of them must have results."""
+    import zipfile
+
+    base = os.path.join(results_dir, DATASET_DIRS["got10k"], name)
+    missing = [s for s in seq_names if not os.path.exists(result_paths(results_dir, "got10k", name, s)[0])]
+    if missing:
+        raise FileNotFoundError(f"no results for {len(missing)} sequences, e.g. {missing[:3]}")
+    archive = os.path.join(results_dir, DATASET_DIRS["got10k"], f"{name}.zip")
+    with zipfile.ZipFile(archive + ".tmp", "w", zipfile.ZIP_DEFLATED) as z:
+        for seq in seq_names:
+            z.write(os.path.join(base, seq), seq + "/")
+            for f in sorted(os.listdir(os.path.join(base, seq))):
+                z.write(os.path.join(base, seq, f), f"{seq}/{f}")
+    os.replace(archive + ".tmp", archive)
+    return archive
 
 
 def main(argv=None):
@@ -170,7 +184,8 @@ def main(argv=None):
     if args.pack:
         if args.dataset != "got10k":
             parser.error("--pack is for GOT-10k")
-        print("submission archive:", pack_got10k(args.results_dir, args.name))
+        names = args.sequences or open_dataset("got10k", args.root, args.split).seq_names
+        print("submission archive:", pack_got10k(args.results_dir, args.name, list(names)))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def main(argv=None):
     parser.add_argument("--backbones", nargs="+", default=["gka_vision_T", "mamba_vision_T", "comba_vision_T"],
                         help="training candidates, first that works is used")
     parser.add_argument("--fps-backbones", nargs="+", default=["gka_vision_T", "mamba_vision_T", "comba_vision_S"])
-    parser.add_argument("--train-videos", type=int, default=400)
+    parser.add_argument("--train-videos", type=int, default=300)
     parser.add_argument("--val-videos", type=int, default=16)
     parser.add_argument("--amp", action="store_true", help="track in bf16 autocast (CUDA)")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -125,7 +125,7 @@ def _check(args, log, start: float, remaining) -> None:
                         *(["--amp"] if args.amp else [])],
                        max(remaining() - 90, 30), log)
         summary["steps"]["track"] = {"rc": rc, "seconds": secs, "amp_bf16": args.amp}
-        run_summary = os.path.join(results, "GOT-10k", trained, "run_summary.json")
+        run_summary = os.path.join(results, "GOT-10k", f"{trained}_run_summary.json")
         if rc == 0 and os.path.exists(run_summary):
             rs = json.loads(Path(run_summary).read_text())
             summary["steps"]["track"].update(fps=rs["fps"], frames=rs["frames_tracked"], gpu=rs["gpu"])

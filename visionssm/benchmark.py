@@ -19,7 +19,7 @@ one process per GPU (``torch.multiprocessing``, or the processes of ``accelerate
 ``--batch-size`` images, training through DistributedDataParallel; the total img/s over all GPUs is reported
 (as in the GKA paper's Table 3). On one GPU or a CPU the data-parallel columns repeat the single-device numbers.
 
-It prints one line per model with ratios to ``--baseline`` and writes ``<name>-<device>-<date>.json``/``.csv`` (with
+It prints one line per model with ratios to ``--baseline`` and writes ``throughput-<device>-<date>.json``/``.csv`` (with
 the GPU, software versions and date) and a ``.png`` chart of inference throughput against parameters or GFLOPs.
 """
 
@@ -243,7 +243,8 @@ def _input(cfg: BenchmarkConfig, batch: int, device: torch.device) -> torch.Tens
 
 def _autocast(cfg: BenchmarkConfig, device: torch.device):
     enabled = cfg.precision == "amp" and cfg.torch_dtype != torch.float32
-    return torch.autocast(device.type, dtype=cfg.torch_dtype, enabled=enabled)
+    # CUDA-graph capture must not reuse autocast's weight-cast cache from outside the graph.
+    return torch.autocast(device.type, dtype=cfg.torch_dtype, enabled=enabled, cache_enabled=not cfg.cuda_graph)
 
 
 MIXER_OPS = ("gka", "comba", "selective_scan")
@@ -462,7 +463,7 @@ def _init_process_group(rank: int, world: int, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
-                            timeout=_dt.timedelta(minutes=30))
+                            timeout=_dt.timedelta(minutes=60))
 
 
 def _spawned_worker(rank: int, world: int, cfg: BenchmarkConfig, port: int, result_path: str) -> None:
@@ -738,7 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", default="params", help="x axis of the PNG chart: params or gflops")
     p.add_argument("--out-dir", default=None, help="where JSON/CSV/PNG go (default benchmarks/results in a "
                    "checkout, else ./benchmark-results)")
-    p.add_argument("--name", default="backbones", help="file name prefix (default 'backbones')")
+    p.add_argument("--name", default="throughput", help="file name prefix (default 'throughput')")
     p.add_argument("--no-save", action="store_true", help="print the table only")
     p.add_argument("--kernels", action="store_true", help="also run the kernel suite (benchmarks/kernels.py)")
     return p

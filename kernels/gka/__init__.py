@@ -72,7 +72,12 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
 
     Returns:
         ``o``: ``(B, T, H, V)`` in the dtype of ``v``. Internally fp32 (float64 inputs stay float64 on the PyTorch
-        path). Gradients flow to q, k, v, g, beta and alpha.
+        path). Gradients flow to q, k, v, g, beta and alpha (the Triton backward differentiates the exact ridge
+        solution implicitly; the PyTorch path differentiates through the iterations — they agree to the solver's
+        accuracy).
+
+    ‖H_t‖_F = 0 (every key so far is zero): λ_t = ridge·EPS (``naive.EPS`` = 1e-6) keeps the system regular,
+    x̂_t = q_t / λ_t and o_t = U_t z_t = 0 — finite, though gradients wrt such keys are large (≈ 1/λ_t).
     """
     _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters)
     from ..dispatch import select_backend

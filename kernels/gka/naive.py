@@ -26,6 +26,8 @@ Two implementations:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_recurrent"]
@@ -97,11 +99,20 @@ def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True
     return torch.stack(outputs, dim=1)
 
 
+def _chunk_matvec(y, *, decay, H0, kT, A, kc):
+    """Rows H_t y_t of a chunk: e^{G_t} H0 y_t + Σ_s A[t, s] k_s (k_s·y_t)."""
+    return decay * (y @ H0) + ((y @ kT) * A) @ kc
+
+
 def gka_chunked(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, ridge: float = 0.02,
                 num_iters: int = 30, chunk_size: int = 64, exact: bool = False) -> torch.Tensor:
     """Vectorised GKA: all (batch, head) pairs and all tokens of a chunk at once, a Python loop over chunks only.
 
-    Computes in float32 (float64 when the inputs are float64) and returns ``v.dtype``."""
+    Inside a chunk (local log-decay G, chunk-start states H0, U0, mask A[t, s] = e^{G_t − G_s} β_s for s ≤ t) the
+    matrix-vector products are batched matmuls, as in the Triton kernels:
+    H_t x_t = e^{G_t} H0 x_t + Σ_s A[t, s] k_s (k_s·x_t) and U_t z_t = e^{G_t} U0 z_t + Σ_s A[t, s] v_s (k_s·z_t);
+    ‖H_t‖_F comes from the materialised H_t. Computes in float32 (float64 when the inputs are float64) and
+    returns ``v.dtype``."""
     out_dtype = v.dtype
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     g, beta, alpha = _defaults(q, g, beta, alpha, causal)
@@ -113,43 +124,47 @@ def gka_chunked(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, 
     g, beta, alpha = (t.transpose(1, 2) for t in (g, beta, alpha))
     eye = torch.eye(K, dtype=dtype, device=q.device)
 
-    def solve(Ht, fro, rhs):
+    def solve(Hx, Ht, fro, rhs):
+        """(H_t + λ_t I) x = rhs; ``Hx(x)`` gives the rows H_t x_t, ``Ht()`` the materialised H_t (exact solve)."""
         lam = ridge * (fro + EPS)
-        A = Ht + lam[..., None, None] * eye
         if exact:
-            return torch.linalg.solve(A, rhs.unsqueeze(-1)).squeeze(-1)
-        return chebyshev_solve(lambda y: (A @ y.unsqueeze(-1)).squeeze(-1), rhs, lam, fro, num_iters)
+            return torch.linalg.solve(Ht() + lam[..., None, None] * eye, rhs.unsqueeze(-1)).squeeze(-1)
+        return chebyshev_solve(lambda x: Hx(x) + lam.unsqueeze(-1) * x, rhs, lam, fro, num_iters)
+
+    def mix(x, a, qc):
+        a = a.unsqueeze(-1)
+        return a * x + (1.0 - a) * qc
 
     if not causal:
         H = torch.einsum("bht,bhti,bhtj->bhij", beta, k, k)
-        U = torch.einsum("bht,bhti,bhtj->bhij", beta, v, k)
-        fro = torch.linalg.matrix_norm(H)
-        Hb = H.unsqueeze(2).expand(B, NH, T, K, K)
-        x = solve(Hb, fro.unsqueeze(-1).expand(B, NH, T), q)
-        z = alpha.unsqueeze(-1) * x + (1.0 - alpha.unsqueeze(-1)) * q
-        o = torch.einsum("bhvk,bhtk->bhtv", U, z)
+        U = torch.einsum("bht,bhti,bhtj->bhij", beta, k, v)                  # Uᵀ, (K, V)
+        fro = torch.linalg.matrix_norm(H).unsqueeze(-1).expand(B, NH, T)
+        x = solve(lambda y: y @ H, lambda: H.unsqueeze(2).expand(B, NH, T, K, K), fro, q)
+        o = mix(x, alpha, q) @ U
         return o.transpose(1, 2).to(out_dtype)
 
     H = q.new_zeros(B, NH, K, K)
-    U = q.new_zeros(B, NH, V, K)
+    U = q.new_zeros(B, NH, K, V)                                              # Uᵀ, (K, V)
     outputs = []
     for start in range(0, T, chunk_size):
         sl = slice(start, min(start + chunk_size, T))
         qc, kc, vc, gc, bc, ac = q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl], beta[:, :, sl], alpha[:, :, sl]
         C = qc.shape[2]
-        G = gc.cumsum(-1)                                             # (B, H, C) log-decay from the chunk start
+        G = gc.cumsum(-1)                                                     # (B, H, C) log-decay from chunk start
         causal_mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         diff = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal_mask, float("-inf"))
-        A = diff.exp() * bc.unsqueeze(-2)                             # A[t, s] = e^{G_t − G_s} β_s, s ≤ t
-        decay = G.exp()
-        kk = kc.unsqueeze(-1) * kc.unsqueeze(-2)                      # (B, H, C, K, K)
-        vk = vc.unsqueeze(-1) * kc.unsqueeze(-2)                      # (B, H, C, V, K)
-        Ht = decay[..., None, None] * H.unsqueeze(2) + torch.einsum("bhts,bhsij->bhtij", A, kk)
-        Ut = decay[..., None, None] * U.unsqueeze(2) + torch.einsum("bhts,bhsij->bhtij", A, vk)
+        A = diff.exp() * bc.unsqueeze(-2)                                     # A[t, s] = e^{G_t − G_s} β_s, s ≤ t
+        decay = G.exp().unsqueeze(-1)
+        kT = kc.transpose(-1, -2)
+        Ht = decay.unsqueeze(-1) * H.unsqueeze(2) + torch.einsum("bhts,bhsi,bhsj->bhtij", A, kc, kc)
         fro = torch.linalg.matrix_norm(Ht)
-        x = solve(Ht, fro, qc)
-        z = ac.unsqueeze(-1) * x + (1.0 - ac.unsqueeze(-1)) * qc
-        outputs.append((Ut @ z.unsqueeze(-1)).squeeze(-1))
-        H, U = Ht[:, :, -1], Ut[:, :, -1]
+        x = solve(functools.partial(_chunk_matvec, decay=decay, H0=H, kT=kT, A=A, kc=kc),
+                  functools.partial(torch.Tensor.clone, Ht), fro, qc)
+        z = mix(x, ac, qc)
+        outputs.append(decay * (z @ U) + ((z @ kT) * A) @ vc)
+        w = (G[..., -1:] - G).exp() * bc                                      # e^{G_C − G_s} β_s
+        end = G[..., -1].exp()[..., None, None]
+        H = end * H + (kT * w.unsqueeze(-2)) @ kc
+        U = end * U + (kT * w.unsqueeze(-2)) @ vc
     o = torch.cat(outputs, dim=2)
     return o.transpose(1, 2).to(out_dtype)

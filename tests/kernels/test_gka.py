@@ -36,8 +36,9 @@ def run_with_grads(fn, tensors, do):
 
 def check_against_reference(tensors, *, causal, fwd_tol=FWD_TOL, grad_tol=GRAD_TOL, exact_grads=False, num_iters=30,
                             reference=gka_recurrent):
-    """Forward of ``gka`` vs the float64 Chebyshev token loop; gradients vs the float64 loop's autograd
-    (``exact_grads``: vs the exact-solve loop, which is what implicit differentiation computes)."""
+    """Forward of ``gka`` vs the float64 Chebyshev token loop; gradients vs float64 autograd through the
+    vectorised reference (equal to the loop's, see test_chebyshev_reference_matches_exact_solve); ``exact_grads``:
+    through the exact solve, which is what implicit differentiation computes."""
     ref_inputs = [None if t is None else t.detach().double().cpu() for t in tensors]
     do = torch.randn(tensors[2].shape[:3] + (tensors[2].shape[3],), dtype=torch.float64)
     device = tensors[0].device
@@ -45,7 +46,7 @@ def check_against_reference(tensors, *, causal, fwd_tol=FWD_TOL, grad_tol=GRAD_T
     ref_out = reference(*ref_inputs, causal=causal, num_iters=num_iters)
     assert_close(out, ref_out, tol=fwd_tol, name="o")
     _, ref_grads = run_with_grads(
-        lambda *a: reference(*a, causal=causal, num_iters=num_iters, exact=exact_grads), ref_inputs, do)
+        lambda *a: gka_chunked(*a, causal=causal, num_iters=num_iters, exact=exact_grads), ref_inputs, do)
     for name, grad, ref in zip(GRAD_NAMES, grads, ref_grads):
         if ref is None:
             continue
@@ -67,6 +68,15 @@ def test_chebyshev_reference_matches_exact_solve():
         exact = gka_recurrent(*tensors, causal=causal, exact=True)
         assert_close(cheb, exact, tol=2e-3, name="chebyshev vs exact")
         assert_close(gka_chunked(*tensors, causal=causal, chunk_size=16), cheb, tol=1e-12, name="chunked vs loop")
+        do = torch.randn_like(tensors[2])
+        for exact in (False, True):
+            _, loop_grads = run_with_grads(
+                lambda *a, c=causal, e=exact: gka_recurrent(*a, causal=c, exact=e), tensors, do)
+            _, vec_grads = run_with_grads(
+                lambda *a, c=causal, e=exact: gka_chunked(*a, causal=c, exact=e, chunk_size=16), tensors, do)
+            for name, a, b in zip(GRAD_NAMES, vec_grads, loop_grads):
+                if b is not None and a is not None:
+                    assert_close(a, b, tol=1e-10, name=f"d{name} chunked vs loop (exact={exact})")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -83,7 +83,11 @@ def test_train_resume_track_evaluate(data):
 
     run_main(["--dataset", "got10k", "--root", got, "--split", "test", "--checkpoint", os.path.join(out, "final.pth"),
               "--name", "tiny", "--results-dir", results, "--pack"])
-    assert os.path.exists(os.path.join(results, "GOT-10k", "tiny.zip"))
+    import zipfile
+
+    with zipfile.ZipFile(os.path.join(results, "GOT-10k", "tiny.zip")) as archive:
+        assert sorted(archive.namelist()) == ["GOT-10k_Test_000001/", "GOT-10k_Test_000001/GOT-10k_Test_000001_001.txt",
+                                              "GOT-10k_Test_000001/GOT-10k_Test_000001_time.txt"]
 
     run("lasot", lasot, "test", "tiny", results, checkpoint=os.path.join(out, "final.pth"), progress=False)
     assert os.path.exists(os.path.join(results, "LaSOT", "tiny", "cube-1.txt"))
