@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                                                       "infer_peak_GiB", "train_peak_GiB", "wall_s", "error")},
               flush=True)
         _reset_peak(device)
+        if not args.no_save:  # after every model, so a run cut short keeps what it measured
+            paths = save_results("backbones", rows, out_dir=args.out_dir, env=env)
     if not args.no_save:
-        paths = save_results("backbones", rows, out_dir=args.out_dir, env=env)
         print("wrote", *paths)
     ok = [r for r in rows if "error" not in r]
     long_rows = [{"metric": m, "impl": r["model"], "img/s": r[m]} for r in ok for m in ("infer_img_s", "train_img_s")]

@@ -34,6 +34,9 @@ PARAM_COUNTS = {
     "mamba_vision_B": 97_685_288,
     "mamba_vision_L": 227_961_048,
     "mamba_vision_L2": 241_554_824,
+    "mamba_vision_L2_512": 241_554_824,  # L2 with 512-px windows
+    "mamba_vision_L3_256": 739_570_472,
+    "mamba_vision_L3_512": 739_570_472,
 }
 
 # (depths, dim, in_dim, heads, windows, layer_scale) of the official entrypoints (spec §1.1)
@@ -318,7 +321,8 @@ def test_pretrained_overlay_file_in_official_format(tmp_path):
 def test_default_cfgs_name_official_weights():
     for tag in ("mamba_vision_T.nv_in1k", "mamba_vision_T2.nv_in1k", "mamba_vision_S.nv_in1k",
                 "mamba_vision_B.nv_in1k", "mamba_vision_B.nv_in21k_ft_in1k", "mamba_vision_L.nv_in1k",
-                "mamba_vision_L.nv_in21k_ft_in1k", "mamba_vision_L2.nv_in1k"):
+                "mamba_vision_L.nv_in21k_ft_in1k", "mamba_vision_L2.nv_in1k", "mamba_vision_L2_512.nv_in21k_ft_in1k",
+                "mamba_vision_L3_256.nv_in21k_ft_in1k", "mamba_vision_L3_512.nv_in21k_ft_in1k"):
         cfg = timm.models.get_pretrained_cfg(tag)
         assert cfg.url.startswith("https://huggingface.co/nvidia/MambaVision-") and cfg.url.endswith(".pth.tar")
         assert cfg.custom_load and cfg.license == "cc-by-nc-sa-4.0"

@@ -11,7 +11,7 @@ Exclusions, with the reason:
   is deprecated in the torch versions we support, and the mixers call the kernels through Python-level dispatch
   (thread-local backend choice, lazy Triton imports) that TorchScript cannot compile. Graph export is covered by
   ``torch.onnx.export``/``torch.export`` (tests/test_export.py) and ``torch.compile`` (GPU).
-- FX (``test_model_forward_fx``/``_backward_fx``) for ``FX_EXCLUDE``: see the reasons there.
+- FX (``test_model_forward_fx``/``_backward_fx``) for the patterns in ``FX_EXCLUDE`` (empty at present).
 """
 
 from __future__ import annotations
@@ -42,11 +42,8 @@ MODELS = [m for m in ALL_MODELS if m not in LARGE]
 # Isotropic models return (B, L, C) tokens from forward_features (timm's "non-std" checks).
 NON_STD = [m for m in ALL_MODELS if "comba_vision" in m]
 STD = [m for m in MODELS if m not in NON_STD]
-FX_EXCLUDE = {
-    # CombaVision._pos_embed resamples the position embedding when the token grid differs from the training grid:
-    # a branch on the input's shape, which FX symbolic tracing cannot follow (needs a register_notrace_function).
-    "*comba_vision*": "shape-dependent branch in CombaVision._pos_embed",
-}
+# fnmatch pattern -> reason, for models FX symbolic tracing cannot handle (none at present).
+FX_EXCLUDE: dict[str, str] = {}
 
 FWD_SIZE = 64  # stages 3/4 pad to their windows, so the mixers still see 196- and 49-token windows
 BWD_SIZE = 64
@@ -237,7 +234,8 @@ def test_model_forward_fx(model_name):
     assert torch.equal(fx_out, out)
 
 
-@pytest.mark.parametrize("model_name", [m for m in ("mamba_vision_T", "gka_vision_T") if m in MODELS])
+@pytest.mark.parametrize("model_name", [m for m in ("mamba_vision_T", "gka_vision_T", "comba_vision_T")
+                                        if m in MODELS])
 def test_model_backward_fx(model_name):
     """Backward through the FX-extracted model reaches every parameter."""
     model = timm.create_model(model_name, pretrained=False, num_classes=42)

@@ -7,8 +7,13 @@ in continuous coordinates), using albumentations' record of which transforms it 
 
 from __future__ import annotations
 
-import albumentations as A
+import os
+
 import numpy as np
+
+# albumentations checks PyPI for a newer version when imported; training machines are often offline.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+import albumentations as A  # noqa: E402
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)

@@ -677,6 +677,15 @@ default_cfgs = generate_default_cfgs({
     "mamba_vision_L.nv_in1k": _nv_cfg("MambaVision-L-1K", "mambavision_large_1k.pth.tar", crop_pct=1.0),
     "mamba_vision_L.nv_in21k_ft_in1k": _nv_cfg("MambaVision-L-21K", "mambavision_large_21k.pth.tar", crop_pct=1.0),
     "mamba_vision_L2.nv_in1k": _nv_cfg("MambaVision-L2-1K", "mambavision_large2_1k.pth.tar", crop_pct=1.0),
+    "mamba_vision_L2_512.nv_in21k_ft_in1k": _nv_cfg(
+        "MambaVision-L2-512-21K", "mambavision_L2_21k_240m_512.pth.tar",
+        input_size=(3, 512, 512), pool_size=(16, 16), crop_pct=0.93, crop_mode="squash"),
+    "mamba_vision_L3_256.nv_in21k_ft_in1k": _nv_cfg(
+        "MambaVision-L3-256-21K", "mambavision_L3_21k_740m_256.pth.tar",
+        input_size=(3, 256, 256), pool_size=(8, 8), crop_pct=1.0),
+    "mamba_vision_L3_512.nv_in21k_ft_in1k": _nv_cfg(
+        "MambaVision-L3-512-21K", "mambavision_L3_21k_740m_512.pth.tar",
+        input_size=(3, 512, 512), pool_size=(16, 16), crop_pct=0.93, crop_mode="squash"),
 })
 
 
@@ -731,3 +740,25 @@ def mamba_vision_L2(pretrained: bool = False, **kwargs) -> MambaVision:
     model_args = {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
                   "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
     return _create_mamba_vision("mamba_vision_L2", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+# ImageNet-21K-pretrained releases at higher resolution: windows sized so stages 3/4 stay global at that resolution.
+@register_model
+def mamba_vision_L2_512(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+                  "window_size": (8, 8, 32, 16), "drop_path_rate": 0.3, "layer_scale": 1e-5}
+    return _create_mamba_vision("mamba_vision_L2_512", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_L3_256(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+                  "window_size": (8, 8, 16, 8), "drop_path_rate": 0.5, "layer_scale": 1e-5}
+    return _create_mamba_vision("mamba_vision_L3_256", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mamba_vision_L3_512(pretrained: bool = False, **kwargs) -> MambaVision:
+    model_args = {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+                  "window_size": (8, 8, 32, 16), "drop_path_rate": 0.5, "layer_scale": 1e-5}
+    return _create_mamba_vision("mamba_vision_L3_512", pretrained=pretrained, **dict(model_args, **kwargs))
