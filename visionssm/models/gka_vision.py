@@ -16,9 +16,9 @@ No pretrained weights are published for these models.
 from __future__ import annotations
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from .mamba_vision import MambaVision, checkpoint_filter_fn
+from .mamba_vision import MAMBA_VISION_ARCHS, MambaVision, _create_mamba_vision
 
 __all__: list[str] = []  # register_model appends the entrypoints
 
@@ -53,39 +53,24 @@ default_cfgs = generate_default_cfgs({
 def _create_gka_vision(variant: str, pretrained: bool = False, **kwargs) -> MambaVision:
     kwargs.setdefault("mixer", "gka")
     kwargs.setdefault("mixer_causal", True)
-    return build_model_with_cfg(
-        MambaVision,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg={"out_indices": (0, 1, 2, 3), "flatten_sequential": True},
-        **kwargs,
-    )
+    return _create_mamba_vision(variant, pretrained, **kwargs)
 
 
 @register_model
 def gka_vision_T(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (1, 3, 8, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_gka_vision("gka_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_gka_vision("gka_vision_T", pretrained, **dict(MAMBA_VISION_ARCHS["T"], **kwargs))
 
 
 @register_model
 def gka_vision_T2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (1, 3, 11, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_gka_vision("gka_vision_T2", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_gka_vision("gka_vision_T2", pretrained, **dict(MAMBA_VISION_ARCHS["T2"], **kwargs))
 
 
 @register_model
 def gka_vision_S(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 7, 5), "dims": 96, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_gka_vision("gka_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_gka_vision("gka_vision_S", pretrained, **dict(MAMBA_VISION_ARCHS["S"], **kwargs))
 
 
 @register_model
 def gka_vision_B(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 10, 5), "dims": 128, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
-    return _create_gka_vision("gka_vision_B", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_gka_vision("gka_vision_B", pretrained, **dict(MAMBA_VISION_ARCHS["B"], **kwargs))

@@ -689,6 +689,29 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+# Size presets of the macro-architecture, shared by gka_vision (the same backbone with another mixer).
+MAMBA_VISION_ARCHS = {
+    "T": {"depths": (1, 3, 8, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+          "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2},
+    "T2": {"depths": (1, 3, 11, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
+           "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2},
+    "S": {"depths": (3, 3, 7, 5), "dims": 96, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+          "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2},
+    "B": {"depths": (3, 3, 10, 5), "dims": 128, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
+          "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5},
+    "L": {"depths": (3, 3, 10, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+          "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5},
+    "L2": {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+           "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5},
+    "L2_512": {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+               "window_size": (8, 8, 32, 16), "drop_path_rate": 0.3, "layer_scale": 1e-5},
+    "L3_256": {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+               "window_size": (8, 8, 16, 8), "drop_path_rate": 0.5, "layer_scale": 1e-5},
+    "L3_512": {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
+               "window_size": (8, 8, 32, 16), "drop_path_rate": 0.5, "layer_scale": 1e-5},
+}
+
+
 def _create_mamba_vision(variant: str, pretrained: bool = False, **kwargs) -> MambaVision:
     return build_model_with_cfg(
         MambaVision,
@@ -702,63 +725,45 @@ def _create_mamba_vision(variant: str, pretrained: bool = False, **kwargs) -> Ma
 
 @register_model
 def mamba_vision_T(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (1, 3, 8, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_mamba_vision("mamba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_T", pretrained, **dict(MAMBA_VISION_ARCHS["T"], **kwargs))
 
 
 @register_model
 def mamba_vision_T2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (1, 3, 11, 4), "dims": 80, "stem_dim": 32, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_mamba_vision("mamba_vision_T2", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_T2", pretrained, **dict(MAMBA_VISION_ARCHS["T2"], **kwargs))
 
 
 @register_model
 def mamba_vision_S(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 7, 5), "dims": 96, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.2}
-    return _create_mamba_vision("mamba_vision_S", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_S", pretrained, **dict(MAMBA_VISION_ARCHS["S"], **kwargs))
 
 
 @register_model
 def mamba_vision_B(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 10, 5), "dims": 128, "stem_dim": 64, "num_heads": (2, 4, 8, 16),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_B", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_B", pretrained, **dict(MAMBA_VISION_ARCHS["B"], **kwargs))
 
 
 @register_model
 def mamba_vision_L(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 10, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_L", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_L", pretrained, **dict(MAMBA_VISION_ARCHS["L"], **kwargs))
 
 
 @register_model
 def mamba_vision_L2(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
-                  "window_size": (8, 8, 14, 7), "drop_path_rate": 0.3, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_L2", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_L2", pretrained, **dict(MAMBA_VISION_ARCHS["L2"], **kwargs))
 
 
 # ImageNet-21K-pretrained releases at higher resolution: windows sized so stages 3/4 stay global at that resolution.
 @register_model
 def mamba_vision_L2_512(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 12, 5), "dims": 196, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
-                  "window_size": (8, 8, 32, 16), "drop_path_rate": 0.3, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_L2_512", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_L2_512", pretrained, **dict(MAMBA_VISION_ARCHS["L2_512"], **kwargs))
 
 
 @register_model
 def mamba_vision_L3_256(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
-                  "window_size": (8, 8, 16, 8), "drop_path_rate": 0.5, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_L3_256", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_L3_256", pretrained, **dict(MAMBA_VISION_ARCHS["L3_256"], **kwargs))
 
 
 @register_model
 def mamba_vision_L3_512(pretrained: bool = False, **kwargs) -> MambaVision:
-    model_args = {"depths": (3, 3, 20, 10), "dims": 256, "stem_dim": 64, "num_heads": (4, 8, 16, 32),
-                  "window_size": (8, 8, 32, 16), "drop_path_rate": 0.5, "layer_scale": 1e-5}
-    return _create_mamba_vision("mamba_vision_L3_512", pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_mamba_vision("mamba_vision_L3_512", pretrained, **dict(MAMBA_VISION_ARCHS["L3_512"], **kwargs))
