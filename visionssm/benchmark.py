@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
-import fnmatch
 import gc
 import json
 import os
@@ -64,21 +63,6 @@ PRECISIONS = ("amp", "pure")
 MODES = ("infer", "train", "latency")
 CHART_AXES = ("params", "gflops")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-VISIONSSM_PATTERNS = ("mamba_vision_*", "gka_vision_*", "comba_vision_*")
-
-_models_import_error: Exception | None = None
-
-
-def _register_visionssm_models() -> Exception | None:
-    """Import visionssm.models so its timm registrations exist; returns the import error, if any."""
-    global _models_import_error
-    try:
-        import visionssm.models  # noqa: F401
-    except Exception as error:  # noqa: BLE001 - any failure just means visionssm's models are not available
-        _models_import_error = error
-    else:
-        _models_import_error = None
-    return _models_import_error
 
 
 @dataclasses.dataclass
@@ -123,7 +107,7 @@ def resolve_models(names: Sequence[str], skipped: list[str] | None = None) -> li
         if any(ch in name for ch in "*?["):
             matches = timm.list_models(name)
             if not matches:
-                problem = f"model pattern {name!r} matches no timm model" + _models_hint(name)
+                problem = f"model pattern {name!r} matches no timm model"
                 if skipped is None:
                     raise ValueError(problem)
                 skipped.append(problem)
@@ -133,7 +117,7 @@ def resolve_models(names: Sequence[str], skipped: list[str] | None = None) -> li
         if not timm.is_model(base):
             close = difflib.get_close_matches(base, timm.list_models(), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            problem = f"unknown model {name!r}{hint}" + _models_hint(name)
+            problem = f"unknown model {name!r}{hint}"
             if skipped is None:
                 raise ValueError(problem)
             skipped.append(problem)
@@ -141,12 +125,6 @@ def resolve_models(names: Sequence[str], skipped: list[str] | None = None) -> li
         if name not in resolved:
             resolved.append(name)
     return resolved
-
-
-def _models_hint(name: str) -> str:
-    if _models_import_error is not None and any(fnmatch.fnmatch(name, p) for p in VISIONSSM_PATTERNS):
-        return f"; visionssm's models could not be imported: {_models_import_error!r}"
-    return ""
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -470,7 +448,6 @@ def _spawned_worker(rank: int, world: int, cfg: BenchmarkConfig, port: int, resu
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    _register_visionssm_models()
     device = torch.device(f"cuda:{rank}") if cfg.device.startswith("cuda") else torch.device("cpu")
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -508,7 +485,6 @@ def _launched_rank() -> tuple[int, int, int] | None:
 def run_benchmark(cfg: BenchmarkConfig, *, log=print, on_row=None) -> list[dict]:
     """Validate ``cfg``, measure every model and return one row per model. ``on_row(rows)`` is called after each
     model with the rows so far (the command line saves them, so a run cut short keeps what it measured)."""
-    _register_visionssm_models()
     cfg = validate_config(cfg)
     device = torch.device(cfg.device)
     launched = _launched_rank()
