@@ -30,14 +30,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
+from visionssm.kernels import selective_scan
+
 __all__ = ["MambaVisionMixer"]
-
-
-def _selective_scan(*args, **kwargs):
-    # Imported on first use: visionssm.kernels loads its ops lazily and importing this module must stay cheap.
-    from visionssm.kernels import selective_scan
-
-    return selective_scan(*args, **kwargs)
 
 
 class MambaVisionMixer(nn.Module):
@@ -153,7 +148,7 @@ class MambaVisionMixer(nn.Module):
         b = b.transpose(1, 2).contiguous()  # (B, N, L)
         c = c.transpose(1, 2).contiguous()
         A = -torch.exp(self.A_log.float())
-        y = _selective_scan(
+        y = selective_scan(
             x.contiguous(), dt.contiguous(), A, b, c, self.D.float(),
             z=None,
             delta_bias=self.dt_proj.bias.float(),
