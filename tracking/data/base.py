@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -37,6 +38,42 @@ class Sequence:
     @cached_property
     def visible_ids(self) -> np.ndarray:
         return np.flatnonzero(self.visible)
+
+
+class SequenceDataset:
+    """The sequences of one split of a benchmark: ``dataset[i]`` or ``dataset[name]`` loads (and caches) one
+    :class:`Sequence`. Subclasses list the split's names and pass them to :meth:`_set_sequences`, and implement
+    ``_load_uncached(index)``."""
+
+    name = ""  # short id used in file names and configs
+    label = ""  # the benchmark's own spelling, for messages
+    split = ""
+    seq_names: list[str]
+
+    def _set_sequences(self, names: list[str], seq_names: list[str] | None, where: str) -> None:
+        """Keep the split's ``names``, or the caller's subset ``seq_names`` of them (an error names the strays)."""
+        if seq_names is not None:
+            unknown = sorted(set(seq_names) - set(names))
+            if unknown:
+                raise ValueError(f"{self.label} {self.split}: sequences not in {where}: {unknown[:5]}")
+            names = list(seq_names)
+        self.seq_names = names
+        self._load = lru_cache(maxsize=4096)(self._load_uncached)
+
+    def _load_uncached(self, index: int) -> Sequence:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.seq_names)
+
+    def __getitem__(self, index: int | str) -> Sequence:
+        if isinstance(index, str):
+            index = self.seq_names.index(index)
+        return self._load(index)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        for i in range(len(self)):
+            yield self[i]
 
 
 def valid_box_mask(boxes: np.ndarray) -> np.ndarray:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import ast
 import glob
 import os
-from functools import lru_cache
 
 import numpy as np
 
-from .base import Sequence, read_boxes, read_flags, valid_box_mask
+from .base import Sequence, SequenceDataset, read_boxes, read_flags, valid_box_mask
 
 SPLITS = ("train", "val", "test")
 
@@ -37,10 +36,11 @@ def read_meta_info(path: str) -> dict:
     return meta
 
 
-class Got10k:
+class Got10k(SequenceDataset):
     """The sequences of one GOT-10k split; ``dataset[i]`` loads (and caches) one :class:`Sequence`."""
 
     name = "got10k"
+    label = "GOT-10k"
 
     def __init__(self, root: str, split: str = "train", seq_names: list[str] | None = None):
         if split not in SPLITS:
@@ -53,25 +53,7 @@ class Got10k:
             raise FileNotFoundError(f"GOT-10k: {list_file} not found (expected <root>/{split}/list.txt)")
         with open(list_file) as f:
             names = [line.strip() for line in f if line.strip()]
-        if seq_names is not None:
-            unknown = sorted(set(seq_names) - set(names))
-            if unknown:
-                raise ValueError(f"GOT-10k {split}: sequences not in list.txt: {unknown[:5]}")
-            names = list(seq_names)
-        self.seq_names = names
-        self._load = lru_cache(maxsize=4096)(self._load_uncached)
-
-    def __len__(self) -> int:
-        return len(self.seq_names)
-
-    def __getitem__(self, index: int | str) -> Sequence:
-        if isinstance(index, str):
-            index = self.seq_names.index(index)
-        return self._load(index)
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        self._set_sequences(names, seq_names, "list.txt")
 
     def _load_uncached(self, index: int) -> Sequence:
         name = self.seq_names[index]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import glob
 import os
-from functools import lru_cache
 
 import numpy as np
 
-from .base import Sequence, read_boxes, read_flags, valid_box_mask
+from .base import Sequence, SequenceDataset, read_boxes, read_flags, valid_box_mask
 
 SPLITS = ("train", "test", "all")
 
@@ -29,10 +28,11 @@ def _read_list(path: str) -> list[str]:
         return [line.strip() for line in f if line.strip()]
 
 
-class LaSOT:
+class LaSOT(SequenceDataset):
     """The sequences of one LaSOT split; ``dataset[i]`` loads (and caches) one :class:`Sequence`."""
 
     name = "lasot"
+    label = "LaSOT"
 
     def __init__(self, root: str, split: str = "train", seq_names: list[str] | None = None):
         if split not in SPLITS:
@@ -57,25 +57,7 @@ class LaSOT:
         else:
             test = set(_read_list(test_file)) if os.path.isfile(test_file) else set()
             names = [n for n in found if n not in test]
-        if seq_names is not None:
-            unknown = sorted(set(seq_names) - set(names))
-            if unknown:
-                raise ValueError(f"LaSOT {split}: sequences not in the split: {unknown[:5]}")
-            names = list(seq_names)
-        self.seq_names = names
-        self._load = lru_cache(maxsize=4096)(self._load_uncached)
-
-    def __len__(self) -> int:
-        return len(self.seq_names)
-
-    def __getitem__(self, index: int | str) -> Sequence:
-        if isinstance(index, str):
-            index = self.seq_names.index(index)
-        return self._load(index)
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        self._set_sequences(names, seq_names, "the split")
 
     def seq_dir(self, name: str) -> str:
         category = name.rsplit("-", 1)[0]
