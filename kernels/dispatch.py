@@ -2,6 +2,7 @@
 
 Rules, first match wins:
 
+0. float64 inputs take the PyTorch reference path, which computes in float64 (the Triton kernels compute in fp32).
 1. A backend forced in code (``set_backend`` / the ``backend(...)`` context manager).
 2. The environment variable ``VISIONSSM_KERNELS=triton|torch`` (``auto`` or unset: no override).
 3. Tracing for export (TorchScript, ONNX, FX) takes the PyTorch reference path: Triton kernels cannot be exported.
@@ -94,9 +95,10 @@ def _exporting() -> bool:
 
 def select_backend(*tensors: torch.Tensor | None) -> str:
     """Return ``'triton'`` or ``'torch'`` for an op called on ``tensors`` (``None`` entries are ignored)."""
-    on_cuda = any(t is not None and t.is_cuda for t in tensors)
+    present = [t for t in tensors if t is not None]
+    on_cuda = any(t.is_cuda for t in present)
     forced = get_forced_backend()
-    if forced == "torch":
+    if forced == "torch" or any(t.dtype == torch.float64 for t in present):
         return "torch"
     if forced == "triton":
         if not triton_available():

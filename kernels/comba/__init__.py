@@ -83,7 +83,7 @@ def comba(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g:
     scale = _validate(q, k, v, p, g, beta, scale, causal)
     from ..dispatch import select_backend
 
-    if select_backend(q, k, v, p, g, beta) == "triton" and q.dtype != torch.float64:
+    if select_backend(q, k, v, p, g, beta) == "triton":
         from .fused import fused_comba
 
         return fused_comba(q, k, v, p, g, beta, scale=scale, causal=causal)

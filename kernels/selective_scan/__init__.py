@@ -98,11 +98,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, return_last_state)
     from ..dispatch import select_backend
 
-    tensors = (u, delta, A, B, C, D, z, delta_bias)
-    use_triton = select_backend(*tensors) == "triton"
-    if use_triton and any(t is not None and t.dtype == torch.float64 for t in tensors):
-        use_triton = False
-    if use_triton:
+    if select_backend(u, delta, A, B, C, D, z, delta_bias) == "triton":
         from .scan import selective_scan_triton
 
         return selective_scan_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal=causal,

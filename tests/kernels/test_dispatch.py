@@ -47,6 +47,13 @@ def test_forcing_triton_on_cpu_without_interpreter_is_an_error(automatic, monkey
         dispatch.select_backend(torch.zeros(2))
 
 
+def test_float64_always_takes_the_reference_path(automatic, monkeypatch):
+    # The kernels compute in fp32; float64 callers (references, gradient checks) get float64 math even when forced.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "triton")
+    assert dispatch.select_backend(torch.zeros(2), torch.zeros(2, dtype=torch.float64)) == "torch"
+
+
 def test_bad_override_names_the_variable(automatic, monkeypatch):
     monkeypatch.setenv(dispatch.BACKEND_ENV, "cuda")
     with pytest.raises(ValueError, match=dispatch.BACKEND_ENV):
