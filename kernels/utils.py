@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_dtype",
+__all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "empty_output", "input_guard", "poison_outputs", "relative_error",
            "DEFAULT_TOLERANCES"]
 
@@ -60,6 +60,11 @@ def check_dtype(name: str, tensor: torch.Tensor, dtypes: Sequence[torch.dtype] =
     if tensor.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({allowed}), got {str(tensor.dtype).replace('torch.', '')}")
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None], layout: str) -> None:

@@ -19,7 +19,7 @@ import numbers
 
 import torch
 
-from ..utils import check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_same_device, check_shape
 from .naive import comba_chunked, comba_recurrent
 
 __all__ = ["MAX_HEAD_DIM", "comba", "comba_chunked", "comba_recurrent"]
@@ -53,8 +53,7 @@ def _validate(q, k, v, p, g, beta, scale, causal) -> float:
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have the same dtype as q ({q.dtype}), got {t.dtype}")
     check_same_device(q=q, k=k, v=v, p=p, g=g, beta=beta)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_bool("causal", causal)
     if scale is None:
         return K ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):

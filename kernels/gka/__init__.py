@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_same_device, check_shape
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "gka"]
 
@@ -40,8 +40,7 @@ def _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters):
     for name, t in (("g", g), ("beta", beta), ("alpha", alpha)):
         if t is not None:
             check_shape(name, t, (B, T, H), "(B, T, H)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_bool("causal", causal)
     if causal and g is None:
         raise ValueError("g must be given when causal=True (pass zeros for no forgetting)")
     if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):

@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_same_device, check_shape
 
 __all__ = ["MAX_STATE", "selective_scan"]
 
 #: Largest state size N the op supports (MambaVision uses 8, Mamba 16).
 MAX_STATE = 16
-
-
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, return_last_state):
@@ -63,9 +58,9 @@ def _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, retur
     if z is not None:
         check_dtype("z", z)
         check_shape("z", z, (batch, dim, length), "(batch, dim, L)")
-    _check_flag("delta_softplus", delta_softplus)
-    _check_flag("causal", causal)
-    _check_flag("return_last_state", return_last_state)
+    check_bool("delta_softplus", delta_softplus)
+    check_bool("causal", causal)
+    check_bool("return_last_state", return_last_state)
     if return_last_state and not causal:
         raise ValueError("return_last_state=True needs causal=True: a bidirectional scan has no single last state")
     check_same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias)
