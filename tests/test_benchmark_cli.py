@@ -298,3 +298,35 @@ def test_regression_check_finds_committed_run_and_refuses_other_devices(tiny_run
 
     unrelated = _write(tmp_path / "kernels.json", {"environment": {"device": "x"}, "results": []})
     assert check_regression.main([str(unrelated), "--against", str(committed_path)]) == 2
+
+
+def _load_train_scaling():
+    spec = importlib.util.spec_from_file_location("train_scaling", REPO / "benchmarks" / "train_scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_scaling_skips_the_compiling_epoch_and_reports_efficiency():
+    scaling = _load_train_scaling()
+    records = [{"train_img_per_s": 100.0}, {"train_img_per_s": 900.0}, {"train_img_per_s": 1000.0},
+               {"train_img_per_s": 1100.0}]
+    assert scaling.steady_throughput(records) == 1000.0  # median of epochs 2..4, the first one compiles
+    assert scaling.steady_throughput(records[:1]) == 100.0
+    assert scaling.steady_throughput([]) is None
+    table = scaling.scaling_table({"m": {1: 1000.0, 2: 1500.0}, "broken": {1: None}})
+    row = next(line for line in table.splitlines() if line.startswith("m ") and " 2 " in line)
+    assert "1.50x" in row and "75%" in row and "750" in row
+    assert "failed" in table
+
+
+def test_train_scaling_launches_multi_gpu_only_for_several_processes(tmp_path):
+    scaling = _load_train_scaling()
+    import argparse
+
+    args = argparse.Namespace(epochs=2, batch=8, extra=["--img-size", "32"])
+    single = scaling.launch_command(1, "gka_vision_T", tmp_path / "data", tmp_path / "out", args)
+    double = scaling.launch_command(2, "gka_vision_T", tmp_path / "data", tmp_path / "out", args)
+    assert "--multi_gpu" not in single and "--multi_gpu" in double
+    assert double[double.index("--num_processes") + 1] == "2"
+    assert single[-2:] == ["--img-size", "32"]  # extra flags come last, so they override the recipe
