@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     if len(train_set) < cfg["batch_size"] * world:
         raise ValueError(f"the training split has {len(train_set)} images, fewer than one global batch "
                          f"({cfg['batch_size']} x {world} processes)")
-    train_sampler = EpochShuffleSampler(len(train_set), seed=cfg["seed"])
+    train_sampler = EpochShuffleSampler(len(train_set), seed=cfg["seed"], tag_epoch=True)
     # Augmentation draws are per image (SafeImageFolder augment_seed). The DataLoader gets its own generator so
     # that creating an iterator (at an epoch start, or mid-epoch after a resume) does not consume the global RNG,
     # which drop path and Mixup draw from: a resumed run stays on the uninterrupted run's track.
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     train_dl = DataLoader(train_set, batch_size=cfg["batch_size"], sampler=train_sampler, drop_last=True,
                           num_workers=cfg["workers"], collate_fn=collate_skipping, generator=loader_generator,
                           pin_memory=cfg["pin_memory"] and torch.cuda.is_available(),
-                          persistent_workers=False)  # fresh workers each epoch: they copy the dataset's epoch
+                          persistent_workers=cfg["workers"] > 0)  # the sampler tags each index with its epoch
     val_dl = val_loader(val_set, cfg, accelerator)
     mixup_fn = None
     if mixup_active:

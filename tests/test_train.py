@@ -142,6 +142,42 @@ def test_unreadable_images_are_skipped_and_counted(tiny_data):
     assert int(unreadable) == 1 and len(targets) == len(val) - 1 == 12
 
 
+def test_persistent_workers_draw_each_epochs_augmentation_from_the_epoch_tag(tiny_data):
+    """train_imagenet.py keeps its loader workers across epochs; the sampler's (epoch, index) tags must give every
+    epoch exactly the batches a fresh single-process loader gives after ``set_epoch``."""
+    from timm.data import create_transform
+    from torch.utils.data import DataLoader
+
+    from visionssm.data.loader import EpochShuffleSampler
+
+    transform = create_transform(16, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)
+
+    def loader(tagged: bool, workers: int):
+        dataset = SafeImageFolder(tiny_data / "train", transform=transform, augment_seed=3)
+        sampler = EpochShuffleSampler(len(dataset), seed=5, tag_epoch=tagged)
+        dl = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=workers, collate_fn=collate_skipping,
+                        persistent_workers=workers > 0)
+        return dataset, sampler, dl
+
+    def epoch_batches(dataset, sampler, dl, epoch):
+        sampler.set_epoch(epoch)
+        dataset.set_epoch(epoch)
+        return [images for images, _, _ in dl]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the corrupt file in tiny_data
+        persistent = loader(tagged=True, workers=1)
+        fresh = loader(tagged=False, workers=0)
+        seen = []
+        for epoch in (0, 1):
+            got, expected = epoch_batches(*persistent, epoch), epoch_batches(*fresh, epoch)
+            assert len(got) == len(expected) == 6
+            for a, b in zip(got, expected):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+            seen.append(torch.cat(got))
+    assert not torch.equal(seen[0], seen[1]), "each epoch draws new augmentations"
+
+
 def test_randaugment_posterize_at_full_magnitude_runs():
     """timm's inc1 policies ask Pillow for 0-bit posterize at magnitude 10, which current Pillow rejects."""
     from PIL import Image

@@ -49,7 +49,8 @@ class SafeImageFolder(DatasetFolder):
             ``"drop"`` returns ``None`` as the image so ``collate_skipping`` leaves it out.
         class_to_idx: fix the label mapping (the val split must use the train split's).
         augment_seed: if set, the transform of item ``i`` in epoch ``e`` runs with the RNGs (``random``, NumPy,
-            torch CPU) seeded from ``(augment_seed, e, i)``; see ``set_epoch``.
+            torch CPU) seeded from ``(augment_seed, e, i)``; ``e`` is the index's epoch tag if it has one
+            (``dataset[(e, i)]``), else the one given to ``set_epoch``.
 
     Each item is ``(image, target, n_unreadable)``.
     """
@@ -90,10 +91,13 @@ class SafeImageFolder(DatasetFolder):
             return None, target
         return image, target
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int | tuple[int, int]):
+        epoch = self.epoch
+        if isinstance(index, tuple):  # (epoch, index) from EpochShuffleSampler(tag_epoch=True)
+            epoch, index = index
         if self.augment_seed is None:
             return self._get(index)
-        seed = ((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % 2**63
+        seed = ((self.augment_seed * 1_000_003 + epoch) * 10_000_019 + index) % 2**63
         with _private_rng(seed):
             return self._get(index)
 
@@ -157,20 +161,27 @@ def build_split(data_dir: str | os.PathLike, split: str, transform: Callable | N
                                 f"one of the extensions {', '.join(IMG_EXTENSIONS)} ({e})") from None
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A shuffle that depends only on ``(seed, epoch)``: the same order on every process and after a resume."""
+class EpochShuffleSampler(Sampler):
+    """A shuffle that depends only on ``(seed, epoch)``: the same order on every process and after a resume.
 
-    def __init__(self, length: int, seed: int):
+    With ``tag_epoch`` it yields ``(epoch, index)`` pairs, which ``SafeImageFolder`` reads as "item ``index`` with
+    epoch ``epoch``'s augmentation draws": the epoch then travels with each index, so DataLoader workers can be
+    persistent (forking a dozen workers from a process holding a CUDA context costs seconds every epoch).
+    """
+
+    def __init__(self, length: int, seed: int, tag_epoch: bool = False):
         self.length = length
         self.seed = seed
+        self.tag_epoch = tag_epoch
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.length, generator=generator).tolist())
+        order = torch.randperm(self.length, generator=generator).tolist()
+        return iter([(self.epoch, i) for i in order] if self.tag_epoch else order)
 
     def __len__(self) -> int:
         return self.length
