@@ -1,8 +1,11 @@
 """Selective scan at MambaVision's shapes (bf16 activations, fp32 A/D/delta_bias, B/C shared, softplus, z=None).
 
-Implementations: ours (Triton), the PyTorch reference path compiled with ``torch.compile`` (the anchor), and
-``mamba_ssm.selective_scan_fn`` when it is importable on the machine. The issue's H100 ``mamba_ssm`` numbers are
-added as rows marked ``quoted`` (not measured in this run; different GPU when run elsewhere).
+Implementations: ours (Triton), the PyTorch reference path compiled with ``torch.compile``, and mamba_ssm's CUDA
+kernel when it is importable on the machine: ``mamba_ssm.ops.selective_scan_interface.selective_scan_fn``, or, if
+only its extension ``selective_scan_cuda`` is (e.g. built alone with ``.dev/scan/build_anchor.py``), a thin autograd
+wrapper over ``selective_scan_cuda.fwd/bwd`` doing what ``selective_scan_fn`` does. The ratios are taken against
+mamba_ssm when it was measured in this run, else against the compiled reference. The issue's H100 ``mamba_ssm``
+numbers are added as rows marked ``quoted`` (not measured in this run; a different GPU).
 
     python benchmarks/kernels.py --ops selective_scan
     python -c "import sys; sys.path[:0] = ['benchmarks', '.']; from kernel_suites import selective_scan as s; s.sweep()"
@@ -20,10 +23,17 @@ from visionssm.kernels import selective_scan
 from visionssm.kernels.selective_scan.naive import selective_scan_torch
 from visionssm.utils.benchmark import time_fn
 
-ANCHOR = "torch.compile(ref)"
+COMPILED = "torch.compile(ref)"
+MAMBA = "mamba_ssm"
+MAMBA_GRAPH = "mamba_ssm (CUDA graph)"
+#: The implementation the ratios are taken against: set by :func:`run` to mamba_ssm when it was measured.
+ANCHOR = COMPILED
 OURS = "visionssm-triton"
 OURS_GRAPH = "visionssm-triton (CUDA graph)"
 OURS_SCAN = "visionssm-triton scan-path"
+#: Timed by replaying a captured CUDA graph (forward, or forward + autograd backward): GPU time without the host's
+#: per-call work (Python, launches), which the plain rows include when the host is the slower side.
+GRAPHED = (OURS_GRAPH, MAMBA_GRAPH)
 #: JSON launch config for our kernels (see ``scan.CONFIG_OVERRIDE``); unset: the built-in defaults.
 CONFIG_ENV = "VISIONSSM_SCAN_CONFIG"
 QUOTED = "mamba_ssm H100 (quoted)"
@@ -92,17 +102,64 @@ def _implementations():
         print(f"# {OURS} launch config: {config}", flush=True)
     ours = _with_config(config)
     impls = {OURS: ours, OURS_GRAPH: ours, OURS_SCAN: _with_config({"path": "scan"}),
-             ANCHOR: torch.compile(selective_scan_torch, dynamic=False)}
-    try:
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
-    except ImportError:
-        print("# mamba_ssm not importable here: its CUDA scan is not measured", flush=True)
-    else:
-        impls["mamba_ssm"] = selective_scan_fn
+             COMPILED: torch.compile(selective_scan_torch, dynamic=False)}
+    mamba = mamba_selective_scan()
+    if mamba is not None:
+        impls[MAMBA] = mamba
+        impls[MAMBA_GRAPH] = mamba
     return impls
 
 
+def mamba_selective_scan():
+    """mamba_ssm's CUDA selective scan (``selective_scan_fn``'s signature), or ``None`` when not importable."""
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except Exception as exc:  # ImportError, or mamba_ssm's own imports failing
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        print("# mamba_ssm: mamba_ssm.ops.selective_scan_interface.selective_scan_fn", flush=True)
+        return selective_scan_fn
+    try:
+        import selective_scan_cuda
+    except ImportError:
+        print(f"# mamba_ssm not importable here ({reason}): its CUDA scan is not measured", flush=True)
+        return None
+    print(f"# mamba_ssm: selective_scan_cuda.fwd/bwd from {selective_scan_cuda.__file__} (selective_scan_fn not "
+          f"importable: {reason})", flush=True)
+    return _MambaCudaScan(selective_scan_cuda).apply
+
+
+def _MambaCudaScan(ext):  # noqa: N802 (a class factory)
+    class MambaCudaScan(torch.autograd.Function):
+        """What ``mamba_ssm``'s ``SelectiveScanFn`` does around the extension (ungrouped B/C get a group axis)."""
+
+        @staticmethod
+        def forward(ctx, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+            squeeze = B.dim() == 3
+            B, C = (B.unsqueeze(1), C.unsqueeze(1)) if squeeze else (B, C)
+            u, delta, B, C = (t.contiguous() for t in (u, delta, B, C))
+            out, x, *rest = ext.fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out if z is not None else None)
+            ctx.flags = (delta_softplus, squeeze)
+            return rest[0] if z is not None else out
+
+        @staticmethod
+        def backward(ctx, dout):
+            u, delta, A, B, C, D, z, delta_bias, x, out = ctx.saved_tensors
+            delta_softplus, squeeze = ctx.flags
+            du, ddelta, dA, dB, dC, dD, dbias, *rest = ext.bwd(u, delta, A, B, C, D, z, delta_bias,
+                                                                dout.contiguous(), x, out, None, delta_softplus,
+                                                                False)
+            if squeeze:
+                dB, dC = dB.squeeze(1), dC.squeeze(1)
+            return (du, ddelta, dA, dB, dC, dD if D is not None else None, rest[0] if z is not None else None,
+                    dbias if delta_bias is not None else None, None)
+
+    return MambaCudaScan
+
+
 def run(quick: bool, copy_gbps: float | None) -> list[dict]:
+    global ANCHOR
     rows = []
     impls = _implementations()
     for shape in SHAPES[:1] if quick else SHAPES:
@@ -110,10 +167,8 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
         label = "x".join(map(str, shape))
         for mode in ("fwd", "fwd+bwd"):
             for name, fn in impls.items():
-                if name == OURS_GRAPH and mode != "fwd":  # autograd is not captured: graphs time the forward only
-                    continue
                 try:
-                    timing = time_fn(_callable(fn, x, mode), warmup=5, repeats=30, cuda_graph=name == OURS_GRAPH)
+                    timing = time_fn(_callable(fn, x, mode), warmup=5, repeats=30, cuda_graph=name in GRAPHED)
                 except Exception as exc:  # an anchor that fails (e.g. out of memory) is reported, not fatal
                     print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
                     continue
@@ -131,6 +186,7 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
                              "ms": quoted[0 if mode == "fwd" else 1], "note": "issue 5, H100, not measured here"})
         del x
         torch.cuda.empty_cache()
+    ANCHOR = MAMBA if any(row["impl"] == MAMBA for row in rows) else COMPILED
     return rows
 
 

@@ -4,12 +4,21 @@ Every kernel runs one program per (batch, group of B/C, block of ``BLOCK_D`` cha
 ``(BLOCK_D, N)`` state in fp32 registers; inputs may be fp32/fp16/bf16 and are upcast on load. Two
 implementations share the launch code and the saved-state format (``CONFIG_OVERRIDE["path"]`` picks one):
 
-* ``"seq"`` (default, the fast one): the forward walks time one token per loop iteration (``x = exp2(δA') x + δuB``,
-  ``y = Σ_n C x``) -- an exp2 and two FMAs per state element per step. With a gradient pending it stores the state
-  every ``CHUNK`` (``block_l``) tokens. The backward walks the chunks last to first: it recomputes the chunk's
-  states from the saved one into a small per-program scratch (L2-resident), then walks the chunk backwards with
-  the adjoint ``h_t = a_{t+1} h_{t+1} + g_t C_t`` in registers. For L <= ``CHUNK`` nothing but the outputs is
-  written; any L works (3136 is one more loop trip count, with L/CHUNK saved states per channel).
+* ``"seq"`` (default, the fast one): the recurrence walks time one token per loop iteration (``x = exp2(δA') x +
+  δuB``, ``y = Σ_n C x``) -- an exp2 and two FMAs per state element per step. With a gradient pending the forward
+  stores the state every ``CHUNK`` (``block_l``) tokens; the backward walks the chunks last to first, recomputes
+  the chunk's states from the saved one, then walks the chunk backwards with the adjoint
+  ``h_t = a_{t+1} h_{t+1} + g_t C_t``. For L <= ``CHUNK`` nothing but the outputs is written; any L works (3136 is
+  one more loop trip count, with L/CHUNK saved states per channel). Each direction of work comes in two forms
+  (``CONFIG_OVERRIDE["fwd"]`` / ``["bwd"]``):
+
+  - ``"step"``: every step loads and stores one token of each of the block's channels straight from/to memory.
+    Rows are L tokens apart, so each per-step access touches BLOCK_D cache lines (the load/store unit, not DRAM,
+    is the limit), and dB/dC need a reduction over the block's channels every step.
+  - ``"tiled"``: per chunk, coalesced (CHUNK, BLOCK_D) tile loads fill a small per-program scratch (L2-resident)
+    laid out channel-contiguous; the step loops read one contiguous row per step; the outputs (and in the
+    backward every gradient, with dB/dC reduced over channels once per chunk on (CHUNK, BLOCK_D, N) tiles of the
+    states and adjoints) are written as tiles. See :func:`_tiled_bwd_kernel`.
 * ``"scan"``: chunks of ``BLOCK_L`` tokens as ``(BLOCK_D, N, BLOCK_L)`` register tiles, the recurrence evaluated
   with ``tl.associative_scan`` along time (the backward's adjoint with a reverse scan) and the state carried
   between chunks; more instructions per element (log2 BLOCK_L combine levels) than ``"seq"``.
@@ -37,9 +46,11 @@ __all__ = ["SelectiveScanFunction", "selective_scan_triton"]
 _LOG2E = 1.4426950408889634
 
 #: Launch-shape override for experiments and tests, e.g. ``{"path": "scan", "block_l": 16}``. Keys (each
-#: optional): ``path`` (``"seq"``: sequential kernels, ``"scan"``: associative-scan kernels), ``block_l`` (chunk
-#: length: the scan tile's time extent, and the checkpoint interval of the saved states), ``block_d_fwd``,
-#: ``block_d_bwd``, ``warps_fwd``, ``warps_bwd``. ``None``: the heuristics in :func:`_launch_config`.
+#: optional): ``path`` (``"seq"``: sequential kernels, ``"scan"``: associative-scan kernels), ``fwd`` / ``bwd``
+#: (seq path: ``"step"`` or ``"tiled"``), ``lean`` and ``unroll`` (tiled backward/forward code shape, see
+#: :func:`_tiled_bwd_kernel`), ``block_l`` (chunk length: the scan tile's time extent, and the checkpoint
+#: interval of the saved states), ``block_d_fwd``, ``block_d_bwd``, ``warps_fwd``, ``warps_bwd``. ``None``: the
+#: heuristics in :func:`_launch_config`. Read by the forward; its backward reuses the forward's config.
 CONFIG_OVERRIDE: dict | None = None
 
 
@@ -48,9 +59,11 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
     cap = triton.next_power_of_2(channels_per_group)
     path = (CONFIG_OVERRIDE or {}).get("path", "seq")
     if path == "seq":
-        # from the launch sweep on an H200 at MambaVision's shapes (benchmarks/kernel_suites/selective_scan.py):
-        # one warp per 32 channels forward; the backward prefers more warps per program
-        cfg = {"path": "seq", "block_l": 16, "block_d_fwd": 32, "block_d_bwd": 64, "warps_fwd": 1, "warps_bwd": 4}
+        # the fastest of the launch variants timed side by side on an H200 at MambaVision's four shapes
+        # (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log): tiled forward and backward,
+        # chunks of 8 tokens, 32 channels per program, one warp forward, four backward
+        cfg = {"path": "seq", "fwd": "tiled", "bwd": "tiled", "lean": True, "unroll": True, "block_l": 8,
+               "block_d_fwd": 32, "block_d_bwd": 32, "warps_fwd": 1, "warps_bwd": 4}
     else:
         block_l = min(64, max(16, triton.next_power_of_2(length)))
         cfg = {"path": "scan", "block_l": block_l, "block_d_fwd": max(1, 4096 // (block_n * block_l)),
@@ -59,6 +72,13 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
     cfg["block_d_fwd"] = min(cfg["block_d_fwd"], cap)
     cfg["block_d_bwd"] = min(cfg["block_d_bwd"], cap)
     cfg["block_n"] = block_n
+    if cfg["path"] == "seq":
+        # no more threads than (BLOCK_D, N) state elements in the tiled kernels: with the state tile replicated
+        # across warps (16 warps on a 32 x 8 tile) the tiled backward's d delta came out wrong on an H200
+        for kind in ("fwd", "bwd"):
+            if cfg.get(kind) == "tiled":
+                elements = cfg[f"block_d_{kind}"] * block_n
+                cfg[f"warps_{kind}"] = max(1, min(cfg[f"warps_{kind}"], elements // 32))
     return cfg
 
 
@@ -198,7 +218,7 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
     offs_l = tl.arange(0, BLOCK_L)
     row_off = (i_b * dim + d).to(tl.int64) * L
     bc_off = pid_bg.to(tl.int64) * N * L
-    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * N * L
+    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
     A = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
     A2 = A * 1.4426950408889634
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -210,6 +230,7 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
+    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
     dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_DLAST:
         dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
@@ -311,11 +332,11 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
 
     if ACCUM:
         dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(dbias_ptr + vec_off, mask=mask_d, other=0.0)
+        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
     tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
-    tl.store(dbias_ptr + vec_off, dbias_acc, mask=mask_d)
+    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
     if HAS_D and not ACCUM:
-        tl.store(dD_ptr + vec_off, dD_acc, mask=mask_d)
+        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,6 +431,139 @@ def _seq_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, 
 
 
 @triton.jit
+def _tiled_fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    dts = tl.load(v_dt + s * BLOCK_D + offs_dl)
+    dtus = tl.load(v_dtu + s * BLOCK_D + offs_dl)
+    Bs = tl.load(v_B + s * BLOCK_N + offs_n)
+    Cs = tl.load(v_C + s * BLOCK_N + offs_n)
+    x = tl.exp2(dts[:, None] * A2) * x + dtus[:, None] * Bs[None, :]
+    tl.store(v_y + s * BLOCK_D + offs_dl, tl.sum(x * Cs[None, :], axis=1))
+    return x
+
+
+@triton.jit
+def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
+                    row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
+                    REVERSE: tl.constexpr, MODE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr,
+                    RETURN_LAST: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    # Per chunk: coalesced (CHUNK, BLOCK_D) tile loads into a channel-contiguous scratch, the recurrence one step
+    # per iteration reading that scratch (y_t back into it), then the output written as one tile.
+    # MODE as in _fwd_pass.
+    SD = CHUNK * BLOCK_D
+    SN = CHUNK * BLOCK_N
+    v_dt = scr
+    v_dtu = scr + SD
+    v_y = scr + 2 * SD
+    v_B = scr + 3 * SD
+    v_C = v_B + SN
+    offs_dl = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, CHUNK)
+    vec_sd = offs_s[:, None] * BLOCK_D + offs_dl[None, :]
+    vec_sn = offs_s[:, None] * BLOCK_N + offs_n[None, :]
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    for c in range(0, NCHUNK):
+        tau = c * CHUNK + offs_s
+        mask_s = tau < L
+        if REVERSE:
+            t = L - 1 - tau
+        else:
+            t = tau
+        m2 = mask_s[:, None] & mask_d[None, :]
+        p2 = row_off[None, :] + t[:, None]
+        u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        dt = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            dt += bias[None, :]
+        if SOFTPLUS:
+            dt = _softplus(dt)
+        dt = tl.where(m2, dt, 0.0)
+        mbc = mask_s[:, None] & mask_n[None, :]
+        pbc = bc_off + offs_n[None, :] * L + t[:, None]
+        tl.store(v_dt + vec_sd, dt)
+        tl.store(v_dtu + vec_sd, dt * u)
+        tl.store(v_B + vec_sn, tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32))
+        tl.store(v_C + vec_sn, tl.load(C_ptr + pbc, mask=mbc, other=0.0).to(tl.float32))
+        if SAVE_STATES:
+            tl.store(state_ptr + state_off + c * N, x, mask=mask_dn)
+        tl.debug_barrier()
+        if UNROLL:
+            for s in tl.static_range(CHUNK):
+                x = _tiled_fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
+        else:
+            for s in range(0, CHUNK):
+                x = _tiled_fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
+        tl.debug_barrier()
+        y = tl.load(v_y + vec_sd)
+        if MODE == 1:
+            tl.store(ybuf_ptr + p2, y, mask=m2)
+        else:
+            if MODE == 2:
+                y += tl.load(ybuf_ptr + p2, mask=m2, other=0.0)
+            if HAS_D:
+                y += Dv[None, :] * u
+            if HAS_Z:
+                zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                y = y * zt * tl.sigmoid(zt)
+            tl.store(out_ptr + p2, y.to(out_ptr.dtype.element_ty), mask=m2)
+        # the next chunk's prologue overwrites the scratch read here
+        tl.debug_barrier()
+    if RETURN_LAST:
+        tl.store(last_ptr + last_off, x, mask=mask_dn)
+
+
+@triton.jit
+def _tiled_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr, ybuf_ptr, state_ptr,
+                      last_ptr, scratch_ptr, dim, L, G, DG, N, NCHUNK,
+                      BIDIR: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr,
+                      UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_d = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    i_b = pid_bg // G
+    i_g = pid_bg % G
+    offs_dg = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_dg < DG
+    d = i_g * DG + offs_dg
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    row_off = (i_b * dim + d).to(tl.int64) * L
+    bc_off = pid_bg.to(tl.int64) * N * L
+    scr = scratch_ptr + (pid_bg * tl.num_programs(0) + pid_d).to(tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
+    A2 = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32) * 1.4426950408889634
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    last_off = (i_b * dim + d).to(tl.int64)[:, None] * N + offs_n[None, :]
+    if BIDIR:
+        state_off = ((i_b * 2) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
+                        row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
+                        False, 1, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK, BLOCK_D,
+                        BLOCK_N)
+        # the second pass reads back what the first wrote, possibly from other threads of this program
+        tl.debug_barrier()
+        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
+                        row_off, bc_off, state_off + dim * NCHUNK * N, last_off, A2, bias, Dv, mask_d, offs_n,
+                        mask_n, L, N, NCHUNK,
+                        True, 2, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK, BLOCK_D,
+                        BLOCK_N)
+    else:
+        state_off = (i_b * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
+                        row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
+                        False, 0, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, UNROLL, CHUNK, BLOCK_D,
+                        BLOCK_N)
+
+
+@triton.jit
 def _seq_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr, dlast_ptr,
                     scratch_ptr, du_ptr, ddl_ptr, dz_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr,
                     dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR,
@@ -431,7 +585,7 @@ def _seq_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, 
     mask_dn = mask_d[:, None] & mask_n[None, :]
     row_off = (i_b * dim + d).to(tl.int64) * L
     bc_off = pid_bg.to(tl.int64) * N * L
-    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * N * L
+    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
     scratch_off = ((pid_bg * NDBLK + pid_d).to(tl.int64) * CHUNK * BLOCK_D * BLOCK_N
                    + offs_dl[:, None] * BLOCK_N + offs_n[None, :])
     A = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
@@ -445,6 +599,7 @@ def _seq_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, 
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
+    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
     dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_DLAST:
         dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
@@ -552,11 +707,254 @@ def _seq_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, 
 
     if ACCUM:
         dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(dbias_ptr + vec_off, mask=mask_d, other=0.0)
+        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
     tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
-    tl.store(dbias_ptr + vec_off, dbias_acc, mask=mask_d)
+    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
     if HAS_D and not ACCUM:
-        tl.store(dD_ptr + vec_off, dD_acc, mask=mask_d)
+        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tiled backward (``CONFIG_OVERRIDE["bwd"] = "tiled"``). The step kernel above touches one token of each of its
+# channels per step: every per-step load or store of a (BLOCK_D,) vector hits BLOCK_D different cache lines (rows
+# of length L), and dB/dC need a reduction over channels every step. Here only the two recurrences stay
+# sequential; per chunk of CHUNK tokens:
+#   1. prologue: coalesced (CHUNK, BLOCK_D) tile loads of u, delta, dout (and z); delta's softplus, delta*u and the
+#      gated gradient g are written to a per-program scratch with channels contiguous, B and C to (CHUNK, N) rows;
+#   2. forward recompute of the chunk's states from the saved chunk-start state, x_t into the scratch;
+#   3. reverse walk of the adjoint h_t = a_{t+1} h_{t+1} + g_t C_t, h_t into the scratch;
+#   4. epilogue on (CHUNK, BLOCK_D, N) tiles of x and h: every gradient, with the reductions over state (du,
+#      ddelta, dz) and over channels (dB, dC partials) done once per chunk and the stores coalesced.
+# The scratch (a few tens of KiB per program) is rewritten every chunk, so it stays in L2.
+
+
+@triton.jit
+def _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn, STORE_Y: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    dts = tl.load(v_dt + s * BLOCK_D + offs_dl)
+    dtus = tl.load(v_dtu + s * BLOCK_D + offs_dl)
+    Bs = tl.load(v_B + s * BLOCK_N + offs_n)
+    x = tl.exp2(dts[:, None] * A2) * x + dtus[:, None] * Bs[None, :]
+    tl.store(v_x + s * (BLOCK_D * BLOCK_N) + mat_dn, x)
+    if STORE_Y:
+        Cs = tl.load(v_C + s * BLOCK_N + offs_n)
+        tl.store(v_y + s * BLOCK_D + offs_dl, tl.sum(x * Cs[None, :], axis=1))
+    return x
+
+
+@triton.jit
+def _tiled_bwd_adjoint_step(s, tau, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B, v_C, v_x, v_h, v_hB, v_hxA, A,
+                            A2, L, offs_dl, offs_n, mat_dn, LEAN: tl.constexpr, HAS_DLAST: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    dts = tl.load(v_dt + s * BLOCK_D + offs_dl)
+    gs = tl.load(v_g + s * BLOCK_D + offs_dl)
+    Cs = tl.load(v_C + s * BLOCK_N + offs_n)
+    h = a_next * h + gs[:, None] * Cs[None, :]
+    if HAS_DLAST:
+        h += tl.where((offs_n[None, :] * 0 + tau) == L - 1, dlast, 0.0)
+    tl.store(v_h + s * (BLOCK_D * BLOCK_N) + mat_dn, h)
+    a_next = tl.exp2(dts[:, None] * A2)
+    if LEAN:
+        dtus = tl.load(v_dtu + s * BLOCK_D + offs_dl)
+        Bs = tl.load(v_B + s * BLOCK_N + offs_n)
+        xs = tl.load(v_x + s * (BLOCK_D * BLOCK_N) + mat_dn)
+        hxs = h * (xs - dtus[:, None] * Bs[None, :])  # h_t * a_t x_{t-1}
+        dA_acc += hxs * dts[:, None]
+        tl.store(v_hB + s * BLOCK_D + offs_dl, tl.sum(h * Bs[None, :], axis=1))
+        tl.store(v_hxA + s * BLOCK_D + offs_dl, tl.sum(hxs * A, axis=1))
+    return h, a_next, dA_acc
+
+
+@triton.jit
+def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr, dlast_ptr,
+                      scratch_ptr, du_ptr, ddl_ptr, dz_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr,
+                      dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR,
+                      REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr,
+                      HAS_DLAST: tl.constexpr, LEAN: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # LEAN: the reverse walk also does the per-step work that reduces over the state only (dA, h.B, hx.A, and y
+    # for dz), parking (CHUNK, BLOCK_D) vectors in the scratch, so the epilogue's (CHUNK, BLOCK_D, N) tiles are
+    # only x and h for dB and dC (fewer live registers); otherwise the epilogue does all of it.
+    pid_d = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    i_b = pid_bg // G
+    i_g = pid_bg % G
+    offs_dl = tl.arange(0, BLOCK_D)
+    offs_dg = pid_d * BLOCK_D + offs_dl
+    mask_d = offs_dg < DG
+    d = i_g * DG + offs_dg
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    offs_s = tl.arange(0, CHUNK)
+    row_off = (i_b * dim + d).to(tl.int64) * L
+    bc_off = pid_bg.to(tl.int64) * N * L
+    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
+    # scratch regions: (CHUNK, BLOCK_D) delta, delta*u, g, h.B, hx.A, y; (CHUNK, BLOCK_N) B, C;
+    # (CHUNK, BLOCK_D, BLOCK_N) x, h
+    SD = CHUNK * BLOCK_D
+    SN = CHUNK * BLOCK_N
+    SDN = CHUNK * BLOCK_D * BLOCK_N
+    scr = scratch_ptr + (pid_bg * NDBLK + pid_d).to(tl.int64) * (6 * SD + 2 * SN + 2 * SDN)
+    v_dt = scr
+    v_dtu = scr + SD
+    v_g = scr + 2 * SD
+    v_hB = scr + 3 * SD
+    v_hxA = scr + 4 * SD
+    v_y = scr + 5 * SD
+    v_B = scr + 6 * SD
+    v_C = v_B + SN
+    v_x = v_C + SN
+    v_h = v_x + SDN
+    vec_sd = offs_s[:, None] * BLOCK_D + offs_dl[None, :]
+    vec_sn = offs_s[:, None] * BLOCK_N + offs_n[None, :]
+    mat_dn = offs_dl[:, None] * BLOCK_N + offs_n[None, :]
+    mat_sdn = offs_s[:, None, None] * (BLOCK_D * BLOCK_N) + mat_dn[None, :, :]
+
+    A = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
+    A2 = A * 1.4426950408889634
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+    vec_off = (i_b * dim + d).to(tl.int64)
+    mat_off = vec_off[:, None] * N + offs_n[None, :]
+    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
+    dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    if HAS_DLAST:
+        dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
+
+    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    a_next = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # a_{t+1}; zero past the end
+    dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for i in range(0, NCHUNK):
+        c = NCHUNK - 1 - i
+        tau = c * CHUNK + offs_s
+        mask_s = tau < L
+        if REVERSE:
+            t = L - 1 - tau
+        else:
+            t = tau
+        # 1. prologue: (CHUNK, BLOCK_D) tiles, time along the first axis
+        m2 = mask_s[:, None] & mask_d[None, :]
+        p2 = row_off[None, :] + t[:, None]
+        u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            dt_in += bias[None, :]
+        if SOFTPLUS:
+            dt = _softplus(dt_in)
+        else:
+            dt = dt_in
+        dt = tl.where(m2, dt, 0.0)
+        dtu = dt * u
+        do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        if HAS_Z:
+            zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            sz = tl.sigmoid(zt)
+            g = do * zt * sz
+        else:
+            g = do
+        mbc = mask_s[:, None] & mask_n[None, :]
+        pbc = bc_off + offs_n[None, :] * L + t[:, None]
+        Bt = tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
+        Ct = tl.load(C_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
+        tl.store(v_dt + vec_sd, dt)
+        tl.store(v_dtu + vec_sd, dtu)
+        tl.store(v_g + vec_sd, g)
+        tl.store(v_B + vec_sn, Bt)
+        tl.store(v_C + vec_sn, Ct)
+        tl.debug_barrier()
+
+        # 2. the chunk's states (padded steps: delta = 0, so a = 1, b = 0)
+        if LOAD_STATES:
+            x = tl.load(state_ptr + state_off + c * N, mask=mask_dn, other=0.0)
+        else:
+            x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        # (UNROLL: the step loops unrolled, so the compiler can issue the scratch loads of later steps early)
+        if UNROLL:
+            for s in tl.static_range(CHUNK):
+                x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
+                                          LEAN and HAS_Z, BLOCK_D, BLOCK_N)
+        else:
+            for s in range(0, CHUNK):
+                x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
+                                          LEAN and HAS_Z, BLOCK_D, BLOCK_N)
+
+        # 3. the adjoint, last step first (padded steps: g = 0 and h starts at zero, so h stays zero there)
+        if UNROLL:
+            for s2 in tl.static_range(CHUNK):
+                h, a_next, dA_acc = _tiled_bwd_adjoint_step(
+                    CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
+                    v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
+                    BLOCK_N)
+        else:
+            for s2 in range(0, CHUNK):
+                h, a_next, dA_acc = _tiled_bwd_adjoint_step(
+                    CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
+                    v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
+                    BLOCK_N)
+        tl.debug_barrier()
+
+        # 4. epilogue on the whole chunk
+        X = tl.load(v_x + mat_sdn)
+        H = tl.load(v_h + mat_sdn)
+        if LEAN:
+            hB = tl.load(v_hB + vec_sd)
+            ddt = tl.load(v_hxA + vec_sd) + u * hB
+        else:
+            hx = H * (X - dtu[:, :, None] * Bt[:, None, :])  # h_t * a_t x_{t-1}
+            dA_acc += tl.sum(hx * dt[:, :, None], axis=0)
+            hB = tl.sum(H * Bt[:, None, :], axis=2)
+            ddt = tl.sum(hx * A[None, :, :], axis=2) + u * hB
+        du = dt * hB
+        if HAS_D and not ACCUM:
+            du += g * Dv[None, :]
+            dD_acc += tl.sum(g * u, axis=0)
+        if HAS_Z:
+            if LEAN:
+                y = tl.load(v_y + vec_sd)
+            else:
+                y = tl.sum(X * Ct[:, None, :], axis=2)
+            if HAS_D and not ACCUM:
+                y += Dv[None, :] * u
+            dz = do * sz * (1.0 + zt * (1.0 - sz)) * y
+            if ACCUM:
+                dz += tl.load(dz_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            tl.store(dz_ptr + p2, dz.to(dz_ptr.dtype.element_ty), mask=m2)
+        if SOFTPLUS:
+            ddt = ddt * tl.sigmoid(dt_in)
+        ddt = tl.where(m2, ddt, 0.0)
+        dbias_acc += tl.sum(ddt, axis=0)
+        if ACCUM:
+            du += tl.load(du_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            ddt += tl.load(ddl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+        tl.store(du_ptr + p2, du.to(du_ptr.dtype.element_ty), mask=m2)
+        tl.store(ddl_ptr + p2, ddt.to(ddl_ptr.dtype.element_ty), mask=m2)
+        dBc = tl.sum(H * dtu[:, :, None], axis=1)
+        dCc = tl.sum(X * g[:, :, None], axis=1)
+        ppart = part_off + offs_n[None, :] * L + t[:, None]
+        if ACCUM:
+            dBc += tl.load(dB_ptr + ppart, mask=mbc, other=0.0)
+            dCc += tl.load(dC_ptr + ppart, mask=mbc, other=0.0)
+        tl.store(dB_ptr + ppart, dBc, mask=mbc)
+        tl.store(dC_ptr + ppart, dCc, mask=mbc)
+        # the next chunk's prologue overwrites the scratch this epilogue read
+        tl.debug_barrier()
+
+    if ACCUM:
+        dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
+        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
+    tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
+    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
+    if HAS_D and not ACCUM:
+        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
 
 
 def _as_grouped(M: torch.Tensor) -> torch.Tensor:
@@ -565,9 +963,11 @@ def _as_grouped(M: torch.Tensor) -> torch.Tensor:
 
 @input_guard
 def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state, save_states):
+    """Returns the output, the last state (or None), the saved chunk-start states (or None) and the launch config,
+    which the backward must reuse (the states are saved every ``block_l`` tokens)."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
-    Bg, Cg = _as_grouped(B).contiguous(), _as_grouped(C).contiguous()
+    Bg, Cg = _as_grouped(B), _as_grouped(C)
     groups = Bg.shape[1]
     per_group = dim // groups
     cfg = _launch_config(length, nstate, per_group)
@@ -587,21 +987,25 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
              "BLOCK_D": block_d, "BLOCK_N": cfg["block_n"], "num_warps": cfg["warps_fwd"]}
     args = (u, delta, A, Bg, Cg, D, z, delta_bias, out, ybuf, states, last, dim, length, groups, per_group, nstate,
             nchunk)
-    if cfg["path"] == "seq":
+    if cfg["path"] == "seq" and cfg.get("fwd") == "tiled":
+        scratch = torch.empty((grid[0] * grid[1], block_l * (3 * block_d + 2 * cfg["block_n"])), device=u.device,
+                              dtype=torch.float32)
+        _tiled_fwd_kernel[grid](*args[:12], scratch, *args[12:], UNROLL=cfg.get("unroll", False), CHUNK=block_l,
+                                **flags)
+    elif cfg["path"] == "seq":
         _seq_fwd_kernel[grid](*args, CHUNK=block_l, **flags)
     else:
         _selective_scan_fwd_kernel[grid](*args, BLOCK_L=block_l, **flags)
-    return out, last, states
+    return out, last, states, cfg
 
 
 @input_guard
-def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal):
+def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal, cfg):
     batch, dim, length = u.shape
     nstate = A.shape[1]
-    Bg, Cg = _as_grouped(B).contiguous(), _as_grouped(C).contiguous()
+    Bg, Cg = _as_grouped(B), _as_grouped(C)
     groups = Bg.shape[1]
     per_group = dim // groups
-    cfg = _launch_config(length, nstate, per_group)
     block_l, block_d = cfg["block_l"], cfg["block_d_bwd"]
     nchunk = triton.cdiv(length, block_l)
     ndblk = triton.cdiv(per_group, block_d)
@@ -610,15 +1014,25 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
     du = empty_output(u.shape, device=dev, dtype=u.dtype)
     ddelta = empty_output(delta.shape, device=dev, dtype=delta.dtype)
     dz = empty_output(z.shape, device=dev, dtype=z.dtype) if z is not None else None
+    # partial sums, reduced below: dA over batch; dB and dC (one buffer) over channel blocks; dD and d delta_bias
+    # (one buffer) over batch
     dA_part = empty_output((batch, dim, nstate), device=dev, dtype=torch.float32)
-    dB_part = empty_output((batch, groups, ndblk, nstate, length), device=dev, dtype=torch.float32)
-    dC_part = empty_output((batch, groups, ndblk, nstate, length), device=dev, dtype=torch.float32)
-    dD_part = empty_output((batch, dim), device=dev, dtype=torch.float32) if D is not None else None
-    dbias_part = empty_output((batch, dim), device=dev, dtype=torch.float32)
+    dBC_part = empty_output((batch, groups, ndblk, 2, nstate, length), device=dev, dtype=torch.float32)
+    dB_part, dC_part = dBC_part[:, :, :, 0], dBC_part[:, :, :, 1]
+    dvec_part = empty_output((batch, 2, dim), device=dev, dtype=torch.float32)
+    dbias_part = dvec_part[:, 0]
+    dD_part = dvec_part[:, 1] if D is not None else None
     grid = (ndblk, batch * groups)
     seq = cfg["path"] == "seq"
-    scratch = (torch.empty((batch * groups * ndblk, block_l, block_d, cfg["block_n"]), device=dev,
-                           dtype=torch.float32) if seq else None)
+    tiled = seq and cfg.get("bwd") == "tiled"
+    block_n = cfg["block_n"]
+    if tiled:  # per program: (CHUNK, BLOCK_D) x 6 vectors, (CHUNK, N) x 2 rows, (CHUNK, BLOCK_D, N) x 2 states
+        per_program = block_l * (6 * block_d + 2 * block_n + 2 * block_d * block_n)
+        scratch = torch.empty((batch * groups * ndblk, per_program), device=dev, dtype=torch.float32)
+    elif seq:
+        scratch = torch.empty((batch * groups * ndblk, block_l, block_d, block_n), device=dev, dtype=torch.float32)
+    else:
+        scratch = None
     for direction in range(ndir):
         flags = {"REVERSE": direction == 1, "ACCUM": direction == 1, "HAS_D": D is not None, "HAS_Z": z is not None,
                  "HAS_BIAS": delta_bias is not None, "SOFTPLUS": softplus, "LOAD_STATES": states is not None,
@@ -626,17 +1040,23 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
                  "num_warps": cfg["warps_bwd"]}
         outs = (du, ddelta, dz, dA_part, dB_part, dC_part, dD_part, dbias_part)
         sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir)
-        if seq:
+        if tiled:
+            _tiled_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, scratch, *outs,
+                                    *sizes, LEAN=cfg.get("lean", True), UNROLL=cfg.get("unroll", False),
+                                    CHUNK=block_l, **flags)
+        elif seq:
             _seq_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, scratch, *outs, *sizes,
                                   CHUNK=block_l, **flags)
         else:
             _selective_scan_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, *outs,
                                              *sizes, BLOCK_L=block_l, **flags)
     dA = dA_part.sum(0).to(A.dtype)
-    dB = dB_part.sum(2).reshape(B.shape).to(B.dtype)
-    dC = dC_part.sum(2).reshape(C.shape).to(C.dtype)
-    dD = dD_part.sum(0).to(D.dtype) if D is not None else None
-    dbias = dbias_part.sum(0).to(delta_bias.dtype) if delta_bias is not None else None
+    dBC = dBC_part.sum(2) if ndblk > 1 else dBC_part[:, :, 0]
+    dB = dBC[:, :, 0].reshape(B.shape).to(B.dtype)
+    dC = dBC[:, :, 1].reshape(C.shape).to(C.dtype)
+    dvec = dvec_part.sum(0) if D is not None else dvec_part[:, 0].sum(0)[None]
+    dD = dvec[1].to(D.dtype) if D is not None else None
+    dbias = dvec[0].to(delta_bias.dtype) if delta_bias is not None else None
     return du, ddelta, dA, dB, dC, dD, dz, dbias
 
 
@@ -645,10 +1065,11 @@ class SelectiveScanFunction(torch.autograd.Function):
     @autocast_custom_fwd
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state):
         save = any(ctx.needs_input_grad[:8])
-        out, last, states = _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state,
-                                     save)
+        out, last, states, cfg = _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state,
+                                          save)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, states)
         ctx.flags = (softplus, causal, return_last_state)
+        ctx.cfg = cfg
         return (out, last) if return_last_state else out
 
     @staticmethod
@@ -658,7 +1079,7 @@ class SelectiveScanFunction(torch.autograd.Function):
         softplus, causal, return_last_state = ctx.flags
         if dlast is not None and not return_last_state:
             dlast = None
-        grads = _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal)
+        grads = _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal, ctx.cfg)
         return (*grads, None, None, None)
 
 

@@ -211,13 +211,20 @@ def test_bad_input_device():
 # Triton kernels in the interpreter (tiny shapes)
 
 
-@pytest.fixture(params=["seq", "scan"])
+#: The Triton implementations: the sequential kernels, per-step or tiled (coalesced chunk tiles around the
+#: sequential recurrence), and the associative-scan kernels.
+KERNEL_PATHS = {"seq": {"path": "seq", "fwd": "step", "bwd": "step"},
+                "tiled": {"path": "seq", "fwd": "tiled", "bwd": "tiled", "lean": True, "unroll": True, "block_l": 8,
+                          "block_d_fwd": 32, "warps_fwd": 1, "block_d_bwd": 32, "warps_bwd": 4},
+                "scan": {"path": "scan"}}
+
+
+@pytest.fixture(params=list(KERNEL_PATHS))
 def kernel_path(request):
-    """Both Triton implementations: the sequential kernels (default) and the associative-scan kernels."""
     from visionssm.kernels.selective_scan import scan
 
     previous = scan.CONFIG_OVERRIDE
-    scan.CONFIG_OVERRIDE = {"path": request.param}
+    scan.CONFIG_OVERRIDE = dict(KERNEL_PATHS[request.param])
     yield request.param
     scan.CONFIG_OVERRIDE = previous
 
@@ -227,7 +234,7 @@ def chunked(kernel_path):
     """Short chunks, so short sequences exercise the multi-chunk path (saved states, carries between chunks)."""
     from visionssm.kernels.selective_scan import scan
 
-    scan.CONFIG_OVERRIDE = {"path": kernel_path, "block_l": 8 if kernel_path == "seq" else 16}
+    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS[kernel_path], "block_l": 16 if kernel_path == "scan" else 8}
     yield
 
 
@@ -269,6 +276,46 @@ def test_interpreter_many_channels(triton_interpreter, poison_outputs, kernel_pa
     """More channels than one program's block, not a multiple of it: several partial dB/dC blocks, masked rows."""
     inputs, softplus = make_inputs(batch=1, dim=70, nstate=3, length=9, groups=0, has_z=causal)
     compare(inputs, softplus, dtype=torch.float32, causal=causal)
+
+
+@pytest.mark.parametrize("variant", [{"lean": False, "unroll": True}, {"lean": True, "unroll": False},
+                                     {"lean": False, "unroll": False}], ids=["full-unrolled", "lean-loop", "full-loop"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_interpreter_tiled_variants(triton_interpreter, poison_outputs, variant, causal):
+    """The tiled kernels' other code shapes: the whole backward epilogue on (CHUNK, BLOCK_D, N) tiles instead of
+    per-step reductions over the state (lean=False), and step loops not unrolled (unroll=False)."""
+    from visionssm.kernels.selective_scan import scan
+
+    previous = scan.CONFIG_OVERRIDE
+    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS["tiled"], **variant, "block_l": 8}
+    try:
+        inputs, softplus = make_inputs(dim=6, length=21, groups=2, has_z=True)
+        compare(inputs, softplus, dtype=torch.float32, causal=causal)
+        inputs, softplus = make_inputs(length=13, has_z=False)
+        compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
+    finally:
+        scan.CONFIG_OVERRIDE = previous
+
+
+def test_config_follows_forward(triton_interpreter):
+    """The backward uses the launch config of its forward (the saved states' interval), not the one current
+    when autograd runs it."""
+    from visionssm.kernels.selective_scan import scan
+
+    inputs, softplus = make_inputs(dim=3, length=37, has_z=False)
+    expected = run_with_grads(selective_scan_ref, inputs, softplus, dtype=torch.float64)
+    leaves = {k: (v.detach().float().requires_grad_(True) if v is not None else None) for k, v in inputs.items()}
+    previous = scan.CONFIG_OVERRIDE
+    try:
+        scan.CONFIG_OVERRIDE = {"path": "seq", "block_l": 8}
+        out = selective_scan(*(leaves[k] for k in NAMES), delta_softplus=softplus)
+        scan.CONFIG_OVERRIDE = {"path": "scan", "block_l": 16}
+        g = torch.Generator().manual_seed(1)
+        (out.double() * torch.randn(out.shape, generator=g, dtype=torch.float64)).sum().backward()
+    finally:
+        scan.CONFIG_OVERRIDE = previous
+    for name, grad in expected[2].items():
+        assert_close(leaves[name].grad, grad, tol=1e-3, name=f"d{name}")
 
 
 def test_interpreter_bf16(triton_interpreter, poison_outputs, kernel_path):
