@@ -46,13 +46,13 @@ def _inputs(B, T, H, D, dtype=torch.bfloat16):
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
     """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, and the fp32 per-chunk
-    states written by the forward and read by the backward."""
+    states and chunk inverses written by the forward and read by the backward."""
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
         return fwd
     bt = 16 if D <= 32 else 32
-    states = (1 if causal else 2) * B * H * (-(-T // bt)) * D * D * 4
+    states = (1 if causal else 2) * B * H * (-(-T // bt)) * (D * D + bt * bt) * 4
     return fwd + 2 * states + tokens * (10 * D * elem + 2 * (4 + elem))
 
 

@@ -1,24 +1,29 @@
 """Triton kernels for Comba: one program walks a whole (batch, head[, value block]) sequence chunk by chunk.
 
 Each chunk of ``BT`` tokens is done in the WY/UT form (one unit-lower triangular inverse per chunk, see
-:mod:`.naive` for the algebra; the inverse is a product of log2(BT) factors, all small tensor-core products); the
-state ``h ∈ R^{K×BV}`` stays in registers (fp32) between chunks, so nothing but the inputs, the outputs and — when a
-backward will follow — one fp32 state per chunk ever touches global memory. Vision workloads (T ≈ 49–320,
-batch × heads in the thousands) fill the GPU with programs; long sequences with few heads split the value
-dimension over programs (the K-side chunk work is then repeated per value block: the long-sequence path is not
-FLA's parallel-over-chunks split, see the benchmark results).
+:mod:`.naive` for the algebra; the inverse is a product of log2(BT) factors, all small tensor-core products in
+3-pass TF32 for 16-bit inputs — single-pass TF32 loses ~10% when neighbouring keys align — and exact FMAs for fp32
+inputs); the state ``h ∈ R^{K×BV}`` stays in registers (fp32) between chunks, so nothing but the inputs, the
+outputs and — when a backward will follow — one fp32 state and one BT×BT inverse per chunk ever touch global
+memory. Vision workloads (T ≈ 49–320, batch × heads in the thousands) fill the GPU with one-warp programs.
+
+Few, long sequences (LM shapes): a chunk-parallel kernel (``comba_wy_kernel``, one program per chunk) first
+computes W = inv·(β e^{Ge} p) and U0 = inv·(βv); the sequential walk then only does the state-dependent products,
+and the value dimension is split over programs without repeating the K-side work per value block.
 
 Non-causal calls run the reversed recurrence in the same launch, addressing tokens as ``T − 1 − j`` (no reversed
 copies of the inputs): with many programs each one runs both directions and adds the second onto its own output
 (``DIR_LOOP``); with few, a second grid slice (``program_id(2) == 1``) takes the reversed direction and the two
 partial outputs are summed afterwards.
 
-Backward: the forward stores the state entering every chunk (``h0``); the backward walks the chunks in reverse,
-recomputes the chunk's WY quantities from ``h0`` and carries ``dh`` in registers. Gradients that sum over the value
-dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction) and reduced afterwards.
+Backward: the forward stores the state entering every chunk (``h0``) and the chunk's inverse; the backward walks
+the chunks in reverse, rebuilds the rest of the chunk's WY quantities and carries ``dh`` in registers. Gradients
+that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction) and
+reduced afterwards.
 
-Launch layout (chunk size, warps, direction handling) comes from a heuristic; for large small-head problems on CUDA
-a few candidates are timed once per problem shape and the fastest kept (``_pick``).
+Launch layout (chunk size, warps, value split, direction handling, W/U0 pre-pass) comes from a heuristic fitted to
+H200 measurements; for large small-head problems on CUDA a register cap is also timed once per problem shape and
+the faster kept (``_pick``).
 """
 
 from __future__ import annotations
@@ -33,56 +38,117 @@ __all__ = ["CombaFunction", "fused_comba"]
 
 
 @triton.jit
-def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr):
+def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
     """(I + A)^{-1} for a strictly lower triangular [BT, BT] tile.
 
     A is nilpotent, so with N = −A: (I + A)^{-1} = I + N + … + N^{BT−1} = (I + N)(I + N²)(I + N⁴)…(I + N^{BT/2}):
-    2·log2(BT) − 2 small matrix products on tensor cores instead of BT dependent row updates. Always exact fp32
-    products: the factors cancel each other."""
+    2·log2(BT) − 2 small matrix products instead of BT dependent row updates. The factors cancel each other, so
+    the products need fp32 accuracy: "ieee" (CUDA-core FMAs) or "tf32x3" (three tensor-core passes, ~fp32), and
+    a 32-token tile is merged from two 16-token series (below)."""
+    tl.static_assert(BT <= 32, "the block step below merges at most two 16-token blocks")
     rows = tl.arange(0, BT)
     eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    power = -A
-    inv = eye + power
-    for _ in tl.static_range(LOG2_BT - 1):
-        power = tl.dot(power, power, input_precision="ieee")
-        inv += tl.dot(inv, power, input_precision="ieee")
+    if BT > 16:
+        # The cancellation grows with the series length: over 32 tokens with nearly parallel keys even exact fp32
+        # loses ~10% of the output. So invert the two 16-token diagonal blocks D by the series, then merge:
+        # (I + D + O)^{-1} = (I - D^{-1} O) D^{-1}, since (D^{-1} O)² = 0 for the off-diagonal block O.
+        same_block = (rows[:, None] // 16) == (rows[None, :] // 16)
+        diag = tl.where(same_block, A, 0.0)
+        off = A - diag
+        power = -diag
+        inv = eye + power
+        for _ in tl.static_range(3):  # 2 + 4 + 8 + 16: the series of a 16-token block
+            power = tl.dot(power, power, input_precision=INV_PREC)
+            inv += tl.dot(inv, power, input_precision=INV_PREC)
+        inv -= tl.dot(tl.dot(inv, off, input_precision=INV_PREC), inv, input_precision=INV_PREC)
+    else:
+        power = -A
+        inv = eye + power
+        for _ in tl.static_range(LOG2_BT - 1):
+            power = tl.dot(power, power, input_precision=INV_PREC)
+            inv += tl.dot(inv, power, input_precision=INV_PREC)
     return inv
+
+
+@triton.jit
+def _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """Token rows of chunk ``i_c`` (direction ``i_d`` walks the sequence from its end) and their masks."""
+    o_t = tl.arange(0, BT)
+    j = i_c * BT + o_t
+    m_t = (j < T) & (j >= 0)
+    t_idx = tl.where(i_d == 0, j, T - 1 - j)
+    row = (i_b.to(tl.int64) * T + t_idx) * H + i_h
+    m_tk = m_t[:, None] & (o_k < K)[None, :]
+    m_tv = m_t[:, None] & (o_v < V)[None, :]
+    return row, m_t, m_tk, m_tv
+
+
+@triton.jit
+def _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K: tl.constexpr,
+              V: tl.constexpr, BT: tl.constexpr):
+    """The chunk's inputs in their own dtypes (converted where used, so a prefetch does not wait on them)."""
+    row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    r_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+    r_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+    r_p = tl.load(p + row[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+    r_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_tv, other=0)
+    r_g = tl.load(g + row, mask=m_t, other=0)
+    r_beta = tl.load(beta + row, mask=m_t, other=0)
+    return r_q, r_k, r_p, r_v, r_g, r_beta
 
 
 @triton.jit
 def _load_chunk(q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr):
-    o_t = tl.arange(0, BT)
-    j = i_c * BT + o_t
-    m_t = j < T
-    t_idx = tl.where(i_d == 0, j, T - 1 - j)
-    row = (i_b.to(tl.int64) * T + t_idx) * H + i_h
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
-    b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-    b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-    b_p = tl.load(p + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-    b_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
-    b_g = tl.load(g + row, mask=m_t, other=0).to(tl.float32)
-    b_beta = tl.load(beta + row, mask=m_t, other=0).to(tl.float32)
-    return b_q, b_k, b_p, b_v, b_g, b_beta, row, m_t, m_tk, m_tv
+    r_q, r_k, r_p, r_v, r_g, r_beta = _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    return (r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32), r_g.to(tl.float32),
+            r_beta.to(tl.float32), row, m_t, m_tk, m_tv)
 
 
 @triton.jit
-def _chunk_wy(b_k, b_p, b_v, b_g, b_beta, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr):
-    """Gate cumsums and the chunk's WY quantities: Gi, Ge, A, (I+A)^{-1}, W, U0."""
+def _load_token(q, k, p, v, g, beta, i_b, i_h, i_d, j, o_k, o_v, T, H, K: tl.constexpr, V: tl.constexpr):
+    """Token ``j`` of direction ``i_d`` as fp32 vectors (q, k, p over K; v over the value block) and scalars."""
+    t_idx = tl.where(i_d == 0, j, T - 1 - j)
+    row = (i_b.to(tl.int64) * T + t_idx) * H + i_h
+    m_k = o_k < K
+    m_v = o_v < V
+    t_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    t_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    t_p = tl.load(p + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    t_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+    t_g = tl.load(g + row).to(tl.float32)
+    t_beta = tl.load(beta + row).to(tl.float32)
+    return t_q, t_k, t_p, t_v, t_g, t_beta, row, m_k, m_v
+
+
+@triton.jit
+def _input_dot(a, b, lp_ty, PREC: tl.constexpr, LP_DOT: tl.constexpr):
+    """a @ bᵀ of two input tiles (held in fp32). With LP_DOT the tiles go back to their bf16/fp16 input dtype —
+    exact, they came from it — and use the 16-bit tensor-core path; the fp32 accumulation is the same."""
+    if LP_DOT:
+        return tl.dot(a.to(lp_ty), tl.trans(b.to(lp_ty)))
+    return tl.dot(a, tl.trans(b), input_precision=PREC)
+
+
+@triton.jit
+def _chunk_wy(b_k, b_p, b_v, b_g, b_beta, b_inv_in, lp_ty, BT: tl.constexpr, LOG2_BT: tl.constexpr,
+              PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr):
+    """Gate cumsums and the chunk's WY quantities: Gi, Ge, p·kᵀ, E, A, (I+A)^{-1} (``b_inv_in`` when the forward
+    stored it) and the scaled feedback keys pw = β e^{Ge} p (W = inv·pw, U0 = inv·(βv))."""
     o_t = tl.arange(0, BT)
     strict = o_t[:, None] > o_t[None, :]
     b_Gi = tl.cumsum(b_g, 0)
     b_Ge = b_Gi - b_g
-    b_pk = tl.dot(b_p, tl.trans(b_k), input_precision=PREC)
+    b_pk = _input_dot(b_p, b_k, lp_ty, PREC, LP_DOT)
     b_E = tl.where(strict, tl.exp(tl.where(strict, b_Ge[:, None] - b_Gi[None, :], 0.0)), 0.0)
     b_A = b_beta[:, None] * b_pk * b_E
-    b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT)
+    if LOAD_INV:
+        b_inv = b_inv_in
+    else:
+        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, INV_PREC)
     b_pw = b_p * (b_beta * tl.exp(b_Ge))[:, None]
-    b_W = tl.dot(b_inv, b_pw, input_precision=PREC)
-    b_U0 = tl.dot(b_inv, b_v * b_beta[:, None], input_precision=PREC)
-    return b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_W, b_U0
+    return b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw
 
 
 @triton.jit
@@ -94,11 +160,40 @@ def _accumulate(ptr, value, mask, ACC):
 
 
 @triton.jit
-def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, scale, T, NT, B, H, K: tl.constexpr,
+def comba_wy_kernel(k, v, p, g, beta, w, u0, inv, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+                    SAVE_INV: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr):
+    """Chunk-parallel part of the forward (grid: chunk, batch·head, direction): W, U0 (and the inverse) of one
+    chunk, so the sequential state walk that follows does only the state-dependent products."""
+    i_c, i_bh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BVF)
+    b_q, b_k, b_p, b_v, b_g, b_beta, row, m_t, m_tk, m_tv = _load_chunk(
+        k, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw = _chunk_wy(
+        b_k, b_p, b_v, b_g, b_beta, inv, k.dtype.element_ty, BT, LOG2_BT, PREC, INV_PREC, LP_DOT, False)
+    b_W = tl.dot(b_inv, b_pw, input_precision=PREC)
+    b_U0 = tl.dot(b_inv, b_v * b_beta[:, None], input_precision=PREC)
+    base = (i_d.to(tl.int64) * B * H + i_bh) * NT + i_c
+    all_t = o_t[:, None] < BT
+    tl.store(w + base * BT * K + o_t[:, None] * K + o_k[None, :], b_W, mask=all_t & (o_k < K)[None, :])
+    tl.store(u0 + base * BT * V + o_t[:, None] * V + o_v[None, :], b_U0, mask=all_t & (o_v < V)[None, :])
+    if SAVE_INV:
+        tl.store(inv + base * BT * BT + o_t[:, None] * BT + o_t[None, :], b_inv)
+
+
+@triton.jit
+def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     SAVE_H: tl.constexpr, DIR_LOOP: tl.constexpr, N_DIR: tl.constexpr, PREC: tl.constexpr):
+                     SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr, DIR_LOOP: tl.constexpr, N_DIR: tl.constexpr,
+                     PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_WY: tl.constexpr,
+                     PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     # DIR_LOOP: this program runs every direction itself, adding the reversed pass onto its own forward output
     # (no partial buffers); otherwise program_id(2) picks the direction and each writes its own slot.
+    # PREFETCH: the next chunk's inputs are loaded while this one is computed (latency hidden, more registers).
+    # TAIL: the last chunk holds a single token (T % BT == 1, e.g. T = 49): one rank-1 step instead of a chunk.
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
@@ -113,18 +208,51 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, scale, T, NT, B, H, K: tl.const
         else:
             o_base = o + i_d.to(tl.int64) * B * T * H * V
         h_base = h0 + (i_d.to(tl.int64) * B * H + i_bh) * NT * K * V
+        inv_base = inv + (i_d.to(tl.int64) * B * H + i_bh) * NT * BT * BT
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
-        for i_c in range(0, NT):
-            b_q, b_k, b_p, b_v, b_g, b_beta, row, m_t, m_tk, m_tv = _load_chunk(
-                q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+        NTL = NT
+        if TAIL:
+            NTL = NT - 1
+        if PREFETCH:
+            n_q, n_k, n_p, n_v, n_g, n_beta = _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, 0, o_k, o_v, T, H, K, V,
+                                                        BT)
+        for i_c in range(0, NTL):
+            row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+            if PREFETCH:
+                r_q, r_k, r_p, r_v, r_g, r_beta = n_q, n_k, n_p, n_v, n_g, n_beta
+                n_q, n_k, n_p, n_v, n_g, n_beta = _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, i_c + 1, o_k, o_v,
+                                                            T, H, K, V, BT)
+            else:
+                r_q, r_k, r_p, r_v, r_g, r_beta = _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H,
+                                                            K, V, BT)
+            b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
+            b_g, b_beta = r_g.to(tl.float32), r_beta.to(tl.float32)
             if SAVE_H:
                 tl.store(h_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
-            b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_W, b_U0 = _chunk_wy(b_k, b_p, b_v, b_g, b_beta, BT, LOG2_BT,
-                                                                     PREC)
-            b_u = b_U0 - tl.dot(b_W, b_h, input_precision=PREC)
-            b_q = b_q * scale
+            if LOAD_WY:
+                # W, U0 (and the stored inverse) come from comba_wy_kernel
+                wy = (i_d.to(tl.int64) * B * H + i_bh) * NT + i_c
+                all_t = o_t[:, None] < BT
+                b_W = tl.load(w + wy * BT * K + o_t[:, None] * K + o_k[None, :], mask=all_t & (o_k < K)[None, :],
+                              other=0)
+                b_U0 = tl.load(u0 + wy * BT * V + o_t[:, None] * V + o_v[None, :], mask=all_t & (o_v < V)[None, :],
+                               other=0)
+                b_Gi = tl.cumsum(b_g, 0)
+                b_u = b_U0 - tl.dot(b_W, b_h, input_precision=PREC)
+            else:
+                b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw = _chunk_wy(
+                    b_k, b_p, b_v, b_g, b_beta, inv_base, q.dtype.element_ty, BT, LOG2_BT, PREC, INV_PREC,
+                    LP_DOT, False)
+                # u = U0 − W h = inv (βv − pw h): one product with the inverse instead of W and U0
+                b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC),
+                             input_precision=PREC)
+                if SAVE_INV:
+                    # every value block computes the same inverse; the first one keeps it for the backward
+                    tl.store(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :], b_inv,
+                             mask=(o_t[:, None] + o_t[None, :] * 0 + i_v * BT) < BT)
             b_D = tl.where(lower, tl.exp(tl.where(lower, b_Gi[:, None] - b_Gi[None, :], 0.0)), 0.0)
-            b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * b_D
+            b_qk = _input_dot(b_q, b_k, q.dtype.element_ty, PREC, LP_DOT) * (b_D * scale)
+            b_q = b_q * scale
             b_o = tl.dot(b_q * tl.exp(b_Gi)[:, None], b_h, input_precision=PREC)
             b_o += tl.dot(b_qk, b_u, input_precision=PREC)
             p_o = o_base + row[:, None] * V + o_v[None, :]
@@ -132,22 +260,48 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, scale, T, NT, B, H, K: tl.const
             b_Gl = tl.sum(tl.where(o_t == BT - 1, b_Gi, 0.0), 0)
             b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
             b_h = b_h * tl.exp(b_Gl) + tl.dot(tl.trans(b_kd), b_u, input_precision=PREC)
+        if TAIL:
+            if SAVE_H:
+                tl.store(h_base + NTL * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
+            t_q, t_k, t_p, t_v, t_g, t_beta, t_row, t_mk, t_mv = _load_token(q, k, p, v, g, beta, i_b, i_h, i_d,
+                                                                             NTL * BT, o_k, o_v, T, H, K, V)
+            t_u = t_beta * (t_v - tl.sum(b_h * t_p[:, None], 0))
+            b_h = b_h * tl.exp(t_g) + t_k[:, None] * t_u[None, :]
+            _accumulate(o_base + t_row * V + o_v, scale * tl.sum(b_h * t_q[:, None], 0), t_mv, i_dd > 0)
         # the next direction reads back what other threads of this program stored
         tl.debug_barrier()
 
 
 @triton.jit
-def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B,
+def _load_bwd_raw(q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K: tl.constexpr,
+                  V: tl.constexpr, BT: tl.constexpr, LOAD_INV: tl.constexpr):
+    """Everything the backward reads for chunk ``i_c`` (nothing when ``i_c`` < 0: the prefetch past the start)."""
+    r_q, r_k, r_p, r_v, r_g, r_beta = _load_raw(q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+    r_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_tv, other=0)
+    r_h = tl.load(h_base + i_c * K * V + o_k[:, None] * V + o_v[None, :],
+                  mask=(o_k[:, None] < K) & (o_v[None, :] < V) & (o_k[:, None] * 0 + i_c >= 0), other=0)
+    if LOAD_INV:
+        o_t = tl.arange(0, BT)
+        r_inv = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :],
+                        mask=(o_t[:, None] * 0 + o_t[None, :] * 0 + i_c) >= 0, other=0)
+    else:
+        r_inv = r_h
+    return r_q, r_k, r_p, r_v, r_g, r_beta, r_do, r_h, r_inv
+
+
+@triton.jit
+def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B,
                      H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIR_LOOP: tl.constexpr,
-                     N_DIR: tl.constexpr, PREC: tl.constexpr):
+                     N_DIR: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
+                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     lower = o_t[:, None] >= o_t[None, :]
-    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     BTH = B * T * H
     for i_dd in range(0, N_DIR):
         i_d = i_dd + tl.program_id(2)
@@ -158,6 +312,7 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, sca
         acc = i_dd > 0
         i_part = (i_slot * NV + i_v).to(tl.int64)
         h_base = h0 + (i_d.to(tl.int64) * B * H + i_bh) * NT * K * V
+        inv_base = inv + (i_d.to(tl.int64) * B * H + i_bh) * NT * BT * BT
         dk_base = dk + i_part * BTH * K
         dq_base = dq + i_part * BTH * K
         dp_base = dp + i_part * BTH * K
@@ -165,21 +320,59 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, sca
         dg_base = dg + i_part * BTH
         db_base = dbeta + i_part * BTH
         b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-        for i_r in range(0, NT):
-            i_c = NT - 1 - i_r
-            b_q, b_k, b_p, b_v, b_g, b_beta, row, m_t, m_tk, m_tv = _load_chunk(
-                q, k, p, v, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
-            b_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
-            b_h = tl.load(h_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
-            b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_W, b_U0 = _chunk_wy(b_k, b_p, b_v, b_g, b_beta, BT, LOG2_BT,
-                                                                     PREC)
-            b_u = b_U0 - tl.dot(b_W, b_h, input_precision=PREC)
+        NTL = NT
+        if TAIL:
+            NTL = NT - 1
+        if TAIL:
+            # the single last token: u = β(v − h0ᵀp), h1 = e^g h0 + k uᵀ, o = scale·h1ᵀq (dh after it is zero)
+            t_q, t_k, t_p, t_v, t_g, t_beta, t_row, t_mk, t_mv = _load_token(q, k, p, v, g, beta, i_b, i_h, i_d,
+                                                                             NTL * BT, o_k, o_v, T, H, K, V)
+            t_do = tl.load(do + t_row * V + o_v, mask=t_mv, other=0).to(tl.float32)
+            t_h0 = tl.load(h_base + NTL * K * V + o_k[:, None] * V + o_v[None, :],
+                           mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0)
+            t_x = t_v - tl.sum(t_h0 * t_p[:, None], 0)
+            t_u = t_beta * t_x
+            t_a = tl.exp(t_g)
+            t_h1 = t_h0 * t_a + t_k[:, None] * t_u[None, :]
+            t_dh1 = scale * t_q[:, None] * t_do[None, :]
+            t_du = tl.sum(t_dh1 * t_k[:, None], 0)
+            t_dr = -t_beta * t_du
+            _accumulate(dq_base + t_row * K + o_k, scale * tl.sum(t_h1 * t_do[None, :], 1), t_mk, acc)
+            _accumulate(dk_base + t_row * K + o_k, tl.sum(t_dh1 * t_u[None, :], 1), t_mk, acc)
+            _accumulate(dp_base + t_row * K + o_k, tl.sum(t_h0 * t_dr[None, :], 1), t_mk, acc)
+            _accumulate(dv_base + t_row * V + o_v, t_beta * t_du, t_mv, acc)
+            _accumulate(dg_base + t_row, t_a * tl.sum(tl.sum(t_dh1 * t_h0, 1), 0), t_row >= 0, acc)
+            _accumulate(db_base + t_row, tl.sum(t_du * t_x, 0), t_row >= 0, acc)
+            b_dh = t_a * t_dh1 + t_p[:, None] * t_dr[None, :]
+        if PREFETCH:
+            n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_raw(
+                q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, NTL - 1, o_k, o_v, T, H, K, V, BT,
+                LOAD_INV)
+        for i_r in range(0, NTL):
+            i_c = NTL - 1 - i_r
+            row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+            if PREFETCH:
+                r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv_in = n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv
+                n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_raw(
+                    q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, i_c - 1, o_k, o_v, T, H, K, V, BT,
+                    LOAD_INV)
+            else:
+                r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv_in = _load_bwd_raw(
+                    q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT,
+                    LOAD_INV)
+            b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
+            b_g, b_beta, b_do = r_g.to(tl.float32), r_beta.to(tl.float32), r_do.to(tl.float32)
+            b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw = _chunk_wy(
+                b_k, b_p, b_v, b_g, b_beta, b_inv_in, q.dtype.element_ty, BT, LOG2_BT, PREC, INV_PREC, LP_DOT,
+                LOAD_INV)
+            b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC),
+                         input_precision=PREC)
             b_qs = b_q * scale
             b_eG = tl.exp(b_Gi)
             b_Gl = tl.sum(tl.where(o_t == BT - 1, b_Gi, 0.0), 0)
             b_eGl = tl.exp(b_Gl)
             b_D = tl.where(lower, tl.exp(tl.where(lower, b_Gi[:, None] - b_Gi[None, :], 0.0)), 0.0)
-            b_Mq = tl.dot(b_qs, tl.trans(b_k), input_precision=PREC) * b_D
+            b_Mq = _input_dot(b_q, b_k, q.dtype.element_ty, PREC, LP_DOT) * (b_D * scale)
             b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
 
             # o = e^{G} ⊙ (q_s h0) + Mq u;  h_end = e^{G_last} h0 + kdᵀ u
@@ -188,6 +381,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, sca
             b_dMqD = b_dMq * b_D
             b_doh = tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
             b_dq = scale * (b_eG[:, None] * b_doh + tl.dot(b_dMqD, b_k, input_precision=PREC))
+            # gradients are stored as soon as they are final: fewer tiles live at once (register pressure)
+            _accumulate(dq_base + row[:, None] * K + o_k[None, :], b_dq, m_tk, acc)
             b_udh = tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
             b_dk = tl.dot(tl.trans(b_dMqD), b_qs, input_precision=PREC) + tl.exp(b_Gl - b_Gi)[:, None] * b_udh
             b_term = b_dMq * b_Mq
@@ -195,34 +390,32 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, sca
             b_dGi = (tl.sum(b_qs * b_doh, 1) * b_eG + tl.sum(b_term, 1) - tl.sum(b_term, 0) - b_c)
             b_dGl = b_eGl * tl.sum(tl.sum(b_dh * b_h, 1), 0) + tl.sum(b_c, 0)
             b_dGi += tl.where(o_t == BT - 1, b_dGl, 0.0)
-            b_dh_prev = (tl.dot(tl.trans(b_qs * b_eG[:, None]), b_do, input_precision=PREC) + b_eGl * b_dh
-                         - tl.dot(tl.trans(b_W), b_du, input_precision=PREC))
 
-            # u = U0 − W h0,  W = inv (β e^{Ge} p),  U0 = inv (β v),  A = strict(β_t e^{Ge_t − Gi_s} p_t·k_s)
-            b_dW = -tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
-            b_dRp = tl.dot(tl.trans(b_inv), b_dW, input_precision=PREC)
+            # u = inv (βv − pw h0) with pw = β e^{Ge} p,  A = strict(β_t e^{Ge_t − Gi_s} p_t·k_s).
+            # With dRv = invᵀ du (the gradient of inv's right-hand side): d(pw) = −dRv h0ᵀ, dA = −dRv uᵀ and
+            # dh0 gets −pwᵀ dRv — three products where the W/U0 form needs five.
             b_dRv = tl.dot(tl.trans(b_inv), b_du, input_precision=PREC)
-            b_dA = -(tl.dot(b_dRp, tl.trans(b_W), input_precision=PREC)
-                     + tl.dot(b_dRv, tl.trans(b_U0), input_precision=PREC))
+            b_dRp = -tl.dot(b_dRv, tl.trans(b_h), input_precision=PREC)
+            b_dA = -tl.dot(b_dRv, tl.trans(b_u), input_precision=PREC)
+            b_dh_prev = (tl.dot(tl.trans(b_qs * b_eG[:, None]), b_do, input_precision=PREC) + b_eGl * b_dh
+                         - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
             b_wscale = b_beta * tl.exp(b_Ge)
             b_rp = tl.sum(b_dRp * b_p, 1)
             b_dp = b_dRp * b_wscale[:, None]
-            b_dv = b_dRv * b_beta[:, None]
+            _accumulate(dv_base + row[:, None] * V + o_v[None, :], b_dRv * b_beta[:, None], m_tv, acc)
             b_dS = b_dA * b_E
             b_dbeta = b_rp * tl.exp(b_Ge) + tl.sum(b_dRv * b_v, 1) + tl.sum(b_dS * b_pk, 1)
             b_dS = b_dS * b_beta[:, None]
             b_dp += tl.dot(b_dS, b_k, input_precision=PREC)
+            _accumulate(dp_base + row[:, None] * K + o_k[None, :], b_dp, m_tk, acc)
             b_dk += tl.dot(tl.trans(b_dS), b_p, input_precision=PREC)
+            _accumulate(dk_base + row[:, None] * K + o_k[None, :], b_dk, m_tk, acc)
             b_Aterm = b_dA * b_A
             b_dGe = b_wscale * b_rp + tl.sum(b_Aterm, 1)
             b_dGi -= tl.sum(b_Aterm, 0)
             # Gi = inclusive cumsum(g), Ge = exclusive cumsum(g), both chunk-local
             b_dg = (tl.sum(b_dGi, 0) - tl.cumsum(b_dGi, 0) + b_dGi) + (tl.sum(b_dGe, 0) - tl.cumsum(b_dGe, 0))
 
-            _accumulate(dq_base + row[:, None] * K + o_k[None, :], b_dq, m_tk, acc)
-            _accumulate(dk_base + row[:, None] * K + o_k[None, :], b_dk, m_tk, acc)
-            _accumulate(dp_base + row[:, None] * K + o_k[None, :], b_dp, m_tk, acc)
-            _accumulate(dv_base + row[:, None] * V + o_v[None, :], b_dv, m_tv, acc)
             _accumulate(dg_base + row, b_dg, m_t, acc)
             _accumulate(db_base + row, b_dbeta, m_t, acc)
             b_dh = b_dh_prev
@@ -231,6 +424,11 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, sca
 
 def _next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    # plain integers: triton.cdiv is a JIT function, and its host-side call costs microseconds per launch
+    return -(-a // b)
 
 
 #: Launch choices forced for tuning sweeps (keys of :func:`_launch_config`'s result); empty in normal use.
@@ -242,20 +440,57 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
     BV = max(16, _next_pow2(V))
     BT = 16 if max(BK, BV) <= 32 or T <= 16 else 32
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
-    while BV > 32 and (BH * ND * triton.cdiv(V, BV) < 264 or BK * BV > 64 * 64):
+    while BV > 32 and (BH * ND * _cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
-    big = BK * BV >= 64 * 64 or (backward and BK * BV >= 32 * 64)
-    cfg = {"BT": BT, "BK": BK, "BV": BV, "num_warps": 8 if big else 4 if BK * BV >= 32 * 32 else 2,
+    # Measured on an H200 (benchmarks/results, comba): one warp per 16×16 state; four for larger states except
+    # the backward of a 64×64 block, which wants eight.
+    area = BK * BV
+    num_warps = 1 if area <= 256 else 2 if area < 1024 else 8 if backward and BV >= 64 and area >= 4096 else 4
+    cfg = {"BT": BT, "BK": BK, "BV": BV, "num_warps": num_warps,
            # Enough programs already: run both directions in one program (no partial buffers to reduce).
-           "dir_loop": ND == 2 and BH * triton.cdiv(V, BV) >= 1024}
-    cfg.update({key: val for key, val in CONFIG_OVERRIDES.items() if not (backward and key == "BT")})
-    cfg["NV"] = triton.cdiv(V, cfg["BV"])
+           "dir_loop": ND == 2 and BH * _cdiv(V, BV) >= 1024,
+           # Inverse products: 3-pass TF32 on tensor cores for 16-bit inputs, exact FMAs for fp32 inputs.
+           "inv_prec": "tf32x3",
+           # The forward keeps each chunk's inverse for the backward (BT² fp32 per chunk, next to h0).
+           "store_inv": True,
+           # q·kᵀ and p·kᵀ on 16-bit tensor cores straight from the inputs (exact products).
+           "lp_dot": True,
+           # W, U0 from a chunk-parallel kernel first (the state walk then skips the inverse); for few, long
+           # sequences, where the walk is latency-bound and repeats the K-side work per value block.
+           "pre_wy": BH * ND * _cdiv(V, BV) < 1024 and T > 4 * BT,
+           # Load chunk i+1 while chunk i is computed (timed as a candidate where _pick tunes).
+           "prefetch": False,
+           "token_tail": True}
+    cfg.update({key: val for key, val in CONFIG_OVERRIDES.items()
+                if not (backward and key == "BT") and key != "bwd_num_warps"})
+    if backward and "bwd_num_warps" in CONFIG_OVERRIDES:
+        cfg["num_warps"] = CONFIG_OVERRIDES["bwd_num_warps"]
+    cfg["NV"] = _cdiv(V, cfg["BV"])
     return cfg
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs get exact fp32 products; fp16/bf16 inputs use TF32 tensor cores (well inside their tolerance).
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _precision_args(cfg: dict, q: torch.Tensor) -> dict:
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    # Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests).
+    return {"PREC": _dot_precision(q.dtype), "INV_PREC": cfg["inv_prec"] if low else "ieee",
+            "LP_DOT": bool(cfg["lp_dot"] and low and q.device.type == "cuda")}
+
+
+def _launch_options(cfg: dict) -> dict:
+    options = {"num_warps": cfg["num_warps"]}
+    if cfg.get("maxnreg"):
+        options["maxnreg"] = cfg["maxnreg"]
+    return options
+
+
+def _tail(T: int, BT: int, cfg: dict) -> bool:
+    """A last chunk of one token runs as a rank-1 step (T = 49 = 3·16 + 1 would otherwise pay a fourth chunk)."""
+    return bool(cfg["token_tail"]) and T % BT == 1
 
 
 def _directions(cfg: dict, ND: int) -> tuple[int, int]:
@@ -272,9 +507,9 @@ TUNING_LOG: dict = {}
 def _candidates(cfg: dict, K: int, V: int, BH: int, device: torch.device, backward: bool) -> list[dict]:
     if device.type != "cuda" or max(K, V) > 32 or BH < 512 or CONFIG_OVERRIDES:
         return [cfg]
-    if backward:
-        return [{**cfg, "num_warps": w} for w in (2, 4)]
-    return [{**cfg, "BT": bt, "num_warps": w} for bt, w in ((16, 1), (16, 2), (16, 4), (32, 4))]
+    # The heuristic's layout, the next chunk prefetched, and register caps (more programs resident per SM against
+    # some spills).
+    return [cfg, {**cfg, "prefetch": True}] + [{**cfg, "maxnreg": cap} for cap in ((168, 128) if backward else (128,))]
 
 
 def _pick(key: tuple, candidates: list[dict], launch) -> dict:
@@ -283,54 +518,74 @@ def _pick(key: tuple, candidates: list[dict], launch) -> dict:
     if key not in _TUNED:
         timings = []
         for cfg in candidates:
-            launch(cfg)
+            try:
+                launch(cfg)
+            except Exception:  # noqa: BLE001 - e.g. a launch option this Triton lacks: not a candidate then
+                timings.append(float("inf"))
+                continue
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(3):
+            for _ in range(8):
                 launch(cfg)
             end.record()
             torch.cuda.synchronize()
-            timings.append(start.elapsed_time(end) / 3)
+            timings.append(start.elapsed_time(end) / 8)
         _TUNED[key] = candidates[min(range(len(candidates)), key=timings.__getitem__)]
-        TUNING_LOG[key] = [({k: c[k] for k in ("BT", "num_warps", "dir_loop")}, ms)
+        TUNING_LOG[key] = [({k: c.get(k) for k in ("num_warps", "prefetch", "maxnreg", "dir_loop")}, ms)
                            for c, ms in zip(candidates, timings)]
     return _TUNED[key]
 
 
 def comba_fwd(q, k, v, p, g, beta, scale: float, causal: bool, save_state: bool):
+    """Returns (o, h0, inv, BT): h0 / inv (None unless ``save_state``) are what the backward reads back."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     ND = 1 if causal else 2
 
     def launch(cfg):
         BT, BV = cfg["BT"], cfg["BV"]
-        NT = triton.cdiv(T, BT)
+        NT = _cdiv(T, BT)
+        save_inv = save_state and cfg["store_inv"]
         grid_dirs, loop_dirs = _directions(cfg, ND)
         o = empty_output((grid_dirs, B, T, H, V), device=q.device,
                          dtype=v.dtype if grid_dirs == 1 else torch.float32)
         h0 = (empty_output((ND, B * H, NT, K, V), device=q.device, dtype=torch.float32) if save_state
               else q.new_empty(1, dtype=torch.float32))
+        inv = (empty_output((ND, B * H, NT, BT, BT), device=q.device, dtype=torch.float32) if save_inv
+               else q.new_empty(1, dtype=torch.float32))
+        precision = _precision_args(cfg, q)
+        if cfg["pre_wy"]:
+            w = empty_output((ND, B * H, NT, BT, K), device=q.device, dtype=torch.float32)
+            u0 = empty_output((ND, B * H, NT, BT, V), device=q.device, dtype=torch.float32)
+            BVF = max(16, _next_pow2(V))
+            comba_wy_kernel[(NT, B * H, ND)](k, v, p, g, beta, w, u0, inv, T, NT, B, H, K=K, V=V, BT=BT,
+                                             LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"], BVF=BVF, SAVE_INV=save_inv,
+                                             **precision, num_warps=4 if cfg["BK"] * BVF >= 64 * 64 else 2)
+        else:
+            w = u0 = inv
         grid = (cfg["NV"], B * H, grid_dirs)
-        comba_fwd_kernel[grid](q, k, v, p, g, beta, o, h0, scale, T, NT, B, H, K=K, V=V, BT=BT,
+        comba_fwd_kernel[grid](q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, K=K, V=V, BT=BT,
                                LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"], BV=BV, SAVE_H=save_state,
-                               DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs, PREC=_dot_precision(q.dtype),
-                               num_warps=cfg["num_warps"])
+                               SAVE_INV=save_inv, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs, **precision,
+                               LOAD_WY=cfg["pre_wy"], PREFETCH=cfg["prefetch"], TAIL=_tail(T, BT, cfg),
+                               **_launch_options(cfg))
         out = o[0] if grid_dirs == 1 else o.sum(0).to(v.dtype)
-        return out, (h0 if save_state else None)
+        return out, (h0 if save_state else None), (inv if save_inv else None)
 
     base = _launch_config(K, V, T, B * H, ND, backward=False)
     key = ("fwd", K, V, T, B * H, ND, q.dtype, save_state)
     cfg = _pick(key, _candidates(base, K, V, B * H, q.device, backward=False), launch)
-    out, h0 = launch(cfg)
-    return out, h0, cfg["BT"]
+    out, h0, inv = launch(cfg)
+    return out, h0, inv, cfg["BT"]
 
 
-def comba_bwd(q, k, v, p, g, beta, h0, do, scale: float, causal: bool, BT: int):
+def comba_bwd(q, k, v, p, g, beta, h0, inv, do, scale: float, causal: bool, BT: int):
+    """``inv``: the per-chunk inverses stored by the forward, or None to recompute them."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     ND = 1 if causal else 2
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
 
     def reduce(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return (x[0] if x.shape[0] == 1 else x.sum(0)).to(dtype)
@@ -343,17 +598,20 @@ def comba_bwd(q, k, v, p, g, beta, h0, do, scale: float, causal: bool, BT: int):
         dq, dk, dp = (empty_output((NP, B, T, H, K), device=q.device, dtype=kdtype) for _ in range(3))
         dv = empty_output((grid_dirs, B, T, H, V), device=q.device,
                           dtype=v.dtype if grid_dirs == 1 else torch.float32)
-        dg, dbeta = (empty_output((NP, B, T, H), device=q.device, dtype=torch.float32) for _ in range(2))
+        # one partial (the usual case): written straight in the gates' own dtypes, no conversion afterwards
+        dg = empty_output((NP, B, T, H), device=q.device, dtype=g.dtype if NP == 1 else torch.float32)
+        dbeta = empty_output((NP, B, T, H), device=q.device, dtype=beta.dtype if NP == 1 else torch.float32)
         grid = (NV, B * H, grid_dirs)
-        comba_bwd_kernel[grid](q, k, v, p, g, beta, h0, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H, K=K, V=V,
-                               BT=BT, LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"], BV=BV, NV=NV,
-                               DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs, PREC=_dot_precision(q.dtype),
-                               num_warps=cfg["num_warps"])
+        comba_bwd_kernel[grid](q, k, v, p, g, beta, h0, h0 if inv is None else inv, do, dq, dk, dv, dp, dg, dbeta,
+                               scale, T, NT, B, H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"],
+                               BV=BV, NV=NV, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs,
+                               **_precision_args(cfg, q), LOAD_INV=inv is not None, PREFETCH=cfg["prefetch"],
+                               TAIL=_tail(T, BT, cfg), **_launch_options(cfg))
         return (reduce(dq, q.dtype), reduce(dk, k.dtype), reduce(dv, v.dtype), reduce(dp, p.dtype),
                 reduce(dg, g.dtype), reduce(dbeta, beta.dtype))
 
     base = {**_launch_config(K, V, T, B * H, ND, backward=True), "BT": BT}
-    key = ("bwd", K, V, T, B * H, ND, q.dtype, BT)
+    key = ("bwd", K, V, T, B * H, ND, q.dtype, BT, inv is not None)
     cfg = _pick(key, _candidates(base, K, V, B * H, q.device, backward=True), launch)
     return launch(cfg)
 
@@ -364,9 +622,9 @@ class CombaFunction(torch.autograd.Function):
     @autocast_custom_fwd
     def forward(ctx, q, k, v, p, g, beta, scale: float, causal: bool):
         save = any(ctx.needs_input_grad[:6])
-        o, h0, BT = comba_fwd(q, k, v, p, g, beta, scale, causal, save_state=save)
+        o, h0, inv, BT = comba_fwd(q, k, v, p, g, beta, scale, causal, save_state=save)
         if save:
-            ctx.save_for_backward(q, k, v, p, g, beta, h0)
+            ctx.save_for_backward(q, k, v, p, g, beta, h0, inv)
         ctx.scale, ctx.causal, ctx.BT = scale, causal, BT
         return o
 
@@ -374,8 +632,8 @@ class CombaFunction(torch.autograd.Function):
     @input_guard
     @autocast_custom_bwd
     def backward(ctx, do):
-        q, k, v, p, g, beta, h0 = ctx.saved_tensors
-        grads = comba_bwd(q, k, v, p, g, beta, h0, do, ctx.scale, ctx.causal, ctx.BT)
+        q, k, v, p, g, beta, h0, inv = ctx.saved_tensors
+        grads = comba_bwd(q, k, v, p, g, beta, h0, inv, do, ctx.scale, ctx.causal, ctx.BT)
         return (*grads, None, None)
 
 
