@@ -1,7 +1,8 @@
 """Triton kernels for Comba: one program walks a whole (batch, head[, value block]) sequence chunk by chunk.
 
 Each chunk of ``BT`` tokens is done in the WY/UT form (one unit-lower triangular inverse per chunk, see
-:mod:`.naive` for the algebra; the inverse is a product of log2(BT) factors, all small tensor-core products in
+:mod:`.naive` for the algebra; the inverse is a product of log2(16) factors per 16-token block, merged for 32-token
+chunks, all small tensor-core products in
 3-pass TF32 for 16-bit inputs — single-pass TF32 loses ~10% when neighbouring keys align — and exact FMAs for fp32
 inputs); the state ``h ∈ R^{K×BV}`` stays in registers (fp32) between chunks, so nothing but the inputs, the
 outputs and — when a backward will follow — one fp32 state and one BT×BT inverse per chunk ever touch global
