@@ -1,12 +1,12 @@
 """Triton kernels for Comba: one program walks a whole (batch, head[, value block]) sequence chunk by chunk.
 
 Each chunk of ``BT`` tokens is done in the WY/UT form (one unit-lower triangular inverse per chunk, see
-:mod:`.naive` for the algebra; the inverse is a product of log2(16) factors per 16-token block, merged for 32-token
-chunks, all small tensor-core products in
-3-pass TF32 for 16-bit inputs — single-pass TF32 loses ~10% when neighbouring keys align — and exact FMAs for fp32
-inputs); the state ``h ∈ R^{K×BV}`` stays in registers (fp32) between chunks, so nothing but the inputs, the
-outputs and — when a backward will follow — one fp32 state and one BT×BT inverse per chunk ever touch global
-memory. Vision workloads (T ≈ 49–320, batch × heads in the thousands) fill the GPU with one-warp programs.
+:mod:`.naive` for the algebra; the inverse is a product of log2(16) factors per 16-token block, merged for
+32-token chunks, all small tensor-core products in 3-pass TF32 for 16-bit inputs — single-pass TF32 loses ~10%
+when neighbouring keys align — and exact FMAs for fp32 inputs); the state ``h ∈ R^{K×BV}`` stays in registers
+(fp32) between chunks, so nothing but the inputs, the outputs and — when a backward will follow — one fp32 state
+and one BT×BT inverse per chunk ever touch global memory. Vision workloads (T ≈ 49–320, batch × heads in the
+thousands) fill the GPU with one-warp programs.
 
 Few, long sequences (LM shapes): a chunk-parallel kernel (``comba_wy_kernel``, one program per chunk) first
 computes W = inv·(β e^{Ge} p) and U0 = inv·(βv); the sequential walk then only does the state-dependent products,
