@@ -368,8 +368,7 @@ def main(argv=None) -> int:
         state.epoch = epoch
         if mixup_fn is not None and cfg["mixup_off_epoch"] and epoch >= cfg["mixup_off_epoch"]:
             mixup_fn.mixup_enabled = False
-        train_sampler.set_epoch(epoch)
-        train_set.set_epoch(epoch)
+        train_sampler.set_epoch(epoch)  # its (epoch, index) tags select the augmentation draws
         train_dl.set_epoch(epoch)
         loader_generator.manual_seed(cfg["seed"] * 1_000_003 + epoch)
         if device.type == "cuda":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from visionssm.utils.benchmark import environment  # noqa: E402
+from visionssm.utils.benchmark import environment, slug  # noqa: E402
 from visionssm.utils.training import plot_runs  # noqa: E402
 
 # The short recipe shared by all models: light augmentation, so that a few epochs show learning.
@@ -102,7 +101,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
-    stamp = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-") + "-" + env["date"]
+    stamp = slug(env["device"]) + "-" + env["date"]
     report = {"environment": env, "throughput": [], "learning": {}, "recipe": SHORT_RECIPE + args.extra,
               "epochs": args.epochs, "data": {"classes": 10, "train_per_class": args.train_per_class,
                                               "val_per_class": args.val_per_class, "image_size": args.image_size,

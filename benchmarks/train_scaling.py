@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -67,7 +66,7 @@ def main() -> None:
     import torch
 
     from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
-    from visionssm.utils.benchmark import environment
+    from visionssm.utils.benchmark import environment, slug
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gka_vision_T", "mamba_vision_T"])
@@ -92,7 +91,7 @@ def main() -> None:
 
     env = environment()
     env["device_count"] = visible
-    stamp = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-") + f"-x{max(gpu_counts)}-" + env["date"]
+    stamp = f"{slug(env['device'])}-x{max(gpu_counts)}-{env['date']}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = Path(args.work) / f"shapes10_{args.image_size}px_{args.train_per_class}"
@@ -102,6 +101,7 @@ def main() -> None:
               "data": {"classes": 10, "train_per_class": args.train_per_class, "image_size": args.image_size},
               "runs": []}
     results: dict[str, dict[int, float | None]] = {}
+    report_path = out / f"{args.name}-{stamp}.json"
     for model in args.models:
         for gpus in gpu_counts:
             run_dir = Path(args.work) / "runs" / f"{model}-x{gpus}"
@@ -122,10 +122,10 @@ def main() -> None:
                                    "log_tail": tail if rc != 0 else ""})
             print(f"   rc={rc} epochs={len(records)} img/s={rate} wall={time.perf_counter() - start:.0f}s"
                   + (f"\n{tail}" if rc != 0 else ""), flush=True)
-            (out / f"{args.name}-{stamp}.json").write_text(json.dumps(report, indent=1))
+            report_path.write_text(json.dumps(report, indent=1))  # after every run: a cut-short call keeps them
     table = scaling_table(results)
     report["table"] = table
-    (out / f"{args.name}-{stamp}.json").write_text(json.dumps(report, indent=1))
+    report_path.write_text(json.dumps(report, indent=1))
     print(f"\ntrain_imagenet.py, batch {args.batch} per GPU, bf16, {env['device']} x{max(gpu_counts)}, "
           f"{env['date']}\n{table}")
 

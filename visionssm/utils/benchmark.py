@@ -113,7 +113,8 @@ def environment() -> dict:
     }
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """A file-name piece: "NVIDIA H200" -> "nvidia-h200"."""
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
@@ -124,7 +125,7 @@ def save_results(name: str, rows: list[dict], *, out_dir: str | Path | None = No
     env = env or environment()
     out = Path(out_dir) if out_dir is not None else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}-{_slug(env['device'])}-{env['date']}"
+    stem = f"{name}-{slug(env['device'])}-{env['date']}"
     json_path, csv_path = out / f"{stem}.json", out / f"{stem}.csv"
     json_path.write_text(json.dumps({"environment": env, "results": rows}, indent=2, default=str) + "\n")
     columns = list(dict.fromkeys(k for row in rows for k in row)) + ["device", "torch", "triton", "date"]
