@@ -9,16 +9,13 @@ implementations share the launch code and the saved-state format (``CONFIG_OVERR
   stores the state every ``CHUNK`` (``block_l``) tokens; the backward walks the chunks last to first, recomputes
   the chunk's states from the saved one, then walks the chunk backwards with the adjoint
   ``h_t = a_{t+1} h_{t+1} + g_t C_t``. For L <= ``CHUNK`` nothing but the outputs is written; any L works (3136 is
-  one more loop trip count, with L/CHUNK saved states per channel). Each direction of work comes in two forms
-  (``CONFIG_OVERRIDE["fwd"]`` / ``["bwd"]``):
-
-  - ``"step"``: every step loads and stores one token of each of the block's channels straight from/to memory.
-    Rows are L tokens apart, so each per-step access touches BLOCK_D cache lines (the load/store unit, not DRAM,
-    is the limit), and dB/dC need a reduction over the block's channels every step.
-  - ``"tiled"``: per chunk, coalesced (CHUNK, BLOCK_D) tile loads fill a small per-program scratch (L2-resident)
-    laid out channel-contiguous; the step loops read one contiguous row per step; the outputs (and in the
-    backward every gradient, with dB/dC reduced over channels once per chunk on (CHUNK, BLOCK_D, N) tiles of the
-    states and adjoints) are written as tiles. See :func:`_tiled_bwd_kernel`.
+  one more loop trip count, with L/CHUNK saved states per channel). Rows are L tokens apart, so stepping
+  straight through memory would touch BLOCK_D cache lines per access (the load/store unit, not DRAM, the limit;
+  the first version did, at 1.3-1.4x the GPU time of fwd+bwd at MambaVision's shapes on an H200). Instead, per
+  chunk, coalesced (CHUNK, BLOCK_D) tile loads fill a small per-program scratch (L2-resident) laid out
+  channel-contiguous; the step loops read one contiguous row per step; the outputs (and in the backward every
+  gradient, with dB/dC reduced over channels once per chunk on (CHUNK, BLOCK_D, N) tiles of the states and
+  adjoints) are written as tiles. See :func:`_tiled_bwd_kernel`.
 * ``"scan"``: chunks of ``BLOCK_L`` tokens as ``(BLOCK_D, N, BLOCK_L)`` register tiles, the recurrence evaluated
   with ``tl.associative_scan`` along time (the backward's adjoint with a reverse scan) and the state carried
   between chunks; more instructions per element (log2 BLOCK_L combine levels) than ``"seq"``.
@@ -46,8 +43,8 @@ __all__ = ["SelectiveScanFunction", "selective_scan_triton"]
 _LOG2E = 1.4426950408889634
 
 #: Launch-shape override for experiments and tests, e.g. ``{"path": "scan", "block_l": 16}``. Keys (each
-#: optional): ``path`` (``"seq"``: sequential kernels, ``"scan"``: associative-scan kernels), ``fwd`` / ``bwd``
-#: (seq path: ``"step"`` or ``"tiled"``), ``lean`` and ``unroll`` (tiled backward/forward code shape, see
+#: optional): ``path`` (``"seq"``: sequential kernels, ``"scan"``: associative-scan kernels), ``lean`` and
+#: ``unroll`` (sequential backward/forward code shape, see
 #: :func:`_tiled_bwd_kernel`), ``block_l`` (chunk length: the scan tile's time extent, and the checkpoint
 #: interval of the saved states), ``block_d_fwd``, ``block_d_bwd``, ``warps_fwd``, ``warps_bwd``. ``None``: the
 #: heuristics in :func:`_launch_config`. Read by the forward; its backward reuses the forward's config.
@@ -60,9 +57,9 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
     path = (CONFIG_OVERRIDE or {}).get("path", "seq")
     if path == "seq":
         # the fastest of the launch variants timed side by side on an H200 at MambaVision's four shapes
-        # (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log): tiled forward and backward,
-        # chunks of 8 tokens, 32 channels per program, one warp forward, four backward
-        cfg = {"path": "seq", "fwd": "tiled", "bwd": "tiled", "lean": True, "unroll": True, "block_l": 8,
+        # (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log): chunks of 8 tokens, 32 channels
+        # per program, one warp forward, four backward
+        cfg = {"path": "seq", "lean": True, "unroll": True, "block_l": 8,
                "block_d_fwd": 32, "block_d_bwd": 32, "warps_fwd": 1, "warps_bwd": 4}
     else:
         block_l = min(64, max(16, triton.next_power_of_2(length)))
@@ -73,12 +70,11 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
     cfg["block_d_bwd"] = min(cfg["block_d_bwd"], cap)
     cfg["block_n"] = block_n
     if cfg["path"] == "seq":
-        # no more threads than (BLOCK_D, N) state elements in the tiled kernels: with the state tile replicated
+        # no more threads than (BLOCK_D, N) state elements in the sequential kernels: with the state tile replicated
         # across warps (16 warps on a 32 x 8 tile) the tiled backward's d delta came out wrong on an H200
         for kind in ("fwd", "bwd"):
-            if cfg.get(kind) == "tiled":
-                elements = cfg[f"block_d_{kind}"] * block_n
-                cfg[f"warps_{kind}"] = max(1, min(cfg[f"warps_{kind}"], elements // 32))
+            elements = cfg[f"block_d_{kind}"] * block_n
+            cfg[f"warps_{kind}"] = max(1, min(cfg[f"warps_{kind}"], elements // 32))
     return cfg
 
 
@@ -340,94 +336,9 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sequential path: one step per loop iteration, the (BLOCK_D, N) state in registers. Far fewer instructions per
-# element than the associative scan (an exp2 and two FMAs instead of log2(BLOCK_L) combine levels), and the
-# per-step loads of one token per channel stay in L1 across consecutive steps.
-
-
-@triton.jit
-def _seq_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
-                  row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N,
-                  REVERSE: tl.constexpr, MODE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr,
-                  RETURN_LAST: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    for tau in range(0, L):
-        if REVERSE:
-            t = L - 1 - tau
-        else:
-            t = tau
-        if SAVE_STATES:  # noqa: SIM102 (a constexpr test around a runtime one: Triton prunes the outer)
-            if tau % CHUNK == 0:
-                tl.store(state_ptr + state_off + (tau // CHUNK) * N, x, mask=mask_dn)
-        u = tl.load(u_ptr + row_off + t, mask=mask_d, other=0.0).to(tl.float32)
-        dt = tl.load(dl_ptr + row_off + t, mask=mask_d, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt += bias
-        if SOFTPLUS:
-            dt = _softplus(dt)
-        dt = tl.where(mask_d, dt, 0.0)
-        Bt = tl.load(B_ptr + bc_off + offs_n * L + t, mask=mask_n, other=0.0).to(tl.float32)
-        Ct = tl.load(C_ptr + bc_off + offs_n * L + t, mask=mask_n, other=0.0).to(tl.float32)
-        x = tl.exp2(dt[:, None] * A2) * x + (dt * u)[:, None] * Bt[None, :]
-        y = tl.sum(x * Ct[None, :], axis=1)
-        if MODE == 1:
-            tl.store(ybuf_ptr + row_off + t, y, mask=mask_d)
-        else:
-            if MODE == 2:
-                y += tl.load(ybuf_ptr + row_off + t, mask=mask_d, other=0.0)
-            if HAS_D:
-                y += Dv * u
-            if HAS_Z:
-                zt = tl.load(z_ptr + row_off + t, mask=mask_d, other=0.0).to(tl.float32)
-                y = y * zt * tl.sigmoid(zt)
-            tl.store(out_ptr + row_off + t, y.to(out_ptr.dtype.element_ty), mask=mask_d)
-    if RETURN_LAST:
-        tl.store(last_ptr + last_off, x, mask=mask_dn)
-
-
-@triton.jit
-def _seq_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr, ybuf_ptr, state_ptr,
-                    last_ptr, dim, L, G, DG, N, NCHUNK,
-                    BIDIR: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_d = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    i_b = pid_bg // G
-    i_g = pid_bg % G
-    offs_dg = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_dg < DG
-    d = i_g * DG + offs_dg
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    row_off = (i_b * dim + d).to(tl.int64) * L
-    bc_off = pid_bg.to(tl.int64) * N * L
-    A2 = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32) * 1.4426950408889634
-    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    last_off = (i_b * dim + d).to(tl.int64)[:, None] * N + offs_n[None, :]
-    if BIDIR:
-        state_off = ((i_b * 2) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-        _seq_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
-                      row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N,
-                      False, 1, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, CHUNK, BLOCK_D, BLOCK_N)
-        # the second pass reads back what the first wrote, possibly from other threads of this program
-        tl.debug_barrier()
-        _seq_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
-                      row_off, bc_off, state_off + dim * NCHUNK * N, last_off, A2, bias, Dv, mask_d, offs_n, mask_n,
-                      L, N, True, 2, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, CHUNK, BLOCK_D, BLOCK_N)
-    else:
-        state_off = (i_b * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-        _seq_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
-                      row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N,
-                      False, 0, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, CHUNK, BLOCK_D, BLOCK_N)
+# Sequential path, tiled: one step per loop iteration with the (BLOCK_D, N) state in registers -- far fewer
+# instructions per element than the associative scan (an exp2 and two FMAs instead of log2(BLOCK_L) combine
+# levels) -- around coalesced chunk tiles (see the module docstring and the backward's comment below).
 
 
 @triton.jit
@@ -563,162 +474,10 @@ def _tiled_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
                         BLOCK_N)
 
 
-@triton.jit
-def _seq_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr, dlast_ptr,
-                    scratch_ptr, du_ptr, ddl_ptr, dz_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr,
-                    dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR,
-                    REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr,
-                    HAS_DLAST: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Per chunk of CHUNK steps (last chunk first): recompute the states from the saved chunk-start state into a
-    # per-program scratch (L2-resident), then walk the chunk backwards with the adjoint state in registers.
-    pid_d = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    i_b = pid_bg // G
-    i_g = pid_bg % G
-    offs_dl = tl.arange(0, BLOCK_D)
-    offs_dg = pid_d * BLOCK_D + offs_dl
-    mask_d = offs_dg < DG
-    d = i_g * DG + offs_dg
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    row_off = (i_b * dim + d).to(tl.int64) * L
-    bc_off = pid_bg.to(tl.int64) * N * L
-    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
-    scratch_off = ((pid_bg * NDBLK + pid_d).to(tl.int64) * CHUNK * BLOCK_D * BLOCK_N
-                   + offs_dl[:, None] * BLOCK_N + offs_n[None, :])
-    A = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
-    A2 = A * 1.4426950408889634
-    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-    vec_off = (i_b * dim + d).to(tl.int64)
-    mat_off = vec_off[:, None] * N + offs_n[None, :]
-    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
-    dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if HAS_DLAST:
-        dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
-
-    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    a_next = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # a_{t+1}; zero past the end
-    dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for i in range(0, NCHUNK):
-        c = NCHUNK - 1 - i
-        if LOAD_STATES:
-            x = tl.load(state_ptr + state_off + c * N, mask=mask_dn, other=0.0)
-        else:
-            x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        for s in range(0, CHUNK):
-            tau = c * CHUNK + s
-            if REVERSE:
-                t = L - 1 - tau
-            else:
-                t = tau
-            # masks built as tensors: with L == 1 Triton makes L a constant and tau < L a Python bool
-            m = mask_d & ((offs_dl * 0 + tau) < L)
-            u = tl.load(u_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            dt = tl.load(dl_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                dt += bias
-            if SOFTPLUS:
-                dt = _softplus(dt)
-            dt = tl.where(m, dt, 0.0)
-            Bt = tl.load(B_ptr + bc_off + offs_n * L + t, mask=mask_n & ((offs_n * 0 + tau) < L),
-                         other=0.0).to(tl.float32)
-            x = tl.exp2(dt[:, None] * A2) * x + (dt * u)[:, None] * Bt[None, :]
-            tl.store(scratch_ptr + scratch_off + s * (BLOCK_D * BLOCK_N), x)
-        tl.debug_barrier()
-        for s2 in range(0, CHUNK):
-            s = CHUNK - 1 - s2
-            tau = c * CHUNK + s
-            if REVERSE:
-                t = L - 1 - tau
-            else:
-                t = tau
-            m = mask_d & ((offs_dl * 0 + tau) < L)
-            mn = mask_n & ((offs_n * 0 + tau) < L)
-            x = tl.load(scratch_ptr + scratch_off + s * (BLOCK_D * BLOCK_N))
-            u = tl.load(u_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            dt_in = tl.load(dl_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                dt_in += bias
-            if SOFTPLUS:
-                dt = _softplus(dt_in)
-            else:
-                dt = dt_in
-            dt = tl.where(m, dt, 0.0)
-            Bt = tl.load(B_ptr + bc_off + offs_n * L + t, mask=mn, other=0.0).to(tl.float32)
-            Ct = tl.load(C_ptr + bc_off + offs_n * L + t, mask=mn, other=0.0).to(tl.float32)
-            a = tl.exp2(dt[:, None] * A2)
-            dtu = dt * u
-            b = dtu[:, None] * Bt[None, :]
-            do = tl.load(dout_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            if HAS_Z:
-                zt = tl.load(z_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-                sz = tl.sigmoid(zt)
-                g = do * zt * sz
-                y = tl.sum(x * Ct[None, :], axis=1)
-                if HAS_D and not ACCUM:
-                    y += Dv * u
-                dz = do * sz * (1.0 + zt * (1.0 - sz)) * y
-                if ACCUM:
-                    dz += tl.load(dz_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-                tl.store(dz_ptr + row_off + t, dz.to(dz_ptr.dtype.element_ty), mask=m)
-            else:
-                g = do
-            h = a_next * h + g[:, None] * Ct[None, :]
-            if HAS_DLAST:
-                h += tl.where((offs_n[None, :] * 0 + tau) == L - 1, dlast, 0.0)
-            hx = h * (x - b)  # h_t * a_t x_{t-1}
-            dA_acc += hx * dt[:, None]
-            hB = tl.sum(h * Bt[None, :], axis=1)
-            ddt = tl.sum(hx * A, axis=1) + u * hB
-            du = dt * hB
-            if HAS_D and not ACCUM:
-                du += g * Dv
-                dD_acc += g * u
-            if SOFTPLUS:
-                ddt = ddt * tl.sigmoid(dt_in)
-            ddt = tl.where(m, ddt, 0.0)
-            dbias_acc += ddt
-            if ACCUM:
-                du += tl.load(du_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-                ddt += tl.load(ddl_ptr + row_off + t, mask=m, other=0.0).to(tl.float32)
-            tl.store(du_ptr + row_off + t, du.to(du_ptr.dtype.element_ty), mask=m)
-            tl.store(ddl_ptr + row_off + t, ddt.to(ddl_ptr.dtype.element_ty), mask=m)
-            dBt = tl.sum(h * dtu[:, None], axis=0)
-            dCt = tl.sum(g[:, None] * x, axis=0)
-            pp = part_off + offs_n * L + t
-            if ACCUM:
-                dBt += tl.load(dB_ptr + pp, mask=mn, other=0.0)
-                dCt += tl.load(dC_ptr + pp, mask=mn, other=0.0)
-            tl.store(dB_ptr + pp, dBt, mask=mn)
-            tl.store(dC_ptr + pp, dCt, mask=mn)
-            a_next = a
-        # the next chunk's recompute overwrites the scratch this chunk's reverse walk read
-        tl.debug_barrier()
-
-    if ACCUM:
-        dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
-    tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
-    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
-    if HAS_D and not ACCUM:
-        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Tiled backward (``CONFIG_OVERRIDE["bwd"] = "tiled"``). The step kernel above touches one token of each of its
-# channels per step: every per-step load or store of a (BLOCK_D,) vector hits BLOCK_D different cache lines (rows
-# of length L), and dB/dC need a reduction over channels every step. Here only the two recurrences stay
-# sequential; per chunk of CHUNK tokens:
+# Tiled backward. Stepping straight through memory (one token of each channel per step) would hit BLOCK_D cache
+# lines per (BLOCK_D,) access (rows of length L) and reduce dB/dC over channels every step. Here only the two
+# recurrences stay sequential; per chunk of CHUNK tokens:
 #   1. prologue: coalesced (CHUNK, BLOCK_D) tile loads of u, delta, dout (and z); delta's softplus, delta*u and the
 #      gated gradient g are written to a per-program scratch with channels contiguous, B and C to (CHUNK, N) rows;
 #   2. forward recompute of the chunk's states from the saved chunk-start state, x_t into the scratch;
@@ -987,13 +746,11 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
              "BLOCK_D": block_d, "BLOCK_N": cfg["block_n"], "num_warps": cfg["warps_fwd"]}
     args = (u, delta, A, Bg, Cg, D, z, delta_bias, out, ybuf, states, last, dim, length, groups, per_group, nstate,
             nchunk)
-    if cfg["path"] == "seq" and cfg.get("fwd") == "tiled":
+    if cfg["path"] == "seq":
         scratch = torch.empty((grid[0] * grid[1], block_l * (3 * block_d + 2 * cfg["block_n"])), device=u.device,
                               dtype=torch.float32)
         _tiled_fwd_kernel[grid](*args[:12], scratch, *args[12:], UNROLL=cfg.get("unroll", False), CHUNK=block_l,
                                 **flags)
-    elif cfg["path"] == "seq":
-        _seq_fwd_kernel[grid](*args, CHUNK=block_l, **flags)
     else:
         _selective_scan_fwd_kernel[grid](*args, BLOCK_L=block_l, **flags)
     return out, last, states, cfg
@@ -1024,15 +781,10 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
     dD_part = dvec_part[:, 1] if D is not None else None
     grid = (ndblk, batch * groups)
     seq = cfg["path"] == "seq"
-    tiled = seq and cfg.get("bwd") == "tiled"
     block_n = cfg["block_n"]
-    if tiled:  # per program: (CHUNK, BLOCK_D) x 6 vectors, (CHUNK, N) x 2 rows, (CHUNK, BLOCK_D, N) x 2 states
+    if seq:  # per program: (CHUNK, BLOCK_D) x 6 vectors, (CHUNK, N) x 2 rows, (CHUNK, BLOCK_D, N) x 2 states
         per_program = block_l * (6 * block_d + 2 * block_n + 2 * block_d * block_n)
         scratch = torch.empty((batch * groups * ndblk, per_program), device=dev, dtype=torch.float32)
-    elif seq:
-        scratch = torch.empty((batch * groups * ndblk, block_l, block_d, block_n), device=dev, dtype=torch.float32)
-    else:
-        scratch = None
     for direction in range(ndir):
         flags = {"REVERSE": direction == 1, "ACCUM": direction == 1, "HAS_D": D is not None, "HAS_Z": z is not None,
                  "HAS_BIAS": delta_bias is not None, "SOFTPLUS": softplus, "LOAD_STATES": states is not None,
@@ -1040,13 +792,10 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
                  "num_warps": cfg["warps_bwd"]}
         outs = (du, ddelta, dz, dA_part, dB_part, dC_part, dD_part, dbias_part)
         sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir)
-        if tiled:
+        if seq:
             _tiled_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, scratch, *outs,
                                     *sizes, LEAN=cfg.get("lean", True), UNROLL=cfg.get("unroll", False),
                                     CHUNK=block_l, **flags)
-        elif seq:
-            _seq_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, scratch, *outs, *sizes,
-                                  CHUNK=block_l, **flags)
         else:
             _selective_scan_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, *outs,
                                              *sizes, BLOCK_L=block_l, **flags)

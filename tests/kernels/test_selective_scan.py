@@ -211,10 +211,9 @@ def test_bad_input_device():
 # Triton kernels in the interpreter (tiny shapes)
 
 
-#: The Triton implementations: the sequential kernels, per-step or tiled (coalesced chunk tiles around the
-#: sequential recurrence), and the associative-scan kernels.
-KERNEL_PATHS = {"seq": {"path": "seq", "fwd": "step", "bwd": "step"},
-                "tiled": {"path": "seq", "fwd": "tiled", "bwd": "tiled", "lean": True, "unroll": True, "block_l": 8,
+#: The Triton implementations: the sequential kernels (coalesced chunk tiles around the sequential recurrence)
+#: and the associative-scan kernels.
+KERNEL_PATHS = {"tiled": {"path": "seq", "lean": True, "unroll": True, "block_l": 8,
                           "block_d_fwd": 32, "warps_fwd": 1, "block_d_bwd": 32, "warps_bwd": 4},
                 "scan": {"path": "scan"}}
 
