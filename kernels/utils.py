@@ -24,11 +24,13 @@ _poison = threading.local()
 # Output allocation
 
 
+# read once: an os.environ lookup per allocation costs more host time than the allocation itself
+_POISON_BY_ENV = os.environ.get(POISON_ENV, "0") == "1"
+
+
 def _poisoning() -> bool:
     forced = getattr(_poison, "enabled", None)
-    if forced is not None:
-        return forced
-    return os.environ.get(POISON_ENV, "0") == "1"
+    return _POISON_BY_ENV if forced is None else forced
 
 
 @contextlib.contextmanager
@@ -44,7 +46,8 @@ def poison_outputs(enabled: bool = True) -> Iterator[None]:
 
 
 def empty_output(shape: Sequence[int], *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Allocate a tensor every element of which the caller promises to write (NaN-filled while poisoning)."""
+    """Allocate a tensor every element of which the caller promises to write (NaN-filled while poisoning: inside
+    :func:`poison_outputs`, or everywhere when ``VISIONSSM_POISON_OUTPUTS=1`` at import)."""
     if _poisoning() and dtype.is_floating_point:
         return torch.full(tuple(shape), float("nan"), device=device, dtype=dtype)
     return torch.empty(tuple(shape), device=device, dtype=dtype)
@@ -96,8 +99,9 @@ def input_guard(fn: Callable) -> Callable:
         args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
         device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda), None)
-        context = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
-        with context:
+        if device is None or torch.cuda.device_count() == 1:  # nothing to switch (skips two driver calls)
+            return fn(*args, **kwargs)
+        with torch.cuda.device(device):
             return fn(*args, **kwargs)
 
     return wrapper

@@ -549,8 +549,9 @@ def comba_fwd(q, k, v, p, g, beta, scale: float, causal: bool, save_state: bool)
         NT = _cdiv(T, BT)
         save_inv = save_state and cfg["store_inv"]
         grid_dirs, loop_dirs = _directions(cfg, ND)
-        o = empty_output((grid_dirs, B, T, H, V), device=q.device,
-                         dtype=v.dtype if grid_dirs == 1 else torch.float32)
+        # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed below
+        o = (empty_output((B, T, H, V), device=q.device, dtype=v.dtype) if grid_dirs == 1
+             else empty_output((grid_dirs, B, T, H, V), device=q.device, dtype=torch.float32))
         h0 = (empty_output((ND, B * H, NT, K, V), device=q.device, dtype=torch.float32) if save_state
               else q.new_empty(1, dtype=torch.float32))
         inv = (empty_output((ND, B * H, NT, BT, BT), device=q.device, dtype=torch.float32) if save_inv
@@ -571,7 +572,7 @@ def comba_fwd(q, k, v, p, g, beta, scale: float, causal: bool, save_state: bool)
                                SAVE_INV=save_inv, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs, **precision,
                                LOAD_WY=cfg["pre_wy"], PREFETCH=cfg["prefetch"], TAIL=_tail(T, BT, cfg),
                                **_launch_options(cfg))
-        out = o[0] if grid_dirs == 1 else o.sum(0).to(v.dtype)
+        out = o if grid_dirs == 1 else o.sum(0).to(v.dtype)
         return out, (h0 if save_state else None), (inv if save_inv else None)
 
     base = _launch_config(K, V, T, B * H, ND, backward=False)
@@ -588,28 +589,31 @@ def comba_bwd(q, k, v, p, g, beta, h0, inv, do, scale: float, causal: bool, BT: 
     ND = 1 if causal else 2
     NT = _cdiv(T, BT)
 
-    def reduce(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return (x[0] if x.shape[0] == 1 else x.sum(0)).to(dtype)
+    def partials(count: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        # one partial (the usual case): the gradient itself, written in its input's dtype; else fp32 partials
+        if count == 1:
+            return empty_output(shape, device=q.device, dtype=dtype)
+        return empty_output((count, *shape), device=q.device, dtype=torch.float32)
+
+    def reduce(x: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+        return x if count == 1 else x.sum(0).to(dtype)
 
     def launch(cfg):
         BV, NV = cfg["BV"], cfg["NV"]
         grid_dirs, loop_dirs = _directions(cfg, ND)
         NP = grid_dirs * NV
-        kdtype = q.dtype if NP == 1 else torch.float32
-        dq, dk, dp = (empty_output((NP, B, T, H, K), device=q.device, dtype=kdtype) for _ in range(3))
-        dv = empty_output((grid_dirs, B, T, H, V), device=q.device,
-                          dtype=v.dtype if grid_dirs == 1 else torch.float32)
-        # one partial (the usual case): written straight in the gates' own dtypes, no conversion afterwards
-        dg = empty_output((NP, B, T, H), device=q.device, dtype=g.dtype if NP == 1 else torch.float32)
-        dbeta = empty_output((NP, B, T, H), device=q.device, dtype=beta.dtype if NP == 1 else torch.float32)
+        dq, dk, dp = (partials(NP, (B, T, H, K), t.dtype) for t in (q, k, p))
+        dv = partials(grid_dirs, (B, T, H, V), v.dtype)
+        dg = partials(NP, (B, T, H), g.dtype)
+        dbeta = partials(NP, (B, T, H), beta.dtype)
         grid = (NV, B * H, grid_dirs)
         comba_bwd_kernel[grid](q, k, v, p, g, beta, h0, h0 if inv is None else inv, do, dq, dk, dv, dp, dg, dbeta,
                                scale, T, NT, B, H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"],
                                BV=BV, NV=NV, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs,
                                **_precision_args(cfg, q), LOAD_INV=inv is not None, PREFETCH=cfg["prefetch"],
                                TAIL=_tail(T, BT, cfg), **_launch_options(cfg))
-        return (reduce(dq, q.dtype), reduce(dk, k.dtype), reduce(dv, v.dtype), reduce(dp, p.dtype),
-                reduce(dg, g.dtype), reduce(dbeta, beta.dtype))
+        return (reduce(dq, NP, q.dtype), reduce(dk, NP, k.dtype), reduce(dv, grid_dirs, v.dtype),
+                reduce(dp, NP, p.dtype), reduce(dg, NP, g.dtype), reduce(dbeta, NP, beta.dtype))
 
     base = {**_launch_config(K, V, T, B * H, ND, backward=True), "BT": BT}
     key = ("bwd", K, V, T, B * H, ND, q.dtype, BT, inv is not None)

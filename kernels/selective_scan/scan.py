@@ -21,8 +21,10 @@ implementations share the launch code and the saved-state format (``CONFIG_OVERR
   between chunks; more instructions per element (log2 BLOCK_L combine levels) than ``"seq"``.
 
 Gradients use ``a_t x_{t-1} = x_t - b_t`` (never a division by ``a``). Reductions over channels (dB, dC) are
-written per channel block and summed in PyTorch, those over batch and time (dA, dD, d delta_bias) per (batch,
-channel), so the kernels need no atomics and are deterministic.
+written per channel block, those over batch and time (dA, dD, d delta_bias) per (batch, channel); one small
+finishing kernel sums them in a fixed order and writes every gradient in its input's dtype (one launch instead of
+~8 PyTorch ops: at MambaVision's shapes the eager backward is bound by host-side launch work). No atomics, so the
+gradients are deterministic.
 
 Bidirectional (``causal=False``): the reverse-time direction is the same loop with time indices mirrored
 (``t = L - 1 - τ``). The forward kernel runs both directions in one launch (the first pass parks ``y_fwd`` in an
@@ -57,10 +59,11 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
     path = (CONFIG_OVERRIDE or {}).get("path", "seq")
     if path == "seq":
         # the fastest of the launch variants timed side by side on an H200 at MambaVision's four shapes
-        # (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log): chunks of 8 tokens, 32 channels
-        # per program, one warp forward, four backward
+        # (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log, and for the backward's warps
+        # kernels-selective_scan-sweep-nvidia-h200-2026-11-22.log): chunks of 8 tokens, 32 channels per program,
+        # one warp forward, two backward
         cfg = {"path": "seq", "lean": True, "unroll": True, "block_l": 8,
-               "block_d_fwd": 32, "block_d_bwd": 32, "warps_fwd": 1, "warps_bwd": 4}
+               "block_d_fwd": 32, "block_d_bwd": 32, "warps_fwd": 1, "warps_bwd": 2}
     else:
         block_l = min(64, max(16, triton.next_power_of_2(length)))
         cfg = {"path": "scan", "block_l": block_l, "block_d_fwd": max(1, 4096 // (block_n * block_l)),
@@ -193,8 +196,8 @@ def _selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
 
 @triton.jit
 def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr,
-                               dlast_ptr, du_ptr, ddl_ptr, dz_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr,
-                               dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR,
+                               dlast_ptr, du_ptr, ddl_ptr, dz_ptr, col_ptr, bc_ptr,
+                               dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR, NCOL,
                                REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr,
                                HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                                LOAD_STATES: tl.constexpr, HAS_DLAST: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -226,7 +229,9 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
-    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
+    # per-batch partial sums, one row of NCOL per batch: dA (dim x N), then d delta_bias (dim), then dD (dim)
+    cmat_off = i_b.to(tl.int64) * NCOL + d[:, None] * N + offs_n[None, :]
+    cvec_off = i_b.to(tl.int64) * NCOL + dim * N + d
     dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_DLAST:
         dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
@@ -321,18 +326,18 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
         dCc = tl.sum(g[:, None, :] * x, axis=0)
         ppart = part_off + offs_n[:, None] * L + t[None, :]
         if ACCUM:
-            dBc += tl.load(dB_ptr + ppart, mask=mbc, other=0.0)
-            dCc += tl.load(dC_ptr + ppart, mask=mbc, other=0.0)
-        tl.store(dB_ptr + ppart, dBc, mask=mbc)
-        tl.store(dC_ptr + ppart, dCc, mask=mbc)
+            dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
+            dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
+        tl.store(bc_ptr + ppart, dBc, mask=mbc)
+        tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
 
     if ACCUM:
-        dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
-    tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
-    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
+        dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
+        dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
+    tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
+    tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
     if HAS_D and not ACCUM:
-        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
+        tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -526,8 +531,8 @@ def _tiled_bwd_adjoint_step(s, tau, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, 
 
 @triton.jit
 def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr, dlast_ptr,
-                      scratch_ptr, du_ptr, ddl_ptr, dz_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr,
-                      dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR,
+                      scratch_ptr, du_ptr, ddl_ptr, dz_ptr, col_ptr, bc_ptr,
+                      dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR, NCOL,
                       REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
                       HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr,
                       HAS_DLAST: tl.constexpr, LEAN: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr,
@@ -582,7 +587,9 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
-    pvec_off = (i_b * 2 * dim + d).to(tl.int64)  # d delta_bias's row; dD's follows at + dim
+    # per-batch partial sums, one row of NCOL per batch: dA (dim x N), then d delta_bias (dim), then dD (dim)
+    cmat_off = i_b.to(tl.int64) * NCOL + d[:, None] * N + offs_n[None, :]
+    cvec_off = i_b.to(tl.int64) * NCOL + dim * N + d
     dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_DLAST:
         dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
@@ -700,24 +707,65 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
         dCc = tl.sum(X * g[:, :, None], axis=1)
         ppart = part_off + offs_n[None, :] * L + t[:, None]
         if ACCUM:
-            dBc += tl.load(dB_ptr + ppart, mask=mbc, other=0.0)
-            dCc += tl.load(dC_ptr + ppart, mask=mbc, other=0.0)
-        tl.store(dB_ptr + ppart, dBc, mask=mbc)
-        tl.store(dC_ptr + ppart, dCc, mask=mbc)
+            dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
+            dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
+        tl.store(bc_ptr + ppart, dBc, mask=mbc)
+        tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
         # the next chunk's prologue overwrites the scratch this epilogue read
         tl.debug_barrier()
 
     if ACCUM:
-        dA_acc += tl.load(dA_ptr + mat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(dbias_ptr + pvec_off, mask=mask_d, other=0.0)
-    tl.store(dA_ptr + mat_off, dA_acc, mask=mask_dn)
-    tl.store(dbias_ptr + pvec_off, dbias_acc, mask=mask_d)
+        dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
+        dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
+    tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
+    tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
     if HAS_D and not ACCUM:
-        tl.store(dD_ptr + pvec_off, dD_acc, mask=mask_d)
+        tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
 
 
-def _as_grouped(M: torch.Tensor) -> torch.Tensor:
-    return M.unsqueeze(1) if M.dim() == 3 else M
+@triton.jit
+def _bwd_finalize_kernel(col_ptr, bc_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_ptr, batch, NCOL, DN, dim,
+                         NBC, NL, NDBLK, NPROG_BC, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # One launch for every reduction the backward leaves (instead of ~8 small PyTorch ops, each a launch on the
+    # host): programs [0, NPROG_BC) sum dB/dC over channel blocks, the rest sum dA / d delta_bias / dD over
+    # batch; each writes the final gradient in its input's dtype. Fixed summation order: deterministic.
+    pid = tl.program_id(0)
+    if pid < NPROG_BC:
+        offs = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        mask = offs < NBC * 2 * NL
+        row = offs // (2 * NL)  # (batch, group) row
+        rem = offs % (2 * NL)  # dB's (N, L) block, then dC's
+        src = row * NDBLK * 2 * NL + rem
+        acc_bc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+        for blk in range(0, NDBLK):
+            acc_bc += tl.load(bc_ptr + src + blk * 2 * NL, mask=mask, other=0.0)
+        dst = row * NL + rem % NL
+        is_b = rem < NL
+        tl.store(dB_ptr + dst, acc_bc.to(dB_ptr.dtype.element_ty), mask=mask & is_b)
+        tl.store(dC_ptr + dst, acc_bc.to(dC_ptr.dtype.element_ty), mask=mask & (rem >= NL))
+    else:
+        cols = (pid - NPROG_BC) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask_c = cols < NCOL
+        offs_r = tl.arange(0, BLOCK_R)
+        acc_col = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        for r0 in range(0, batch, BLOCK_R):
+            rows = r0 + offs_r
+            m = (rows < batch)[:, None] & mask_c[None, :]
+            tile = tl.load(col_ptr + rows.to(tl.int64)[:, None] * NCOL + cols[None, :], mask=m, other=0.0)
+            acc_col += tl.sum(tile, axis=0)
+        tl.store(dA_ptr + cols, acc_col.to(dA_ptr.dtype.element_ty), mask=cols < DN)
+        if HAS_BIAS:
+            tl.store(dbias_ptr + tl.maximum(cols - DN, 0), acc_col.to(dbias_ptr.dtype.element_ty),
+                     mask=(cols >= DN) & (cols < DN + dim))
+        if HAS_D:
+            tl.store(dD_ptr + tl.maximum(cols - DN - dim, 0), acc_col.to(dD_ptr.dtype.element_ty),
+                     mask=(cols >= DN + dim) & mask_c)
+
+
+def _cdiv(a: int, b: int) -> int:
+    # plain integers: triton.cdiv is a JIT function, slower to call on the host
+    return -(-a // b)
 
 
 @input_guard
@@ -726,12 +774,11 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
     which the backward must reuse (the states are saved every ``block_l`` tokens)."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
-    Bg, Cg = _as_grouped(B), _as_grouped(C)
-    groups = Bg.shape[1]
+    groups = B.shape[1] if B.dim() == 4 else 1  # (batch, N, L) is one group: the kernels index B and C flat
     per_group = dim // groups
     cfg = _launch_config(length, nstate, per_group)
     block_l, block_d = cfg["block_l"], cfg["block_d_fwd"]
-    nchunk = triton.cdiv(length, block_l)
+    nchunk = _cdiv(length, block_l)
     ndir = 1 if causal else 2
     save_states = save_states and nchunk > 1
     out = empty_output((batch, dim, length), device=u.device, dtype=u.dtype)
@@ -740,11 +787,11 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
               if save_states else None)
     last = (empty_output((batch, dim, nstate), device=u.device, dtype=torch.float32)
             if return_last_state else None)
-    grid = (triton.cdiv(per_group, block_d), batch * groups)
+    grid = (_cdiv(per_group, block_d), batch * groups)
     flags = {"BIDIR": not causal, "HAS_D": D is not None, "HAS_Z": z is not None, "HAS_BIAS": delta_bias is not None,
              "SOFTPLUS": softplus, "SAVE_STATES": save_states, "RETURN_LAST": return_last_state,
              "BLOCK_D": block_d, "BLOCK_N": cfg["block_n"], "num_warps": cfg["warps_fwd"]}
-    args = (u, delta, A, Bg, Cg, D, z, delta_bias, out, ybuf, states, last, dim, length, groups, per_group, nstate,
+    args = (u, delta, A, B, C, D, z, delta_bias, out, ybuf, states, last, dim, length, groups, per_group, nstate,
             nchunk)
     if cfg["path"] == "seq":
         scratch = torch.empty((grid[0] * grid[1], block_l * (3 * block_d + 2 * cfg["block_n"])), device=u.device,
@@ -760,25 +807,21 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
 def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal, cfg):
     batch, dim, length = u.shape
     nstate = A.shape[1]
-    Bg, Cg = _as_grouped(B), _as_grouped(C)
-    groups = Bg.shape[1]
+    groups = B.shape[1] if B.dim() == 4 else 1  # (batch, N, L) is one group: the kernels index B and C flat
     per_group = dim // groups
     block_l, block_d = cfg["block_l"], cfg["block_d_bwd"]
-    nchunk = triton.cdiv(length, block_l)
-    ndblk = triton.cdiv(per_group, block_d)
+    nchunk = _cdiv(length, block_l)
+    ndblk = _cdiv(per_group, block_d)
     ndir = 1 if causal else 2
     dev = u.device
     du = empty_output(u.shape, device=dev, dtype=u.dtype)
     ddelta = empty_output(delta.shape, device=dev, dtype=delta.dtype)
     dz = empty_output(z.shape, device=dev, dtype=z.dtype) if z is not None else None
-    # partial sums, reduced below: dA over batch; dB and dC (one buffer) over channel blocks; dD and d delta_bias
-    # (one buffer) over batch
-    dA_part = empty_output((batch, dim, nstate), device=dev, dtype=torch.float32)
-    dBC_part = empty_output((batch, groups, ndblk, 2, nstate, length), device=dev, dtype=torch.float32)
-    dB_part, dC_part = dBC_part[:, :, :, 0], dBC_part[:, :, :, 1]
-    dvec_part = empty_output((batch, 2, dim), device=dev, dtype=torch.float32)
-    dbias_part = dvec_part[:, 0]
-    dD_part = dvec_part[:, 1] if D is not None else None
+    # partial sums, reduced by _bwd_finalize_kernel: per batch, one row of dA, d delta_bias, dD; per (batch, group,
+    # channel block), dB's and dC's (N, L) blocks
+    ncol = dim * nstate + 2 * dim
+    col_part = empty_output((batch, ncol), device=dev, dtype=torch.float32)
+    bc_part = empty_output((batch * groups * ndblk, 2, nstate, length), device=dev, dtype=torch.float32)
     grid = (ndblk, batch * groups)
     seq = cfg["path"] == "seq"
     block_n = cfg["block_n"]
@@ -788,24 +831,27 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
     for direction in range(ndir):
         flags = {"REVERSE": direction == 1, "ACCUM": direction == 1, "HAS_D": D is not None, "HAS_Z": z is not None,
                  "HAS_BIAS": delta_bias is not None, "SOFTPLUS": softplus, "LOAD_STATES": states is not None,
-                 "HAS_DLAST": dlast is not None, "BLOCK_D": block_d, "BLOCK_N": cfg["block_n"],
+                 "HAS_DLAST": dlast is not None, "BLOCK_D": block_d, "BLOCK_N": block_n,
                  "num_warps": cfg["warps_bwd"]}
-        outs = (du, ddelta, dz, dA_part, dB_part, dC_part, dD_part, dbias_part)
-        sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir)
+        sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir, ncol)
         if seq:
-            _tiled_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, scratch, *outs,
-                                    *sizes, LEAN=cfg.get("lean", True), UNROLL=cfg.get("unroll", False),
-                                    CHUNK=block_l, **flags)
+            _tiled_bwd_kernel[grid](u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, scratch, du, ddelta,
+                                    dz, col_part, bc_part, *sizes, LEAN=cfg.get("lean", True),
+                                    UNROLL=cfg.get("unroll", False), CHUNK=block_l, **flags)
         else:
-            _selective_scan_bwd_kernel[grid](u, delta, A, Bg, Cg, D, z, delta_bias, dout, states, dlast, *outs,
-                                             *sizes, BLOCK_L=block_l, **flags)
-    dA = dA_part.sum(0).to(A.dtype)
-    dBC = dBC_part.sum(2) if ndblk > 1 else dBC_part[:, :, 0]
-    dB = dBC[:, :, 0].reshape(B.shape).to(B.dtype)
-    dC = dBC[:, :, 1].reshape(C.shape).to(C.dtype)
-    dvec = dvec_part.sum(0) if D is not None else dvec_part[:, 0].sum(0)[None]
-    dD = dvec[1].to(D.dtype) if D is not None else None
-    dbias = dvec[0].to(delta_bias.dtype) if delta_bias is not None else None
+            _selective_scan_bwd_kernel[grid](u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, du, ddelta,
+                                             dz, col_part, bc_part, *sizes, BLOCK_L=block_l, **flags)
+    dA = empty_output(A.shape, device=dev, dtype=A.dtype)
+    dB = empty_output(B.shape, device=dev, dtype=B.dtype)
+    dC = empty_output(C.shape, device=dev, dtype=C.dtype)
+    dD = empty_output(D.shape, device=dev, dtype=D.dtype) if D is not None else None
+    dbias = empty_output(delta_bias.shape, device=dev, dtype=delta_bias.dtype) if delta_bias is not None else None
+    block_e, block_c = 1024, 64
+    nprog_bc = _cdiv(batch * groups * 2 * nstate * length, block_e)
+    _bwd_finalize_kernel[(nprog_bc + _cdiv(ncol, block_c),)](
+        col_part, bc_part, dA, dB, dC, dD, dbias, batch, ncol, dim * nstate, dim, batch * groups, nstate * length,
+        ndblk, nprog_bc, HAS_D=D is not None, HAS_BIAS=delta_bias is not None, BLOCK_E=block_e, BLOCK_R=32,
+        BLOCK_C=block_c, num_warps=4)
     return du, ddelta, dA, dB, dC, dD, dz, dbias
 
 

@@ -214,7 +214,7 @@ def test_bad_input_device():
 #: The Triton implementations: the sequential kernels (coalesced chunk tiles around the sequential recurrence)
 #: and the associative-scan kernels.
 KERNEL_PATHS = {"tiled": {"path": "seq", "lean": True, "unroll": True, "block_l": 8,
-                          "block_d_fwd": 32, "warps_fwd": 1, "block_d_bwd": 32, "warps_bwd": 4},
+                          "block_d_fwd": 32, "warps_fwd": 1, "block_d_bwd": 32, "warps_bwd": 2},
                 "scan": {"path": "scan"}}
 
 
