@@ -40,6 +40,11 @@ QUOTED = "mamba_ssm H100 (quoted)"
 
 #: (batch, dim, L, N): mamba_vision_T stages 2 and 3, and mamba_vision_B's widths.
 SHAPES = [(256, 160, 196, 8), (256, 320, 49, 8), (256, 256, 196, 8), (256, 512, 49, 8)]
+#: Long sequences with few (batch, channel block) programs, where the time axis is split into segments scanned in
+#: parallel (e.g. 56 x 56 = 3136 tokens of a stage-1 scan in VMamba-like designs): ours against ours run as one
+#: segment. mamba_ssm is not timed here (the anchor build of .dev/scan/build_anchor.py only has L <= 256 kernels).
+LONG_SHAPES = [(2, 192, 3136, 16), (16, 192, 3136, 16)]
+OURS_ONE_SEGMENT = "visionssm-triton (one segment)"
 #: Issue 5: mamba_ssm's CUDA selective_scan_fn on an H100 with bf16 inputs, (forward ms, forward+backward ms).
 QUOTED_H100 = {(256, 160, 196, 8): (0.24, 0.94), (256, 320, 49, 8): (0.26, 0.84),
                (256, 256, 196, 8): (0.32, 1.29), (256, 512, 49, 8): (0.35, 1.31)}
@@ -184,6 +189,29 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
             if quoted:
                 rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": QUOTED,
                              "ms": quoted[0 if mode == "fwd" else 1], "note": "issue 5, H100, not measured here"})
+        del x
+        torch.cuda.empty_cache()
+    config = json.loads(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else {}
+    long_impls = {OURS: impls[OURS], OURS_GRAPH: impls[OURS_GRAPH],
+                  OURS_ONE_SEGMENT: _with_config({**config, "segments": 1})}
+    for shape in [] if quick else LONG_SHAPES:
+        x = make_inputs(*shape)
+        label = "x".join(map(str, shape))
+        for mode in ("fwd", "fwd+bwd"):
+            timed = {}
+            for name, fn in long_impls.items():
+                try:
+                    timing = time_fn(_callable(fn, x, mode), warmup=3, repeats=20, cuda_graph=name in GRAPHED)
+                except Exception as exc:
+                    print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                timed[name] = timing.median_ms
+                rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": name,
+                             "ms": timing.median_ms, "spread": round(timing.spread, 3)})
+                print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
+            if OURS in timed and OURS_ONE_SEGMENT in timed:
+                print(f"# {label} {mode}: segmented / one segment = {timed[OURS] / timed[OURS_ONE_SEGMENT]:.2f}x",
+                      flush=True)
         del x
         torch.cuda.empty_cache()
     ANCHOR = MAMBA if any(row["impl"] == MAMBA for row in rows) else COMPILED

@@ -20,6 +20,13 @@ implementations share the launch code and the saved-state format (``CONFIG_OVERR
   with ``tl.associative_scan`` along time (the backward's adjoint with a reverse scan) and the state carried
   between chunks; more instructions per element (log2 BLOCK_L combine levels) than ``"seq"``.
 
+Long sequences (L >= 1024) with too few (sequence, channel block) programs to fill the GPU are split along time
+into segments, one program each (``"seq"`` path): the forward first records every segment's end state from a zero
+start and its sum of delta (the decay across a segment is ``exp(A * sum delta)``), then each segment composes the
+earlier records into its start state and scans; the backward does the same for the adjoint, last segment first.
+Each pass costs about one more read of the inputs; it pays when the programs would otherwise be few and long
+(e.g. 3136 tokens at batch 2: 12 segments).
+
 Gradients use ``a_t x_{t-1} = x_t - b_t`` (never a division by ``a``). Reductions over channels (dB, dC) are
 written per channel block, those over batch and time (dA, dD, d delta_bias) per (batch, channel); one small
 finishing kernel sums them in a fixed order and writes every gradient in its input's dtype (one launch instead of
@@ -53,7 +60,13 @@ _LOG2E = 1.4426950408889634
 CONFIG_OVERRIDE: dict | None = None
 
 
-def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
+def _cdiv(a: int, b: int) -> int:
+    # plain integers: triton.cdiv is a JIT function, slower to call on the host
+    return -(-a // b)
+
+
+def _launch_config(length: int, nstate: int, channels_per_group: int, sequences: int = 1) -> dict:
+    """Launch shape for ``sequences`` (batch x groups) scans of ``length`` tokens and ``channels_per_group``."""
     block_n = triton.next_power_of_2(nstate)
     cap = triton.next_power_of_2(channels_per_group)
     path = (CONFIG_OVERRIDE or {}).get("path", "seq")
@@ -78,6 +91,16 @@ def _launch_config(length: int, nstate: int, channels_per_group: int) -> dict:
         for kind in ("fwd", "bwd"):
             elements = cfg[f"block_d_{kind}"] * block_n
             cfg[f"warps_{kind}"] = max(1, min(cfg[f"warps_{kind}"], elements // 32))
+        # Long sequences with too few (sequence, channel block) programs to fill the GPU: split time into segments
+        # (two passes each way, see _tiled_fwd_kernel), aiming at ~2048 programs, segments of >= 256 tokens.
+        programs = sequences * _cdiv(channels_per_group, cfg["block_d_bwd"])
+        if "segments" not in (CONFIG_OVERRIDE or {}):
+            cfg["segments"] = min(_cdiv(2048, programs), length // 256) if length >= 1024 and programs < 1024 else 1
+    else:
+        cfg["segments"] = 1  # the associative-scan kernels run whole sequences
+    nchunk = _cdiv(length, cfg["block_l"])
+    cfg["seg_chunks"] = _cdiv(nchunk, max(1, cfg["segments"]))
+    cfg["segments"] = _cdiv(nchunk, cfg["seg_chunks"])  # no empty segment
     return cfg
 
 
@@ -359,15 +382,18 @@ def _tiled_fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK
 
 
 @triton.jit
-def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
-                    row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
-                    REVERSE: tl.constexpr, MODE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr,
-                    RETURN_LAST: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
+                    seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, seg_row, A2, bias, Dv, d, mask_d, offs_n,
+                    mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS, REVERSE: tl.constexpr, MODE: tl.constexpr,
+                    SEG_PASS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr,
+                    UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # Per chunk: coalesced (CHUNK, BLOCK_D) tile loads into a channel-contiguous scratch, the recurrence one step
     # per iteration reading that scratch (y_t back into it), then the output written as one tile.
-    # MODE as in _fwd_pass.
+    # MODE as in _fwd_pass. This program walks chunks [seg * SEG_CHUNKS, +SEG_CHUNKS) of the sequence (all of it
+    # unless the sequence is split into segments, see _tiled_fwd_kernel); SEG_PASS 1 only records the segment's
+    # end state from a zero start and its sum of delta; SEG_PASS 2 starts from the state the earlier segments'
+    # records compose to.
     SD = CHUNK * BLOCK_D
     SN = CHUNK * BLOCK_N
     v_dt = scr
@@ -380,8 +406,17 @@ def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state
     vec_sd = offs_s[:, None] * BLOCK_D + offs_dl[None, :]
     vec_sn = offs_s[:, None] * BLOCK_N + offs_n[None, :]
     mask_dn = mask_d[:, None] & mask_n[None, :]
+    seg_dn = d[:, None] * N + offs_n[None, :]
     x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    for c in range(0, NCHUNK):
+    if SEG_PASS == 2:
+        # x after segment j = exp(A * sum of delta over j) x before it + (segment j's state from zero)
+        for j in range(0, seg):
+            end_j = tl.load(seg_state_ptr + (seg_row + j) * dim * N + seg_dn, mask=mask_dn, other=0.0)
+            sum_j = tl.load(seg_sum_ptr + (seg_row + j) * dim + d, mask=mask_d, other=0.0)
+            x = tl.exp2(sum_j[:, None] * A2) * x + end_j
+    dt_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    c_lo = seg * SEG_CHUNKS
+    for c in range(c_lo, tl.minimum(NCHUNK, c_lo + SEG_CHUNKS)):
         tau = c * CHUNK + offs_s
         mask_s = tau < L
         if REVERSE:
@@ -397,13 +432,15 @@ def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state
         if SOFTPLUS:
             dt = _softplus(dt)
         dt = tl.where(m2, dt, 0.0)
+        if SEG_PASS == 1:
+            dt_sum += tl.sum(dt, axis=0)
         mbc = mask_s[:, None] & mask_n[None, :]
         pbc = bc_off + offs_n[None, :] * L + t[:, None]
         tl.store(v_dt + vec_sd, dt)
         tl.store(v_dtu + vec_sd, dt * u)
         tl.store(v_B + vec_sn, tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32))
         tl.store(v_C + vec_sn, tl.load(C_ptr + pbc, mask=mbc, other=0.0).to(tl.float32))
-        if SAVE_STATES:
+        if SAVE_STATES and SEG_PASS != 1:
             tl.store(state_ptr + state_off + c * N, x, mask=mask_dn)
         tl.debug_barrier()
         if UNROLL:
@@ -413,32 +450,48 @@ def _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state
             for s in range(0, CHUNK):
                 x = _tiled_fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
         tl.debug_barrier()
-        y = tl.load(v_y + vec_sd)
-        if MODE == 1:
-            tl.store(ybuf_ptr + p2, y, mask=m2)
-        else:
-            if MODE == 2:
-                y += tl.load(ybuf_ptr + p2, mask=m2, other=0.0)
-            if HAS_D:
-                y += Dv[None, :] * u
-            if HAS_Z:
-                zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-                y = y * zt * tl.sigmoid(zt)
-            tl.store(out_ptr + p2, y.to(out_ptr.dtype.element_ty), mask=m2)
+        if SEG_PASS != 1:
+            y = tl.load(v_y + vec_sd)
+            if MODE == 1:
+                tl.store(ybuf_ptr + p2, y, mask=m2)
+            else:
+                if MODE == 2:
+                    y += tl.load(ybuf_ptr + p2, mask=m2, other=0.0)
+                if HAS_D:
+                    y += Dv[None, :] * u
+                if HAS_Z:
+                    zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                    y = y * zt * tl.sigmoid(zt)
+                tl.store(out_ptr + p2, y.to(out_ptr.dtype.element_ty), mask=m2)
         # the next chunk's prologue overwrites the scratch read here
         tl.debug_barrier()
+    if SEG_PASS == 1:
+        tl.store(seg_state_ptr + (seg_row + seg) * dim * N + seg_dn, x, mask=mask_dn)
+        tl.store(seg_sum_ptr + (seg_row + seg) * dim + d, dt_sum, mask=mask_d)
     if RETURN_LAST:
-        tl.store(last_ptr + last_off, x, mask=mask_dn)
+        # only the segment holding the last token (a tensor comparison: the interpreter rejects a scalar mask)
+        is_last = (offs_n[None, :] * 0 + seg * SEG_CHUNKS + SEG_CHUNKS) >= NCHUNK
+        tl.store(last_ptr + last_off, x, mask=mask_dn & is_last)
 
 
 @triton.jit
 def _tiled_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr, ybuf_ptr, state_ptr,
-                      last_ptr, scratch_ptr, dim, L, G, DG, N, NCHUNK,
-                      BIDIR: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr,
-                      UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                      last_ptr, seg_state_ptr, seg_sum_ptr, scratch_ptr, dim, L, G, DG, N, NCHUNK, SEG_CHUNKS,
+                      BIDIR: tl.constexpr, DIRECTION: tl.constexpr, SEG_PASS: tl.constexpr, HAS_D: tl.constexpr,
+                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                      SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr, UNROLL: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Grid: (channel blocks, batch x groups, segments). Long sequences with too few (batch, channel block)
+    # programs to fill the GPU are split into segments of SEG_CHUNKS chunks, one program each, in two launches:
+    # SEG_PASS 1 records each segment's end state from a zero start and its sum of delta (the decay over a segment
+    # is exp(A * that sum)), SEG_PASS 2 composes the earlier segments' records into its start state and runs the
+    # scan. DIRECTION (bidirectional only): -1 runs both directions in this program (y_fwd parked in ybuf, read
+    # back by the reverse pass); 0 / 1 only one of them -- segmented, the reverse pass reads y_fwd written by
+    # other programs, so it needs a launch of its own.
     pid_d = tl.program_id(0)
     pid_bg = tl.program_id(1)
+    seg = tl.program_id(2)
+    nseg = tl.num_programs(2)
     i_b = pid_bg // G
     i_g = pid_bg % G
     offs_dg = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -449,7 +502,8 @@ def _tiled_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     mask_dn = mask_d[:, None] & mask_n[None, :]
     row_off = (i_b * dim + d).to(tl.int64) * L
     bc_off = pid_bg.to(tl.int64) * N * L
-    scr = scratch_ptr + (pid_bg * tl.num_programs(0) + pid_d).to(tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
+    program = (seg * tl.num_programs(1) + pid_bg) * tl.num_programs(0) + pid_d
+    scr = scratch_ptr + program.to(tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
     A2 = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32) * 1.4426950408889634
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_BIAS:
@@ -460,23 +514,29 @@ def _tiled_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     last_off = (i_b * dim + d).to(tl.int64)[:, None] * N + offs_n[None, :]
     if BIDIR:
         state_off = ((i_b * 2) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
-                        row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
-                        False, 1, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK, BLOCK_D,
-                        BLOCK_N)
-        # the second pass reads back what the first wrote, possibly from other threads of this program
-        tl.debug_barrier()
-        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
-                        row_off, bc_off, state_off + dim * NCHUNK * N, last_off, A2, bias, Dv, mask_d, offs_n,
-                        mask_n, L, N, NCHUNK,
-                        True, 2, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK, BLOCK_D,
-                        BLOCK_N)
+        seg_row = (i_b * 2 * nseg).to(tl.int64)
+        if DIRECTION != 1:
+            _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
+                            seg_state_ptr, seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, seg_row, A2, bias,
+                            Dv, d, mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
+                            False, 1, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK,
+                            BLOCK_D, BLOCK_N)
+        if DIRECTION == -1:
+            # the second pass reads back what the first wrote, possibly from other threads of this program
+            tl.debug_barrier()
+        if DIRECTION != 0:
+            _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
+                            seg_state_ptr, seg_sum_ptr, scr, row_off, bc_off, state_off + dim * NCHUNK * N, last_off,
+                            seg_row + nseg, A2, bias, Dv, d, mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg,
+                            SEG_CHUNKS, True, 2, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False,
+                            UNROLL, CHUNK, BLOCK_D, BLOCK_N)
     else:
         state_off = (i_b * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, scr,
-                        row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
-                        False, 0, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, UNROLL, CHUNK, BLOCK_D,
-                        BLOCK_N)
+        _tiled_fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
+                        seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, (i_b * nseg).to(tl.int64), A2, bias,
+                        Dv, d, mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
+                        False, 0, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, UNROLL, CHUNK,
+                        BLOCK_D, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -531,17 +591,23 @@ def _tiled_bwd_adjoint_step(s, tau, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, 
 
 @triton.jit
 def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, state_ptr, dlast_ptr,
-                      scratch_ptr, du_ptr, ddl_ptr, dz_ptr, col_ptr, bc_ptr,
-                      dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR, NCOL,
-                      REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr,
+                      seg_state_ptr, seg_sum_ptr, scratch_ptr, du_ptr, ddl_ptr, dz_ptr, col_ptr, bc_ptr,
+                      dim, L, G, DG, N, NCHUNK, NDBLK, DIR, NDIR, NCOL, SEG_CHUNKS,
+                      SEG_PASS: tl.constexpr, REVERSE: tl.constexpr, ACCUM: tl.constexpr, HAS_D: tl.constexpr,
+                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr,
                       HAS_DLAST: tl.constexpr, LEAN: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # LEAN: the reverse walk also does the per-step work that reduces over the state only (dA, h.B, hx.A, and y
     # for dz), parking (CHUNK, BLOCK_D) vectors in the scratch, so the epilogue's (CHUNK, BLOCK_D, N) tiles are
     # only x and h for dB and dC (fewer live registers); otherwise the epilogue does all of it.
+    # Segments (see _tiled_fwd_kernel): SEG_PASS 1 walks only the adjoint through this program's segment from a
+    # zero carry and records a_first * h_first (the carry it hands to the segment before); SEG_PASS 2 composes the
+    # later segments' records into its carry, h = (that carry) + g C at its last token, and computes every gradient
+    # of its segment. dA, d delta_bias and dD partials get one row per (batch, segment).
     pid_d = tl.program_id(0)
     pid_bg = tl.program_id(1)
+    seg = tl.program_id(2)
+    nseg = tl.num_programs(2)
     i_b = pid_bg // G
     i_g = pid_bg % G
     offs_dl = tl.arange(0, BLOCK_D)
@@ -560,7 +626,8 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     SD = CHUNK * BLOCK_D
     SN = CHUNK * BLOCK_N
     SDN = CHUNK * BLOCK_D * BLOCK_N
-    scr = scratch_ptr + (pid_bg * NDBLK + pid_d).to(tl.int64) * (6 * SD + 2 * SN + 2 * SDN)
+    program = (seg * tl.num_programs(1) + pid_bg) * NDBLK + pid_d
+    scr = scratch_ptr + program.to(tl.int64) * (6 * SD + 2 * SN + 2 * SDN)
     v_dt = scr
     v_dtu = scr + SD
     v_g = scr + 2 * SD
@@ -587,9 +654,14 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
-    # per-batch partial sums, one row of NCOL per batch: dA (dim x N), then d delta_bias (dim), then dD (dim)
-    cmat_off = i_b.to(tl.int64) * NCOL + d[:, None] * N + offs_n[None, :]
-    cvec_off = i_b.to(tl.int64) * NCOL + dim * N + d
+    # partial sums, one row of NCOL per (batch, segment): dA (dim x N), then d delta_bias (dim), then dD (dim)
+    col_row = (i_b * nseg + seg).to(tl.int64) * NCOL
+    cmat_off = col_row + d[:, None] * N + offs_n[None, :]
+    cvec_off = col_row + dim * N + d
+    seg_row = ((i_b * NDIR + DIR) * nseg).to(tl.int64)
+    seg_dn = d[:, None] * N + offs_n[None, :]
+    c_lo = seg * SEG_CHUNKS
+    seg_chunks = tl.minimum(NCHUNK, c_lo + SEG_CHUNKS) - c_lo
     dlast = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_DLAST:
         dlast = tl.load(dlast_ptr + mat_off, mask=mask_dn, other=0.0).to(tl.float32)
@@ -599,128 +671,176 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
     dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for i in range(0, NCHUNK):
-        c = NCHUNK - 1 - i
-        tau = c * CHUNK + offs_s
-        mask_s = tau < L
-        if REVERSE:
-            t = L - 1 - tau
-        else:
-            t = tau
-        # 1. prologue: (CHUNK, BLOCK_D) tiles, time along the first axis
-        m2 = mask_s[:, None] & mask_d[None, :]
-        p2 = row_off[None, :] + t[:, None]
-        u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt_in += bias[None, :]
-        if SOFTPLUS:
-            dt = _softplus(dt_in)
-        else:
-            dt = dt_in
-        dt = tl.where(m2, dt, 0.0)
-        dtu = dt * u
-        do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        if HAS_Z:
-            zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-            sz = tl.sigmoid(zt)
-            g = do * zt * sz
-        else:
-            g = do
-        mbc = mask_s[:, None] & mask_n[None, :]
-        pbc = bc_off + offs_n[None, :] * L + t[:, None]
-        Bt = tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
-        Ct = tl.load(C_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
-        tl.store(v_dt + vec_sd, dt)
-        tl.store(v_dtu + vec_sd, dtu)
-        tl.store(v_g + vec_sd, g)
-        tl.store(v_B + vec_sn, Bt)
-        tl.store(v_C + vec_sn, Ct)
-        tl.debug_barrier()
-
-        # 2. the chunk's states (padded steps: delta = 0, so a = 1, b = 0)
-        if LOAD_STATES:
-            x = tl.load(state_ptr + state_off + c * N, mask=mask_dn, other=0.0)
-        else:
-            x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        # (UNROLL: the step loops unrolled, so the compiler can issue the scratch loads of later steps early)
-        if UNROLL:
-            for s in tl.static_range(CHUNK):
-                x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
-                                          LEAN and HAS_Z, BLOCK_D, BLOCK_N)
-        else:
-            for s in range(0, CHUNK):
-                x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
-                                          LEAN and HAS_Z, BLOCK_D, BLOCK_N)
-
-        # 3. the adjoint, last step first (padded steps: g = 0 and h starts at zero, so h stays zero there)
-        if UNROLL:
+    if SEG_PASS == 1:
+        for i in range(0, seg_chunks):
+            c = c_lo + seg_chunks - 1 - i
+            tau = c * CHUNK + offs_s
+            mask_s = tau < L
+            if REVERSE:
+                t = L - 1 - tau
+            else:
+                t = tau
+            m2 = mask_s[:, None] & mask_d[None, :]
+            p2 = row_off[None, :] + t[:, None]
+            dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                dt_in += bias[None, :]
+            if SOFTPLUS:
+                dt = _softplus(dt_in)
+            else:
+                dt = dt_in
+            dt = tl.where(m2, dt, 0.0)
+            do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            if HAS_Z:
+                zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                g = do * zt * tl.sigmoid(zt)
+            else:
+                g = do
+            pbc = bc_off + offs_n[None, :] * L + t[:, None]
+            tl.store(v_dt + vec_sd, dt)
+            tl.store(v_g + vec_sd, g)
+            tl.store(v_C + vec_sn, tl.load(C_ptr + pbc, mask=mask_s[:, None] & mask_n[None, :], other=0.0).to(
+                tl.float32))
+            tl.debug_barrier()
             for s2 in tl.static_range(CHUNK):
                 h, a_next, dA_acc = _tiled_bwd_adjoint_step(
                     CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
-                    v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
+                    v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, False, HAS_DLAST, BLOCK_D,
                     BLOCK_N)
-        else:
-            for s2 in range(0, CHUNK):
-                h, a_next, dA_acc = _tiled_bwd_adjoint_step(
-                    CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
-                    v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
-                    BLOCK_N)
-        tl.debug_barrier()
-
-        # 4. epilogue on the whole chunk
-        X = tl.load(v_x + mat_sdn)
-        H = tl.load(v_h + mat_sdn)
-        if LEAN:
-            hB = tl.load(v_hB + vec_sd)
-            ddt = tl.load(v_hxA + vec_sd) + u * hB
-        else:
-            hx = H * (X - dtu[:, :, None] * Bt[:, None, :])  # h_t * a_t x_{t-1}
-            dA_acc += tl.sum(hx * dt[:, :, None], axis=0)
-            hB = tl.sum(H * Bt[:, None, :], axis=2)
-            ddt = tl.sum(hx * A[None, :, :], axis=2) + u * hB
-        du = dt * hB
-        if HAS_D and not ACCUM:
-            du += g * Dv[None, :]
-            dD_acc += tl.sum(g * u, axis=0)
-        if HAS_Z:
-            if LEAN:
-                y = tl.load(v_y + vec_sd)
+            tl.debug_barrier()
+        tl.store(seg_state_ptr + (seg_row + seg) * dim * N + seg_dn, a_next * h, mask=mask_dn)
+    else:
+        if SEG_PASS == 2:
+            # the carry from the later segments: after segment j, carry = (its record) + exp(A * its sum of delta)
+            # times the carry into it
+            for jj in range(0, nseg - 1 - seg):
+                j = nseg - 1 - jj
+                rec_j = tl.load(seg_state_ptr + (seg_row + j) * dim * N + seg_dn, mask=mask_dn, other=0.0)
+                sum_j = tl.load(seg_sum_ptr + (seg_row + j) * dim + d, mask=mask_d, other=0.0)
+                h = rec_j + tl.exp2(sum_j[:, None] * A2) * h
+            a_next = tl.full((BLOCK_D, BLOCK_N), 1.0, dtype=tl.float32)
+        for i in range(0, seg_chunks):
+            c = c_lo + seg_chunks - 1 - i
+            tau = c * CHUNK + offs_s
+            mask_s = tau < L
+            if REVERSE:
+                t = L - 1 - tau
             else:
-                y = tl.sum(X * Ct[:, None, :], axis=2)
-            if HAS_D and not ACCUM:
-                y += Dv[None, :] * u
-            dz = do * sz * (1.0 + zt * (1.0 - sz)) * y
-            if ACCUM:
-                dz += tl.load(dz_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-            tl.store(dz_ptr + p2, dz.to(dz_ptr.dtype.element_ty), mask=m2)
-        if SOFTPLUS:
-            ddt = ddt * tl.sigmoid(dt_in)
-        ddt = tl.where(m2, ddt, 0.0)
-        dbias_acc += tl.sum(ddt, axis=0)
-        if ACCUM:
-            du += tl.load(du_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-            ddt += tl.load(ddl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        tl.store(du_ptr + p2, du.to(du_ptr.dtype.element_ty), mask=m2)
-        tl.store(ddl_ptr + p2, ddt.to(ddl_ptr.dtype.element_ty), mask=m2)
-        dBc = tl.sum(H * dtu[:, :, None], axis=1)
-        dCc = tl.sum(X * g[:, :, None], axis=1)
-        ppart = part_off + offs_n[None, :] * L + t[:, None]
-        if ACCUM:
-            dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
-            dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
-        tl.store(bc_ptr + ppart, dBc, mask=mbc)
-        tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
-        # the next chunk's prologue overwrites the scratch this epilogue read
-        tl.debug_barrier()
+                t = tau
+            # 1. prologue: (CHUNK, BLOCK_D) tiles, time along the first axis
+            m2 = mask_s[:, None] & mask_d[None, :]
+            p2 = row_off[None, :] + t[:, None]
+            u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                dt_in += bias[None, :]
+            if SOFTPLUS:
+                dt = _softplus(dt_in)
+            else:
+                dt = dt_in
+            dt = tl.where(m2, dt, 0.0)
+            dtu = dt * u
+            do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            if HAS_Z:
+                zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                sz = tl.sigmoid(zt)
+                g = do * zt * sz
+            else:
+                g = do
+            mbc = mask_s[:, None] & mask_n[None, :]
+            pbc = bc_off + offs_n[None, :] * L + t[:, None]
+            Bt = tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
+            Ct = tl.load(C_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
+            tl.store(v_dt + vec_sd, dt)
+            tl.store(v_dtu + vec_sd, dtu)
+            tl.store(v_g + vec_sd, g)
+            tl.store(v_B + vec_sn, Bt)
+            tl.store(v_C + vec_sn, Ct)
+            tl.debug_barrier()
 
-    if ACCUM:
-        dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
-    tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
-    tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
-    if HAS_D and not ACCUM:
-        tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
+            # 2. the chunk's states (padded steps: delta = 0, so a = 1, b = 0)
+            if LOAD_STATES:
+                x = tl.load(state_ptr + state_off + c * N, mask=mask_dn, other=0.0)
+            else:
+                x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+            # (UNROLL: the step loops unrolled, so the compiler can issue the scratch loads of later steps early)
+            if UNROLL:
+                for s in tl.static_range(CHUNK):
+                    x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
+                                              LEAN and HAS_Z, BLOCK_D, BLOCK_N)
+            else:
+                for s in range(0, CHUNK):
+                    x = _tiled_bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn,
+                                              LEAN and HAS_Z, BLOCK_D, BLOCK_N)
+
+            # 3. the adjoint, last step first (padded steps: g = 0 and h starts at zero, so h stays zero there)
+            if UNROLL:
+                for s2 in tl.static_range(CHUNK):
+                    h, a_next, dA_acc = _tiled_bwd_adjoint_step(
+                        CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
+                        v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
+                        BLOCK_N)
+            else:
+                for s2 in range(0, CHUNK):
+                    h, a_next, dA_acc = _tiled_bwd_adjoint_step(
+                        CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
+                        v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
+                        BLOCK_N)
+            tl.debug_barrier()
+
+            # 4. epilogue on the whole chunk
+            X = tl.load(v_x + mat_sdn)
+            H = tl.load(v_h + mat_sdn)
+            if LEAN:
+                hB = tl.load(v_hB + vec_sd)
+                ddt = tl.load(v_hxA + vec_sd) + u * hB
+            else:
+                hx = H * (X - dtu[:, :, None] * Bt[:, None, :])  # h_t * a_t x_{t-1}
+                dA_acc += tl.sum(hx * dt[:, :, None], axis=0)
+                hB = tl.sum(H * Bt[:, None, :], axis=2)
+                ddt = tl.sum(hx * A[None, :, :], axis=2) + u * hB
+            du = dt * hB
+            if HAS_D and not ACCUM:
+                du += g * Dv[None, :]
+                dD_acc += tl.sum(g * u, axis=0)
+            if HAS_Z:
+                if LEAN:
+                    y = tl.load(v_y + vec_sd)
+                else:
+                    y = tl.sum(X * Ct[:, None, :], axis=2)
+                if HAS_D and not ACCUM:
+                    y += Dv[None, :] * u
+                dz = do * sz * (1.0 + zt * (1.0 - sz)) * y
+                if ACCUM:
+                    dz += tl.load(dz_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                tl.store(dz_ptr + p2, dz.to(dz_ptr.dtype.element_ty), mask=m2)
+            if SOFTPLUS:
+                ddt = ddt * tl.sigmoid(dt_in)
+            ddt = tl.where(m2, ddt, 0.0)
+            dbias_acc += tl.sum(ddt, axis=0)
+            if ACCUM:
+                du += tl.load(du_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+                ddt += tl.load(ddl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
+            tl.store(du_ptr + p2, du.to(du_ptr.dtype.element_ty), mask=m2)
+            tl.store(ddl_ptr + p2, ddt.to(ddl_ptr.dtype.element_ty), mask=m2)
+            dBc = tl.sum(H * dtu[:, :, None], axis=1)
+            dCc = tl.sum(X * g[:, :, None], axis=1)
+            ppart = part_off + offs_n[None, :] * L + t[:, None]
+            if ACCUM:
+                dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
+                dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
+            tl.store(bc_ptr + ppart, dBc, mask=mbc)
+            tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
+            # the next chunk's prologue overwrites the scratch this epilogue read
+            tl.debug_barrier()
+
+        if ACCUM:
+            dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
+            dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
+        tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
+        tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
+        if HAS_D and not ACCUM:
+            tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
 
 
 @triton.jit
@@ -763,71 +883,86 @@ def _bwd_finalize_kernel(col_ptr, bc_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dbias_
                      mask=(cols >= DN + dim) & mask_c)
 
 
-def _cdiv(a: int, b: int) -> int:
-    # plain integers: triton.cdiv is a JIT function, slower to call on the host
-    return -(-a // b)
-
-
 @input_guard
 def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state, save_states):
-    """Returns the output, the last state (or None), the saved chunk-start states (or None) and the launch config,
-    which the backward must reuse (the states are saved every ``block_l`` tokens)."""
+    """Returns the output, the last state (or None), the saved chunk-start states (or None), the segments' sums of
+    delta (or None) and the launch config, which the backward must reuse (the states are saved every ``block_l``
+    tokens, the segments are the forward's)."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
     groups = B.shape[1] if B.dim() == 4 else 1  # (batch, N, L) is one group: the kernels index B and C flat
     per_group = dim // groups
-    cfg = _launch_config(length, nstate, per_group)
-    block_l, block_d = cfg["block_l"], cfg["block_d_fwd"]
+    cfg = _launch_config(length, nstate, per_group, batch * groups)
+    block_l, block_d, block_n = cfg["block_l"], cfg["block_d_fwd"], cfg["block_n"]
     nchunk = _cdiv(length, block_l)
     ndir = 1 if causal else 2
     save_states = save_states and nchunk > 1
-    out = empty_output((batch, dim, length), device=u.device, dtype=u.dtype)
-    ybuf = torch.empty((batch, dim, length), device=u.device, dtype=torch.float32) if not causal else out
-    states = (torch.empty((batch, ndir, dim, nchunk, nstate), device=u.device, dtype=torch.float32)
-              if save_states else None)
-    last = (empty_output((batch, dim, nstate), device=u.device, dtype=torch.float32)
-            if return_last_state else None)
-    grid = (_cdiv(per_group, block_d), batch * groups)
+    dev = u.device
+    out = empty_output((batch, dim, length), device=dev, dtype=u.dtype)
+    ybuf = torch.empty((batch, dim, length), device=dev, dtype=torch.float32) if not causal else out
+    states = torch.empty((batch, ndir, dim, nchunk, nstate), device=dev, dtype=torch.float32) if save_states else None
+    last = empty_output((batch, dim, nstate), device=dev, dtype=torch.float32) if return_last_state else None
     flags = {"BIDIR": not causal, "HAS_D": D is not None, "HAS_Z": z is not None, "HAS_BIAS": delta_bias is not None,
-             "SOFTPLUS": softplus, "SAVE_STATES": save_states, "RETURN_LAST": return_last_state,
-             "BLOCK_D": block_d, "BLOCK_N": cfg["block_n"], "num_warps": cfg["warps_fwd"]}
-    args = (u, delta, A, B, C, D, z, delta_bias, out, ybuf, states, last, dim, length, groups, per_group, nstate,
-            nchunk)
+             "SOFTPLUS": softplus, "SAVE_STATES": save_states, "BLOCK_D": block_d, "BLOCK_N": block_n,
+             "num_warps": cfg["warps_fwd"]}
+    tensors = (u, delta, A, B, C, D, z, delta_bias, out, ybuf, states, last)
+    seg_sum = None
     if cfg["path"] == "seq":
-        scratch = torch.empty((grid[0] * grid[1], block_l * (3 * block_d + 2 * cfg["block_n"])), device=u.device,
+        nseg = cfg["segments"]
+        grid = (_cdiv(per_group, block_d), batch * groups, nseg)
+        scratch = torch.empty((grid[0] * grid[1] * nseg, block_l * (3 * block_d + 2 * block_n)), device=dev,
                               dtype=torch.float32)
-        _tiled_fwd_kernel[grid](*args[:12], scratch, *args[12:], UNROLL=cfg.get("unroll", False), CHUNK=block_l,
-                                **flags)
+        seg_state = (empty_output((batch, ndir, nseg, dim, nstate), device=dev, dtype=torch.float32) if nseg > 1
+                     else None)
+        seg_sum = empty_output((batch, ndir, nseg, dim), device=dev, dtype=torch.float32) if nseg > 1 else None
+
+        def launch(seg_pass, direction, return_last):
+            _tiled_fwd_kernel[grid](*tensors, seg_state, seg_sum, scratch, dim, length, groups, per_group, nstate,
+                                    nchunk, cfg["seg_chunks"], DIRECTION=direction, SEG_PASS=seg_pass,
+                                    RETURN_LAST=return_last, UNROLL=cfg.get("unroll", False), CHUNK=block_l, **flags)
+
+        if nseg == 1:
+            launch(0, -1, return_last_state)
+        else:
+            launch(1, -1, False)  # both directions' segment records (no program reads another's)
+            if causal:
+                launch(2, -1, return_last_state)
+            else:  # the reverse direction reads y_fwd that other programs wrote
+                launch(2, 0, False)
+                launch(2, 1, False)
     else:
-        _selective_scan_fwd_kernel[grid](*args, BLOCK_L=block_l, **flags)
-    return out, last, states, cfg
+        grid = (_cdiv(per_group, block_d), batch * groups)
+        _selective_scan_fwd_kernel[grid](*tensors, dim, length, groups, per_group, nstate, nchunk, BLOCK_L=block_l,
+                                         RETURN_LAST=return_last_state, **flags)
+    return out, last, states, seg_sum, cfg
 
 
 @input_guard
-def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal, cfg):
+def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, softplus, causal, cfg):
     batch, dim, length = u.shape
     nstate = A.shape[1]
     groups = B.shape[1] if B.dim() == 4 else 1  # (batch, N, L) is one group: the kernels index B and C flat
     per_group = dim // groups
-    block_l, block_d = cfg["block_l"], cfg["block_d_bwd"]
+    block_l, block_d, block_n = cfg["block_l"], cfg["block_d_bwd"], cfg["block_n"]
     nchunk = _cdiv(length, block_l)
     ndblk = _cdiv(per_group, block_d)
     ndir = 1 if causal else 2
+    seq = cfg["path"] == "seq"
+    nseg = cfg["segments"] if seq else 1
     dev = u.device
     du = empty_output(u.shape, device=dev, dtype=u.dtype)
     ddelta = empty_output(delta.shape, device=dev, dtype=delta.dtype)
     dz = empty_output(z.shape, device=dev, dtype=z.dtype) if z is not None else None
-    # partial sums, reduced by _bwd_finalize_kernel: per batch, one row of dA, d delta_bias, dD; per (batch, group,
-    # channel block), dB's and dC's (N, L) blocks
+    # partial sums, reduced by _bwd_finalize_kernel: per (batch, segment), one row of dA, d delta_bias, dD; per
+    # (batch, group, channel block), dB's and dC's (N, L) blocks
     ncol = dim * nstate + 2 * dim
-    col_part = empty_output((batch, ncol), device=dev, dtype=torch.float32)
+    col_part = empty_output((batch * nseg, ncol), device=dev, dtype=torch.float32)
     bc_part = empty_output((batch * groups * ndblk, 2, nstate, length), device=dev, dtype=torch.float32)
-    grid = (ndblk, batch * groups)
-    seq = cfg["path"] == "seq"
-    block_n = cfg["block_n"]
     if seq:  # per program: (CHUNK, BLOCK_D) x 6 vectors, (CHUNK, N) x 2 rows, (CHUNK, BLOCK_D, N) x 2 states
         per_program = block_l * (6 * block_d + 2 * block_n + 2 * block_d * block_n)
-        scratch = torch.empty((batch * groups * ndblk, per_program), device=dev, dtype=torch.float32)
+        scratch = torch.empty((batch * groups * ndblk * nseg, per_program), device=dev, dtype=torch.float32)
+        seg_carry = (empty_output((batch, ndir, nseg, dim, nstate), device=dev, dtype=torch.float32) if nseg > 1
+                     else None)
     for direction in range(ndir):
         flags = {"REVERSE": direction == 1, "ACCUM": direction == 1, "HAS_D": D is not None, "HAS_Z": z is not None,
                  "HAS_BIAS": delta_bias is not None, "SOFTPLUS": softplus, "LOAD_STATES": states is not None,
@@ -835,12 +970,15 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
                  "num_warps": cfg["warps_bwd"]}
         sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir, ncol)
         if seq:
-            _tiled_bwd_kernel[grid](u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, scratch, du, ddelta,
-                                    dz, col_part, bc_part, *sizes, LEAN=cfg.get("lean", True),
-                                    UNROLL=cfg.get("unroll", False), CHUNK=block_l, **flags)
+            for seg_pass in (1, 2) if nseg > 1 else (0,):
+                _tiled_bwd_kernel[(ndblk, batch * groups, nseg)](
+                    u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, seg_carry, seg_sum, scratch, du, ddelta,
+                    dz, col_part, bc_part, *sizes, cfg["seg_chunks"], SEG_PASS=seg_pass, LEAN=cfg.get("lean", True),
+                    UNROLL=cfg.get("unroll", False), CHUNK=block_l, **flags)
         else:
-            _selective_scan_bwd_kernel[grid](u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, du, ddelta,
-                                             dz, col_part, bc_part, *sizes, BLOCK_L=block_l, **flags)
+            _selective_scan_bwd_kernel[(ndblk, batch * groups)](
+                u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, du, ddelta, dz, col_part, bc_part, *sizes,
+                BLOCK_L=block_l, **flags)
     dA = empty_output(A.shape, device=dev, dtype=A.dtype)
     dB = empty_output(B.shape, device=dev, dtype=B.dtype)
     dC = empty_output(C.shape, device=dev, dtype=C.dtype)
@@ -849,9 +987,9 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus
     block_e, block_c = 1024, 64
     nprog_bc = _cdiv(batch * groups * 2 * nstate * length, block_e)
     _bwd_finalize_kernel[(nprog_bc + _cdiv(ncol, block_c),)](
-        col_part, bc_part, dA, dB, dC, dD, dbias, batch, ncol, dim * nstate, dim, batch * groups, nstate * length,
-        ndblk, nprog_bc, HAS_D=D is not None, HAS_BIAS=delta_bias is not None, BLOCK_E=block_e, BLOCK_R=32,
-        BLOCK_C=block_c, num_warps=4)
+        col_part, bc_part, dA, dB, dC, dD, dbias, batch * nseg, ncol, dim * nstate, dim, batch * groups,
+        nstate * length, ndblk, nprog_bc, HAS_D=D is not None, HAS_BIAS=delta_bias is not None, BLOCK_E=block_e,
+        BLOCK_R=32, BLOCK_C=block_c, num_warps=4)
     return du, ddelta, dA, dB, dC, dD, dz, dbias
 
 
@@ -860,9 +998,9 @@ class SelectiveScanFunction(torch.autograd.Function):
     @autocast_custom_fwd
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state):
         save = any(ctx.needs_input_grad[:8])
-        out, last, states, cfg = _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state,
-                                          save)
-        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, states)
+        out, last, states, seg_sum, cfg = _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal,
+                                                   return_last_state, save)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, states, seg_sum)
         ctx.flags = (softplus, causal, return_last_state)
         ctx.cfg = cfg
         return (out, last) if return_last_state else out
@@ -870,14 +1008,18 @@ class SelectiveScanFunction(torch.autograd.Function):
     @staticmethod
     @autocast_custom_bwd
     def backward(ctx, dout, dlast=None):
-        u, delta, A, B, C, D, z, delta_bias, states = ctx.saved_tensors
+        u, delta, A, B, C, D, z, delta_bias, states, seg_sum = ctx.saved_tensors
         softplus, causal, return_last_state = ctx.flags
         if dlast is not None and not return_last_state:
             dlast = None
-        grads = _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, softplus, causal, ctx.cfg)
+        grads = _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, softplus, causal,
+                          ctx.cfg)
         return (*grads, None, None, None)
 
 
+# torch.compile runs the kernels as they are (a graph break): traced, the launch shapes derived from dynamic sizes
+# become symbolic, which Triton's launch options cannot take (num_warps), and nothing would be fused anyway.
+@torch.compiler.disable
 def selective_scan_triton(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, *,
                           causal=True, return_last_state=False):
     """The Triton path of :func:`visionssm.kernels.selective_scan` (arguments already validated)."""

@@ -296,6 +296,38 @@ def test_interpreter_tiled_variants(triton_interpreter, poison_outputs, variant,
         scan.CONFIG_OVERRIDE = previous
 
 
+@pytest.mark.parametrize("segments", [2, 3])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_interpreter_segments(triton_interpreter, poison_outputs, segments, causal):
+    """The long-sequence path: time split into segments scanned in parallel (two passes each way), forced on a
+    short sequence; uneven segments (37 tokens = 5 chunks of 8), grouped B/C, D, z, delta_bias, the last state's
+    gradient, and both directions."""
+    from visionssm.kernels.selective_scan import scan
+
+    previous = scan.CONFIG_OVERRIDE
+    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS["tiled"], "block_l": 8, "segments": segments}
+    try:
+        assert scan._launch_config(37, 3, 6)["segments"] == segments
+        inputs, softplus = make_inputs(dim=6, length=37, groups=2)
+        compare(inputs, softplus, dtype=torch.float32, causal=causal, return_last_state=causal)
+        inputs, softplus = make_inputs(dim=3, length=19, **BARE)
+        compare(inputs, softplus, dtype=torch.float32, causal=causal)
+    finally:
+        scan.CONFIG_OVERRIDE = previous
+
+
+def test_segments_heuristic():
+    """Segments only for long sequences with few (sequence, channel block) programs, >= 256 tokens each."""
+    from visionssm.kernels.selective_scan import scan
+
+    assert scan._launch_config(196, 8, 160, 256)["segments"] == 1  # MambaVision: enough programs, short
+    assert scan._launch_config(3136, 8, 80, 1024)["segments"] == 1  # long, but 3072 programs already
+    assert scan._launch_config(3136, 8, 80, 256)["segments"] == 3  # 768 programs -> ~2048
+    cfg = scan._launch_config(3136, 8, 64, 4)  # 8 programs: split into 256-token segments
+    assert cfg["segments"] == 3136 // 256 and cfg["seg_chunks"] * cfg["block_l"] >= 256
+    assert scan._launch_config(1024, 8, 64, 1)["segments"] == 4
+
+
 def test_config_follows_forward(triton_interpreter):
     """The backward uses the launch config of its forward (the saved states' interval), not the one current
     when autograd runs it."""
@@ -335,8 +367,9 @@ CUDA_CASES = [  # (batch, dim, N, L, groups, causal, has_z)
     (8, 160, 8, 196, 0, True, False),  # mamba_vision_T stage 2
     (8, 320, 8, 49, 0, True, False),  # mamba_vision_T stage 3
     (4, 64, 16, 257, 4, False, True),
-    (2, 48, 8, 3136, 0, True, True),  # long sequence: many chunks
+    (2, 48, 8, 3136, 0, True, True),  # long sequence, few programs: 12 segments (tiled path)
     (2, 48, 8, 1000, 2, False, False),
+    (2, 48, 8, 2000, 2, False, True),  # bidirectional in 7 segments
     (3, 24, 5, 1, 0, False, True),
 ]
 
@@ -368,3 +401,13 @@ def test_cuda_last_state_and_mixed_dtypes(poison_outputs, kernel_path):
     assert out.dtype == torch.bfloat16 and last.dtype == torch.float32
     assert_close(out, ref, tol=1e-2, name="out")
     assert_close(last, ref_last, tol=1e-4, name="last_state")
+
+
+@pytest.mark.cuda
+def test_cuda_segments_last_state(poison_outputs):
+    """The segmented long-sequence path with the last state and its gradient (fp32)."""
+    from visionssm.kernels.selective_scan import scan
+
+    assert scan._launch_config(1500, 16, 32, 1)["segments"] == 5
+    inputs, softplus = make_inputs(batch=1, dim=32, nstate=16, length=1500, has_z=False, device="cuda")
+    compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
