@@ -55,8 +55,9 @@ _LOG2E = 1.4426950408889634
 #: optional): ``path`` (``"seq"``: sequential kernels, ``"scan"``: associative-scan kernels), ``lean`` and
 #: ``unroll`` (sequential backward/forward code shape, see
 #: :func:`_tiled_bwd_kernel`), ``block_l`` (chunk length: the scan tile's time extent, and the checkpoint
-#: interval of the saved states), ``block_d_fwd``, ``block_d_bwd``, ``warps_fwd``, ``warps_bwd``. ``None``: the
-#: heuristics in :func:`_launch_config`. Read by the forward; its backward reuses the forward's config.
+#: interval of the saved states), ``block_d_fwd``, ``block_d_bwd``, ``warps_fwd``, ``warps_bwd``, ``segments``
+#: (time segments scanned in parallel, ``"seq"`` only). ``None``: the heuristics in :func:`_launch_config`. Read by
+#: the forward; its backward reuses the forward's config.
 CONFIG_OVERRIDE: dict | None = None
 
 
