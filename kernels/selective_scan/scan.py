@@ -41,6 +41,8 @@ direction, the second accumulating into the first's gradients.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -67,7 +69,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _launch_config(length: int, nstate: int, channels_per_group: int, sequences: int = 1) -> dict:
-    """Launch shape for ``sequences`` (batch x groups) scans of ``length`` tokens and ``channels_per_group``."""
+    """Launch shape for ``sequences`` (batch x groups) scans of ``length`` tokens and ``channels_per_group``
+    (the returned dict is shared: read it, don't modify it)."""
+    if CONFIG_OVERRIDE is None:
+        return _default_launch_config(length, nstate, channels_per_group, sequences)
+    return _build_launch_config(length, nstate, channels_per_group, sequences)
+
+
+def _build_launch_config(length: int, nstate: int, channels_per_group: int, sequences: int) -> dict:
     block_n = triton.next_power_of_2(nstate)
     cap = triton.next_power_of_2(channels_per_group)
     path = (CONFIG_OVERRIDE or {}).get("path", "seq")
@@ -103,6 +112,10 @@ def _launch_config(length: int, nstate: int, channels_per_group: int, sequences:
     cfg["seg_chunks"] = _cdiv(nchunk, max(1, cfg["segments"]))
     cfg["segments"] = _cdiv(nchunk, cfg["seg_chunks"])  # no empty segment
     return cfg
+
+
+# one dict per problem size: rebuilding it costs host time on every call
+_default_launch_config = functools.lru_cache(maxsize=256)(_build_launch_config)
 
 
 @triton.jit
