@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
-           "check_same_device", "check_shape", "empty_output", "input_guard", "poison_outputs", "relative_error",
-           "DEFAULT_TOLERANCES"]
+           "check_same_device", "check_shape", "empty_output", "empty_output_like", "input_guard", "poison_outputs",
+           "relative_error", "DEFAULT_TOLERANCES"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -51,6 +51,14 @@ def empty_output(shape: Sequence[int], *, device: torch.device, dtype: torch.dty
     if _poisoning() and dtype.is_floating_point:
         return torch.full(tuple(shape), float("nan"), device=device, dtype=dtype)
     return torch.empty(tuple(shape), device=device, dtype=dtype)
+
+
+def empty_output_like(like: torch.Tensor) -> torch.Tensor:
+    """:func:`empty_output` with ``like``'s shape, dtype and device (``torch.empty_like``: the cheapest allocation
+    on the host, for ops whose launch work is the bottleneck)."""
+    if _poisoning() and like.dtype.is_floating_point:
+        return torch.full_like(like, float("nan"), memory_format=torch.contiguous_format)
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------------------------

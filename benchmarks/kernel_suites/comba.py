@@ -4,6 +4,10 @@
 Shapes are the GKA issue's: three vision shapes and one LM shape. Targets (issue 4): vision forward+backward
 ≤ 1.0× SDPA; at (B4, T2048, H8, D128) ≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
+
+Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or forward
++ autograd backward): GPU time without the host's per-call work (Python, autograd, launches), which the plain
+columns include wherever the host is the slower side — at the vision shapes in eager mode it is.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import torch.nn.functional as F
 from visionssm.utils.benchmark import time_fn
 
 ANCHOR = "sdpa"
+OURS_GRAPH = "visionssm (CUDA graph)"
+SDPA_GRAPH = "sdpa (CUDA graph)"
+#: Timed by replaying a captured CUDA graph.
+GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
 SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128)]
 
 
@@ -72,10 +80,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         sdo = do.transpose(1, 2).contiguous()
         for causal in (True, False):
             tag = "causal" if causal else "noncausal"
-            impls = {
-                "visionssm": ((q, k, v, p, g, beta), lambda a, c=causal: comba(*a, causal=c), do),
-                "sdpa": ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo),
-            }
+            ours = ((q, k, v, p, g, beta), lambda a, c=causal: comba(*a, causal=c), do)
+            sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo)
+            impls = {"visionssm": ours, "sdpa": sdpa, OURS_GRAPH: ours, SDPA_GRAPH: sdpa}
             if causal and fla_chunk_comba is not None:
                 impls["fla_chunk_comba"] = ((q, k, v, p, g, beta), lambda a: fla_chunk_comba(
                     q=a[0], k=a[1], v=a[2], p=a[3], g=a[4], beta=a[5])[0], do)
@@ -91,22 +98,23 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                         call = lambda f=fn, x=leaves: f(x)
                     try:
                         with torch.no_grad() if not backward else torch.enable_grad():
-                            timing = time_fn(call, warmup=5, repeats=30)
+                            timing = time_fn(call, warmup=5, repeats=30, cuda_graph=impl in GRAPHED)
                     except Exception as exc:  # noqa: BLE001 - report and keep going
                         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}")
                         continue
                     row = {"op": "comba", "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
                            "spread": round(timing.spread, 3)}
-                    if impl == "visionssm":
+                    if impl in ("visionssm", OURS_GRAPH):
                         gbps = _bytes(B, T, H, D, causal, backward) / (timing.median_ms * 1e-3) / 1e9
                         row["GB/s"] = round(gbps, 1)
                         if copy_gbps:
                             row["%copy"] = round(100 * gbps / copy_gbps, 1)
                     rows.append(row)
-                    print(f"{shape:22s} {mode:18s} {impl:16s} {timing.median_ms:8.4f} ms", flush=True)
+                    print(f"{shape:22s} {mode:18s} {impl:22s} {timing.median_ms:8.4f} ms", flush=True)
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)
+    _print_graph_ratios(rows)
     from visionssm.kernels.comba import fused
 
     for key, timings in fused.TUNING_LOG.items():
@@ -120,3 +128,12 @@ def _print_fla_ratios(rows: list[dict]) -> None:
         fla = by_key.get((shape, mode, "fla_chunk_comba"))
         if impl == "visionssm" and fla:
             print(f"# visionssm / fla_chunk_comba  {shape} {mode}: {ms / fla:.2f}x")
+
+
+def _print_graph_ratios(rows: list[dict]) -> None:
+    """GPU time against GPU time: both sides replayed from CUDA graphs."""
+    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
+    for (shape, mode, impl), ms in by_key.items():
+        sdpa = by_key.get((shape, mode, SDPA_GRAPH))
+        if impl == OURS_GRAPH and sdpa:
+            print(f"# visionssm / sdpa, both CUDA graph  {shape} {mode}: {ms / sdpa:.2f}x")

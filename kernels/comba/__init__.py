@@ -19,6 +19,7 @@ import numbers
 
 import torch
 
+from .. import dispatch as _dispatch
 from ..utils import check_bool, check_dtype, check_same_device, check_shape
 from .naive import comba_chunked, comba_recurrent
 
@@ -26,10 +27,47 @@ __all__ = ["MAX_HEAD_DIM", "comba", "comba_chunked", "comba_recurrent"]
 
 #: Largest key/value head dimension the kernels accept (the state of one head lives on chip).
 MAX_HEAD_DIM = 128
+_FUSED = None
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DTYPE_SET = frozenset(_IO_DTYPES)
+
+
+def _well_formed(q, k, v, p, g, beta, causal) -> bool:
+    """One pass of cheap checks that accepts exactly the arguments :func:`_checked` accepts (the common case, on
+    every call of a training step); anything else goes through :func:`_checked`, which names what is wrong."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+            and isinstance(p, torch.Tensor) and isinstance(g, torch.Tensor) and isinstance(beta, torch.Tensor)):
+        return False
+    shape, vshape = q.shape, v.shape
+    if len(shape) != 4 or len(vshape) != 4 or k.shape != shape or p.shape != shape:
+        return False
+    lead = shape[:3]
+    if vshape[:3] != lead or g.shape != lead or beta.shape != lead:
+        return False
+    if min(shape) < 1 or shape[3] > MAX_HEAD_DIM or not 1 <= vshape[3] <= MAX_HEAD_DIM:
+        return False
+    dtype = q.dtype
+    if dtype not in _DTYPE_SET or k.dtype != dtype or v.dtype != dtype or p.dtype != dtype:
+        return False
+    if g.dtype not in _DTYPE_SET or beta.dtype not in _DTYPE_SET:
+        return False
+    device = q.device
+    if k.device != device or v.device != device or p.device != device or g.device != device \
+            or beta.device != device:
+        return False
+    return causal is True or causal is False
 
 
 def _validate(q, k, v, p, g, beta, scale, causal) -> float:
+    if _well_formed(q, k, v, p, g, beta, causal):
+        if scale is None:
+            return q.shape[3] ** -0.5
+        if type(scale) is float and math.isfinite(scale):
+            return scale
+    return _checked(q, k, v, p, g, beta, scale, causal)
+
+
+def _checked(q, k, v, p, g, beta, scale, causal) -> float:
     for name, t in (("q", q), ("k", k), ("v", v), ("p", p), ("g", g), ("beta", beta)):
         check_dtype(name, t, _IO_DTYPES)
     if q.dim() != 4:
@@ -80,10 +118,17 @@ def comba(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g:
         o: (B, T, H, V) in v's dtype. fp16/bf16 inputs are computed with an fp32 state.
     """
     scale = _validate(q, k, v, p, g, beta, scale, causal)
-    from ..dispatch import select_backend
+    # k, v, p share q's dtype and all six share a device (validated): q, g and beta decide the backend
+    if _dispatch.select_backend(q, g, beta) == "triton":
+        return _fused_comba()(q, k, v, p, g, beta, scale=scale, causal=causal)
+    return comba_chunked(q, k, v, p, g, beta, scale=scale, causal=causal)
 
-    if select_backend(q, k, v, p, g, beta) == "triton":
+
+def _fused_comba():
+    """The Triton entry point, imported on first use (importing visionssm never imports Triton)."""
+    global _FUSED
+    if _FUSED is None:
         from .fused import fused_comba
 
-        return fused_comba(q, k, v, p, g, beta, scale=scale, causal=causal)
-    return comba_chunked(q, k, v, p, g, beta, scale=scale, causal=causal)
+        _FUSED = fused_comba
+    return _FUSED

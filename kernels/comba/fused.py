@@ -23,8 +23,12 @@ that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value bl
 reduced afterwards.
 
 Launch layout (chunk size, warps, value split, direction handling, W/U0 pre-pass) comes from a heuristic fitted to
-H200 measurements; for large small-head problems on CUDA a register cap is also timed once per problem shape and
-the faster kept (``_pick``).
+H200 measurements; for large small-head problems on CUDA prefetching and register caps are also timed once per
+problem shape and the fastest kept (``_choose``; never under CUDA graph capture, which forbids the synchronization).
+
+Host side: vision workloads are host-bound in eager mode, so everything that depends only on the problem's shape,
+dtypes and flags is worked out once into a cached launch plan (``_FwdPlan``/``_BwdPlan``), and a plan's later
+launches call the kernel Triton compiled for it directly (``_Launch``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autocast_custom_bwd, autocast_custom_fwd, empty_output, input_guard
+from ..utils import empty_output, empty_output_like
 
 __all__ = ["CombaFunction", "fused_comba"]
 
@@ -459,7 +463,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
            # W, U0 from a chunk-parallel kernel first (the state walk then skips the inverse); for few, long
            # sequences, where the walk is latency-bound and repeats the K-side work per value block.
            "pre_wy": BH * ND * _cdiv(V, BV) < 1024 and T > 4 * BT,
-           # Load chunk i+1 while chunk i is computed (timed as a candidate where _pick tunes).
+           # Load chunk i+1 while chunk i is computed (timed as a candidate where the launch is tuned).
            "prefetch": False,
            "token_tail": True}
     cfg.update({key: val for key, val in CONFIG_OVERRIDES.items()
@@ -470,16 +474,13 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
     return cfg
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def _precision_args(cfg: dict, dtype: torch.dtype, device_type: str) -> dict:
+    """PREC, INV_PREC, LP_DOT (in the kernels' argument order)."""
+    low = dtype in (torch.float16, torch.bfloat16)
     # fp32 inputs get exact fp32 products; fp16/bf16 inputs use TF32 tensor cores (well inside their tolerance).
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _precision_args(cfg: dict, q: torch.Tensor) -> dict:
-    low = q.dtype in (torch.float16, torch.bfloat16)
     # Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests).
-    return {"PREC": _dot_precision(q.dtype), "INV_PREC": cfg["inv_prec"] if low else "ieee",
-            "LP_DOT": bool(cfg["lp_dot"] and low and q.device.type == "cuda")}
+    return {"PREC": "tf32" if low else "ieee", "INV_PREC": cfg["inv_prec"] if low else "ieee",
+            "LP_DOT": bool(cfg["lp_dot"] and low and device_type == "cuda")}
 
 
 def _launch_options(cfg: dict) -> dict:
@@ -513,135 +514,342 @@ def _candidates(cfg: dict, K: int, V: int, BH: int, device: torch.device, backwa
     return [cfg, {**cfg, "prefetch": True}] + [{**cfg, "maxnreg": cap} for cap in ((168, 128) if backward else (128,))]
 
 
-def _pick(key: tuple, candidates: list[dict], launch) -> dict:
-    if len(candidates) == 1:
-        return candidates[0]
-    if key not in _TUNED:
-        timings = []
-        for cfg in candidates:
+def _choose(tune_key: tuple, cfgs: list[dict], build, run):
+    """The launch plan for the first of ``cfgs`` (the heuristic's) or, with several, the fastest when timed once per
+    ``tune_key``. Returns (plan, final); a plan that is not final (timing still due) must not be cached.
+
+    Timing synchronizes the device and records timed events, which a CUDA graph capture forbids (the capture would
+    be invalidated): under capture an untimed key gets the heuristic's layout and is timed on a later eager call."""
+    if len(cfgs) == 1:
+        return build(cfgs[0]), True
+    cfg = _TUNED.get(tune_key)
+    if cfg is not None:
+        return build(cfg), True
+    if torch.cuda.is_current_stream_capturing():
+        return build(cfgs[0]), False
+    plans = [build(c) for c in cfgs]
+    timings = []
+    for plan in plans:
+        try:
+            run(plan)
+        except Exception:  # noqa: BLE001 - e.g. a launch option this Triton lacks: not a candidate then
+            timings.append(float("inf"))
+            continue
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(8):
+            run(plan)
+        end.record()
+        torch.cuda.synchronize()
+        timings.append(start.elapsed_time(end) / 8)
+    best = min(range(len(cfgs)), key=timings.__getitem__)
+    _TUNED[tune_key] = cfgs[best]
+    TUNING_LOG[tune_key] = [({k: c.get(k) for k in ("num_warps", "prefetch", "maxnreg", "dir_loop")}, ms)
+                            for c, ms in zip(cfgs, timings)]
+    return plans[best], True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (the
+# layout choice, buffer shapes, grids, the kernels' scalar and constexpr arguments) is worked out once per such key
+# and cached, so a call only allocates its outputs and launches (vision workloads are host-bound in eager mode).
+
+
+def _compiled_kernel_type():
+    try:
+        from triton.compiler import CompiledKernel
+    except ImportError:
+        return None
+    return CompiledKernel
+
+
+_COMPILED_KERNEL = _compiled_kernel_type()
+#: Relaunch the kernel Triton compiled on a plan's first launch directly (see :class:`_Launch`). Cleared for good
+#: if this Triton's compiled-kernel launcher turns out to take other arguments.
+DIRECT_LAUNCH = True
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """All data pointers 16-byte aligned: what Triton assumed when it compiled a plan's kernel for our own
+    (allocator-aligned) buffers and aligned inputs."""
+    bits = 0
+    for t in tensors:
+        bits |= t.data_ptr()
+    return not bits & 15
+
+
+class _Launch:
+    """One kernel launch with the grid, the trailing integer arguments, the constexprs and the options fixed.
+
+    The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the compiled kernel; later
+    launches call that compiled kernel's launcher directly (``compiled[grid](*all_args)``, what the JIT itself does
+    after its per-call argument binding, specialization and cache-key work, ~20 µs of host time per launch). The
+    specialization the JIT chose depends only on what the plan's key fixes — argument dtypes, the integers, the
+    constexprs, the options — and on the tensors' 16-byte alignment, so the direct path is taken only for aligned
+    tensors, and only for a kernel compiled for aligned tensors."""
+
+    __slots__ = ("kernel", "grid", "dims", "kwargs", "args_tail", "runner", "direct")
+
+    def __init__(self, kernel, grid: tuple, dims: tuple, constexprs: dict, options: dict):
+        self.kernel = kernel
+        self.grid = grid
+        self.dims = dims
+        self.kwargs = {**constexprs, **options}
+        self.args_tail = (*dims, *constexprs.values())
+        self.runner = None
+        names = getattr(kernel, "arg_names", None)
+        # the direct launcher takes every kernel argument positionally, constexprs included, in signature order
+        self.direct = (_COMPILED_KERNEL is not None and names is not None
+                       and list(names[len(names) - len(constexprs):]) == list(constexprs))
+
+    def __call__(self, aligned: bool, *args) -> None:
+        runner = self.runner
+        if runner is not None and aligned:
             try:
-                launch(cfg)
-            except Exception:  # noqa: BLE001 - e.g. a launch option this Triton lacks: not a candidate then
-                timings.append(float("inf"))
-                continue
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(8):
-                launch(cfg)
-            end.record()
-            torch.cuda.synchronize()
-            timings.append(start.elapsed_time(end) / 8)
-        _TUNED[key] = candidates[min(range(len(candidates)), key=timings.__getitem__)]
-        TUNING_LOG[key] = [({k: c.get(k) for k in ("num_warps", "prefetch", "maxnreg", "dir_loop")}, ms)
-                           for c, ms in zip(candidates, timings)]
-    return _TUNED[key]
+                runner(*args, *self.args_tail)
+                return
+            except (TypeError, SystemError):  # the launcher's argument parsing: another Triton's calling convention
+                global DIRECT_LAUNCH
+                DIRECT_LAUNCH = False
+                self.runner = None
+        compiled = self.kernel[self.grid](*args, *self.dims, **self.kwargs)
+        if aligned and self.direct and DIRECT_LAUNCH and isinstance(compiled, _COMPILED_KERNEL):
+            self.runner = compiled[self.grid]
+
+
+class _FwdPlan:
+    __slots__ = ("BT", "save_state", "save_inv", "o_shape", "o_dtype", "partial", "h0_shape", "inv_shape",
+                 "w_shape", "u0_shape", "wy", "main", "dummy", "bwd", "key")
+
+
+class _BwdPlan:
+    __slots__ = ("NP", "grid_dirs", "main", "cached")
+
+
+def _fwd_cfgs(B, T, H, K, V, causal, device):
+    ND = 1 if causal else 2
+    base = _launch_config(K, V, T, B * H, ND, backward=False)
+    return ND, _candidates(base, K, V, B * H, device, backward=False)
+
+
+def _build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
+               v_dtype: torch.dtype, device: torch.device, save_state: bool) -> _FwdPlan:
+    BT, BV = cfg["BT"], cfg["BV"]
+    NT = _cdiv(T, BT)
+    grid_dirs, loop_dirs = _directions(cfg, ND)
+    plan = _FwdPlan()
+    plan.BT, plan.save_state, plan.bwd, plan.key = BT, save_state, None, None
+    plan.save_inv = save_inv = save_state and cfg["store_inv"]
+    # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed after
+    plan.partial = grid_dirs > 1
+    plan.o_shape = (grid_dirs, B, T, H, V) if plan.partial else (B, T, H, V)
+    plan.o_dtype = torch.float32 if plan.partial else v_dtype
+    plan.h0_shape = (ND, B * H, NT, K, V) if save_state else None
+    plan.inv_shape = (ND, B * H, NT, BT, BT) if save_inv else None
+    # one never-read fp32 word for the pointer arguments a launch does not use (no placeholder allocation per call)
+    plan.dummy = torch.empty(1, device=device, dtype=torch.float32)
+    precision = _precision_args(cfg, dtype, device.type)
+    dims = (T, NT, B, H)
+    if cfg["pre_wy"]:
+        BVF = max(16, _next_pow2(V))
+        plan.w_shape, plan.u0_shape = (ND, B * H, NT, BT, K), (ND, B * H, NT, BT, V)
+        plan.wy = _Launch(comba_wy_kernel, (NT, B * H, ND), dims,
+                          {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BVF": BVF,
+                           "SAVE_INV": save_inv, **precision},
+                          {"num_warps": 4 if cfg["BK"] * BVF >= 64 * 64 else 2})
+    else:
+        plan.w_shape = plan.u0_shape = plan.wy = None
+    plan.main = _Launch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
+                        {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
+                         "SAVE_H": save_state, "SAVE_INV": save_inv, "DIR_LOOP": cfg["dir_loop"], "N_DIR": loop_dirs,
+                         **precision, "LOAD_WY": cfg["pre_wy"], "PREFETCH": cfg["prefetch"],
+                         "TAIL": _tail(T, BT, cfg)},
+                        _launch_options(cfg))
+    return plan
+
+
+def _run_fwd(plan: _FwdPlan, q, k, v, p, g, beta, scale: float):
+    device = q.device
+    aligned = _aligned(q, k, v, p, g, beta)
+    # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
+    o = empty_output_like(v) if not plan.partial else empty_output(plan.o_shape, device=device, dtype=plan.o_dtype)
+    dummy = plan.dummy
+    h0 = dummy if plan.h0_shape is None else empty_output(plan.h0_shape, device=device, dtype=torch.float32)
+    inv = dummy if plan.inv_shape is None else empty_output(plan.inv_shape, device=device, dtype=torch.float32)
+    if plan.wy is None:
+        w = u0 = dummy
+    else:
+        w = empty_output(plan.w_shape, device=device, dtype=torch.float32)
+        u0 = empty_output(plan.u0_shape, device=device, dtype=torch.float32)
+        plan.wy(aligned, k, v, p, g, beta, w, u0, inv)
+    plan.main(aligned, q, k, v, p, g, beta, o, h0, inv, w, u0, scale)
+    if plan.partial:
+        o = o.sum(0).to(v.dtype)
+    return o, (h0 if plan.save_state else None), (inv if plan.save_inv else None)
+
+
+_FWD_PLANS: dict = {}
+_BWD_PLANS: dict = {}
+
+
+def _fwd_plan(q, k, v, p, g, beta, scale: float, causal: bool, save_state: bool) -> _FwdPlan:
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, q.device, causal, save_state)
+    plan = _FWD_PLANS.get(key)
+    if plan is not None and not CONFIG_OVERRIDES:
+        return plan
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    ND, cfgs = _fwd_cfgs(B, T, H, K, V, causal, q.device)
+    plan, final = _choose(
+        ("fwd", K, V, T, B * H, ND, q.dtype, save_state), cfgs,
+        lambda cfg: _build_fwd(cfg, B, T, H, K, V, ND, q.dtype, v.dtype, q.device, save_state),
+        lambda pl: _run_fwd(pl, q, k, v, p, g, beta, scale))
+    if final and not CONFIG_OVERRIDES:
+        plan.key = key
+        _FWD_PLANS[key] = plan
+    return plan
+
+
+def _build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: int, dtype: torch.dtype,
+               device: torch.device, has_inv: bool) -> _BwdPlan:
+    BV, NV = cfg["BV"], cfg["NV"]
+    grid_dirs, loop_dirs = _directions(cfg, ND)
+    plan = _BwdPlan()
+    plan.cached = False
+    # partial gradients per value block and grid direction (usually one: the gradients themselves)
+    plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
+    plan.main = _Launch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, _cdiv(T, BT), B, H),
+                        {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
+                         "NV": NV, "DIR_LOOP": cfg["dir_loop"], "N_DIR": loop_dirs,
+                         **_precision_args(cfg, dtype, device.type), "LOAD_INV": has_inv, "PREFETCH": cfg["prefetch"],
+                         "TAIL": _tail(T, BT, cfg)},
+                        _launch_options(cfg))
+    return plan
+
+
+def _partials(count: int, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``like`` (one partial: in its own dtype) or ``count`` fp32 partials, summed afterwards."""
+    if count == 1:
+        return empty_output(like.shape, device=like.device, dtype=like.dtype)
+    return empty_output((count, *like.shape), device=like.device, dtype=torch.float32)
+
+
+def _run_bwd(plan: _BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
+    aligned = _aligned(q, k, v, p, g, beta, do)
+    NP, grid_dirs = plan.NP, plan.grid_dirs
+    if NP == 1 and grid_dirs == 1:  # the usual case: each gradient shaped like its (contiguous) input
+        dq, dk, dv, dp = empty_output_like(q), empty_output_like(k), empty_output_like(v), empty_output_like(p)
+        dg, dbeta = empty_output_like(g), empty_output_like(beta)
+    else:
+        dq, dk, dp, dg, dbeta = (_partials(NP, t) for t in (q, k, p, g, beta))
+        dv = _partials(grid_dirs, v)
+    plan.main(aligned, q, k, v, p, g, beta, h0, h0 if inv is None else inv, do, dq, dk, dv, dp, dg, dbeta, scale)
+    if NP > 1:
+        dq, dk, dp = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dp.sum(0).to(p.dtype)
+        dg, dbeta = dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype)
+    if grid_dirs > 1:
+        dv = dv.sum(0).to(v.dtype)
+    return dq, dk, dv, dp, dg, dbeta
+
+
+def _bwd_plan(q, k, v, p, g, beta, h0, inv, do, scale: float, causal: bool, BT: int) -> _BwdPlan:
+    has_inv = inv is not None
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv)
+    plan = _BWD_PLANS.get(key)
+    if plan is not None and not CONFIG_OVERRIDES:
+        return plan
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    ND = 1 if causal else 2
+    base = {**_launch_config(K, V, T, B * H, ND, backward=True), "BT": BT}
+    plan, final = _choose(
+        ("bwd", K, V, T, B * H, ND, q.dtype, BT, has_inv), _candidates(base, K, V, B * H, q.device, backward=True),
+        lambda cfg: _build_bwd(cfg, B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv),
+        lambda pl: _run_bwd(pl, q, k, v, p, g, beta, h0, inv, do, scale))
+    if final and not CONFIG_OVERRIDES:
+        plan.cached = True
+        _BWD_PLANS[key] = plan
+    return plan
 
 
 def comba_fwd(q, k, v, p, g, beta, scale: float, causal: bool, save_state: bool):
-    """Returns (o, h0, inv, BT): h0 / inv (None unless ``save_state``) are what the backward reads back."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    ND = 1 if causal else 2
-
-    def launch(cfg):
-        BT, BV = cfg["BT"], cfg["BV"]
-        NT = _cdiv(T, BT)
-        save_inv = save_state and cfg["store_inv"]
-        grid_dirs, loop_dirs = _directions(cfg, ND)
-        # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed below
-        o = (empty_output((B, T, H, V), device=q.device, dtype=v.dtype) if grid_dirs == 1
-             else empty_output((grid_dirs, B, T, H, V), device=q.device, dtype=torch.float32))
-        h0 = (empty_output((ND, B * H, NT, K, V), device=q.device, dtype=torch.float32) if save_state
-              else q.new_empty(1, dtype=torch.float32))
-        inv = (empty_output((ND, B * H, NT, BT, BT), device=q.device, dtype=torch.float32) if save_inv
-               else q.new_empty(1, dtype=torch.float32))
-        precision = _precision_args(cfg, q)
-        if cfg["pre_wy"]:
-            w = empty_output((ND, B * H, NT, BT, K), device=q.device, dtype=torch.float32)
-            u0 = empty_output((ND, B * H, NT, BT, V), device=q.device, dtype=torch.float32)
-            BVF = max(16, _next_pow2(V))
-            comba_wy_kernel[(NT, B * H, ND)](k, v, p, g, beta, w, u0, inv, T, NT, B, H, K=K, V=V, BT=BT,
-                                             LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"], BVF=BVF, SAVE_INV=save_inv,
-                                             **precision, num_warps=4 if cfg["BK"] * BVF >= 64 * 64 else 2)
-        else:
-            w = u0 = inv
-        grid = (cfg["NV"], B * H, grid_dirs)
-        comba_fwd_kernel[grid](q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, K=K, V=V, BT=BT,
-                               LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"], BV=BV, SAVE_H=save_state,
-                               SAVE_INV=save_inv, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs, **precision,
-                               LOAD_WY=cfg["pre_wy"], PREFETCH=cfg["prefetch"], TAIL=_tail(T, BT, cfg),
-                               **_launch_options(cfg))
-        out = o if grid_dirs == 1 else o.sum(0).to(v.dtype)
-        return out, (h0 if save_state else None), (inv if save_inv else None)
-
-    base = _launch_config(K, V, T, B * H, ND, backward=False)
-    key = ("fwd", K, V, T, B * H, ND, q.dtype, save_state)
-    cfg = _pick(key, _candidates(base, K, V, B * H, q.device, backward=False), launch)
-    out, h0, inv = launch(cfg)
-    return out, h0, inv, cfg["BT"]
+    """Returns (o, h0, inv, BT): h0 / inv (None unless ``save_state``) are what the backward reads back.
+    Contiguous inputs expected."""
+    plan = _fwd_plan(q, k, v, p, g, beta, scale, causal, save_state)
+    return (*_run_fwd(plan, q, k, v, p, g, beta, scale), plan.BT)
 
 
 def comba_bwd(q, k, v, p, g, beta, h0, inv, do, scale: float, causal: bool, BT: int):
-    """``inv``: the per-chunk inverses stored by the forward, or None to recompute them."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    ND = 1 if causal else 2
-    NT = _cdiv(T, BT)
+    """``inv``: the per-chunk inverses stored by the forward, or None to recompute them. Contiguous inputs
+    expected."""
+    plan = _bwd_plan(q, k, v, p, g, beta, h0, inv, do, scale, causal, BT)
+    return _run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, scale)
 
-    def partials(count: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        # one partial (the usual case): the gradient itself, written in its input's dtype; else fp32 partials
-        if count == 1:
-            return empty_output(shape, device=q.device, dtype=dtype)
-        return empty_output((count, *shape), device=q.device, dtype=torch.float32)
 
-    def reduce(x: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
-        return x if count == 1 else x.sum(0).to(dtype)
-
-    def launch(cfg):
-        BV, NV = cfg["BV"], cfg["NV"]
-        grid_dirs, loop_dirs = _directions(cfg, ND)
-        NP = grid_dirs * NV
-        dq, dk, dp = (partials(NP, (B, T, H, K), t.dtype) for t in (q, k, p))
-        dv = partials(grid_dirs, (B, T, H, V), v.dtype)
-        dg = partials(NP, (B, T, H), g.dtype)
-        dbeta = partials(NP, (B, T, H), beta.dtype)
-        grid = (NV, B * H, grid_dirs)
-        comba_bwd_kernel[grid](q, k, v, p, g, beta, h0, h0 if inv is None else inv, do, dq, dk, dv, dp, dg, dbeta,
-                               scale, T, NT, B, H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=cfg["BK"],
-                               BV=BV, NV=NV, DIR_LOOP=cfg["dir_loop"], N_DIR=loop_dirs,
-                               **_precision_args(cfg, q), LOAD_INV=inv is not None, PREFETCH=cfg["prefetch"],
-                               TAIL=_tail(T, BT, cfg), **_launch_options(cfg))
-        return (reduce(dq, NP, q.dtype), reduce(dk, NP, k.dtype), reduce(dv, grid_dirs, v.dtype),
-                reduce(dp, NP, p.dtype), reduce(dg, NP, g.dtype), reduce(dbeta, NP, beta.dtype))
-
-    base = {**_launch_config(K, V, T, B * H, ND, backward=True), "BT": BT}
-    key = ("bwd", K, V, T, B * H, ND, q.dtype, BT, inv is not None)
-    cfg = _pick(key, _candidates(base, K, V, B * H, q.device, backward=True), launch)
-    return launch(cfg)
+def _device_guard(t: torch.Tensor):
+    """The tensors' CUDA device made current for the launches (only needed with several GPUs), else None."""
+    if t.is_cuda and torch.cuda.device_count() > 1:
+        return torch.cuda.device(t.device)
+    return None
 
 
 class CombaFunction(torch.autograd.Function):
+    # Not wrapped in input_guard / custom_fwd / custom_bwd: the inputs are made contiguous and the device set here
+    # directly, and autocast has nothing to act on (no PyTorch op inside that it would cast), so the backward needs
+    # no autocast context (entering one costs more host time than the rest of the backward's Python).
     @staticmethod
-    @input_guard
-    @autocast_custom_fwd
     def forward(ctx, q, k, v, p, g, beta, scale: float, causal: bool):
+        q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
+            beta.contiguous()
         save = any(ctx.needs_input_grad[:6])
-        o, h0, inv, BT = comba_fwd(q, k, v, p, g, beta, scale, causal, save_state=save)
+        guard = _device_guard(q)
+        if guard is None:
+            plan = _fwd_plan(q, k, v, p, g, beta, scale, causal, save)
+            o, h0, inv = _run_fwd(plan, q, k, v, p, g, beta, scale)
+        else:
+            with guard:
+                plan = _fwd_plan(q, k, v, p, g, beta, scale, causal, save)
+                o, h0, inv = _run_fwd(plan, q, k, v, p, g, beta, scale)
         if save:
             ctx.save_for_backward(q, k, v, p, g, beta, h0, inv)
-        ctx.scale, ctx.causal, ctx.BT = scale, causal, BT
+        ctx.scale, ctx.causal, ctx.plan = scale, causal, plan
         return o
 
     @staticmethod
-    @input_guard
-    @autocast_custom_bwd
     def backward(ctx, do):
         q, k, v, p, g, beta, h0, inv = ctx.saved_tensors
-        grads = comba_bwd(q, k, v, p, g, beta, h0, inv, do, ctx.scale, ctx.causal, ctx.BT)
-        return (*grads, None, None)
+        do = do.contiguous()
+        guard = _device_guard(do)
+        if guard is None:
+            return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
+        with guard:
+            return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
 
 
+def _backward(ctx, q, k, v, p, g, beta, h0, inv, do):
+    fwd = ctx.plan
+    plan = fwd.bwd
+    if plan is None or do.dtype != v.dtype or CONFIG_OVERRIDES:
+        plan = _bwd_plan(q, k, v, p, g, beta, h0, inv, do, ctx.scale, ctx.causal, fwd.BT)
+        if plan.cached and fwd.key is not None and do.dtype == v.dtype:
+            fwd.bwd = plan  # the next backward of this forward plan skips the lookup
+    return _run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, ctx.scale)
+
+
+# torch.compile runs the kernels as they are (a graph break), as for the other ops: the launch plans are host-side
+# caches and the direct relaunch is not traceable.
+@torch.compiler.disable
 def fused_comba(q, k, v, p, g, beta, *, scale: float, causal: bool) -> torch.Tensor:
     """Triton Comba (validated arguments expected; see :func:`visionssm.kernels.comba`)."""
-    return CombaFunction.apply(q, k, v, p, g, beta, scale, causal)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or p.requires_grad
+                                    or g.requires_grad or beta.requires_grad):
+        return CombaFunction.apply(q, k, v, p, g, beta, scale, causal)
+    # nothing to differentiate: no autograd node, no saved state
+    q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
+        beta.contiguous()
+    guard = _device_guard(q)
+    if guard is None:
+        return _run_fwd(_fwd_plan(q, k, v, p, g, beta, scale, causal, False), q, k, v, p, g, beta, scale)[0]
+    with guard:
+        return _run_fwd(_fwd_plan(q, k, v, p, g, beta, scale, causal, False), q, k, v, p, g, beta, scale)[0]
