@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "empty_output", "empty_output_like", "input_guard", "poison_outputs",
-           "relative_error", "DEFAULT_TOLERANCES"]
+           "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -156,3 +156,75 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.d
     if not err <= tol:
         nan_count = int(torch.isnan(actual).sum())
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e} (NaNs in actual: {nan_count})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Direct relaunch of compiled Triton kernels: at vision shapes eager calls are bound by host-side launch work
+
+
+#: Relaunch compiled kernels directly (see :class:`DirectLaunch`). Cleared for good if this Triton's compiled-kernel
+#: launcher turns out to take other arguments.
+DIRECT_LAUNCH = True
+_COMPILED_KERNEL: list = []  # [triton's CompiledKernel class or None], resolved on first use (Triton is lazy)
+
+
+def _compiled_kernel_type():
+    if not _COMPILED_KERNEL:
+        try:
+            from triton.compiler import CompiledKernel
+        except ImportError:
+            CompiledKernel = None  # noqa: N806
+        _COMPILED_KERNEL.append(CompiledKernel)
+    return _COMPILED_KERNEL[0]
+
+
+def aligned16(*tensors: torch.Tensor | None) -> bool:
+    """All data pointers (``None`` skipped) 16-byte aligned: what Triton assumes when it compiles a kernel for
+    tensors from PyTorch's allocator."""
+    bits = 0
+    for t in tensors:
+        if t is not None:
+            bits |= t.data_ptr()
+    return not bits & 15
+
+
+class DirectLaunch:
+    """One kernel launch with the grid, the trailing integer arguments, the constexprs and the options fixed.
+
+    The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the compiled kernel; later
+    launches call that compiled kernel's launcher directly (``compiled[grid](*all_args)``, what the JIT itself does
+    after its per-call argument binding, specialization and cache-key work, ~20 µs of host time per launch). The
+    compiled kernel is only valid for what the JIT specialized on, so the caller must keep one object per device,
+    tensor dtypes and ``None``-ness, integers, constexprs and options (Comba's launch plans are keyed so); the
+    tensors' 16-byte alignment is checked per call (``aligned``), and the direct path is taken only for aligned
+    tensors with a kernel compiled for aligned tensors. Constexprs must be the kernel's trailing parameters (given in
+    any order); otherwise every launch goes through the JIT."""
+
+    __slots__ = ("kernel", "grid", "dims", "kwargs", "args_tail", "runner", "direct")
+
+    def __init__(self, kernel, grid: tuple, dims: tuple, constexprs: dict, options: dict):
+        names = list(getattr(kernel, "arg_names", None) or [])
+        ordered = {name: constexprs[name] for name in names if name in constexprs}
+        self.kernel = kernel
+        self.grid = (*grid, 1, 1)[:3]  # the compiled kernel's launcher indexes all three grid axes
+        self.dims = dims
+        self.kwargs = {**constexprs, **options}
+        self.args_tail = (*dims, *ordered.values())
+        self.runner = None
+        # the direct launcher takes every kernel argument positionally, constexprs included, in signature order
+        self.direct = (_compiled_kernel_type() is not None and len(ordered) == len(constexprs)
+                       and names[len(names) - len(ordered):] == list(ordered))
+
+    def __call__(self, aligned: bool, *args) -> None:
+        global DIRECT_LAUNCH
+        runner = self.runner
+        if runner is not None and aligned:
+            try:
+                runner(*args, *self.args_tail)
+                return
+            except (TypeError, SystemError, IndexError):  # argument parsing: another Triton's calling convention
+                DIRECT_LAUNCH = False
+                self.runner = None
+        compiled = self.kernel[self.grid](*args, *self.dims, **self.kwargs)
+        if aligned and self.direct and DIRECT_LAUNCH and isinstance(compiled, _compiled_kernel_type()):
+            self.runner = compiled[self.grid]

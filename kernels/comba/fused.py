@@ -28,7 +28,7 @@ problem shape and the fastest kept (``_choose``; never under CUDA graph capture,
 
 Host side: vision workloads are host-bound in eager mode, so everything that depends only on the problem's shape,
 dtypes and flags is worked out once into a cached launch plan (``_FwdPlan``/``_BwdPlan``), and a plan's later
-launches call the kernel Triton compiled for it directly (``_Launch``).
+launches call the kernel Triton compiled for it directly (:class:`visionssm.kernels.utils.DirectLaunch`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import empty_output, empty_output_like
+from ..utils import DirectLaunch, aligned16, empty_output, empty_output_like
 
 __all__ = ["CombaFunction", "fused_comba"]
 
@@ -556,68 +556,6 @@ def _choose(tune_key: tuple, cfgs: list[dict], build, run):
 # and cached, so a call only allocates its outputs and launches (vision workloads are host-bound in eager mode).
 
 
-def _compiled_kernel_type():
-    try:
-        from triton.compiler import CompiledKernel
-    except ImportError:
-        return None
-    return CompiledKernel
-
-
-_COMPILED_KERNEL = _compiled_kernel_type()
-#: Relaunch the kernel Triton compiled on a plan's first launch directly (see :class:`_Launch`). Cleared for good
-#: if this Triton's compiled-kernel launcher turns out to take other arguments.
-DIRECT_LAUNCH = True
-
-
-def _aligned(*tensors: torch.Tensor) -> bool:
-    """All data pointers 16-byte aligned: what Triton assumed when it compiled a plan's kernel for our own
-    (allocator-aligned) buffers and aligned inputs."""
-    bits = 0
-    for t in tensors:
-        bits |= t.data_ptr()
-    return not bits & 15
-
-
-class _Launch:
-    """One kernel launch with the grid, the trailing integer arguments, the constexprs and the options fixed.
-
-    The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the compiled kernel; later
-    launches call that compiled kernel's launcher directly (``compiled[grid](*all_args)``, what the JIT itself does
-    after its per-call argument binding, specialization and cache-key work, ~20 µs of host time per launch). The
-    specialization the JIT chose depends only on what the plan's key fixes — argument dtypes, the integers, the
-    constexprs, the options — and on the tensors' 16-byte alignment, so the direct path is taken only for aligned
-    tensors, and only for a kernel compiled for aligned tensors."""
-
-    __slots__ = ("kernel", "grid", "dims", "kwargs", "args_tail", "runner", "direct")
-
-    def __init__(self, kernel, grid: tuple, dims: tuple, constexprs: dict, options: dict):
-        self.kernel = kernel
-        self.grid = grid
-        self.dims = dims
-        self.kwargs = {**constexprs, **options}
-        self.args_tail = (*dims, *constexprs.values())
-        self.runner = None
-        names = getattr(kernel, "arg_names", None)
-        # the direct launcher takes every kernel argument positionally, constexprs included, in signature order
-        self.direct = (_COMPILED_KERNEL is not None and names is not None
-                       and list(names[len(names) - len(constexprs):]) == list(constexprs))
-
-    def __call__(self, aligned: bool, *args) -> None:
-        runner = self.runner
-        if runner is not None and aligned:
-            try:
-                runner(*args, *self.args_tail)
-                return
-            except (TypeError, SystemError):  # the launcher's argument parsing: another Triton's calling convention
-                global DIRECT_LAUNCH
-                DIRECT_LAUNCH = False
-                self.runner = None
-        compiled = self.kernel[self.grid](*args, *self.dims, **self.kwargs)
-        if aligned and self.direct and DIRECT_LAUNCH and isinstance(compiled, _COMPILED_KERNEL):
-            self.runner = compiled[self.grid]
-
-
 class _FwdPlan:
     __slots__ = ("BT", "save_state", "save_inv", "o_shape", "o_dtype", "partial", "h0_shape", "inv_shape",
                  "w_shape", "u0_shape", "wy", "main", "dummy", "bwd", "key")
@@ -654,13 +592,13 @@ def _build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype
     if cfg["pre_wy"]:
         BVF = max(16, _next_pow2(V))
         plan.w_shape, plan.u0_shape = (ND, B * H, NT, BT, K), (ND, B * H, NT, BT, V)
-        plan.wy = _Launch(comba_wy_kernel, (NT, B * H, ND), dims,
+        plan.wy = DirectLaunch(comba_wy_kernel, (NT, B * H, ND), dims,
                           {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BVF": BVF,
                            "SAVE_INV": save_inv, **precision},
                           {"num_warps": 4 if cfg["BK"] * BVF >= 64 * 64 else 2})
     else:
         plan.w_shape = plan.u0_shape = plan.wy = None
-    plan.main = _Launch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
+    plan.main = DirectLaunch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
                         {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
                          "SAVE_H": save_state, "SAVE_INV": save_inv, "DIR_LOOP": cfg["dir_loop"], "N_DIR": loop_dirs,
                          **precision, "LOAD_WY": cfg["pre_wy"], "PREFETCH": cfg["prefetch"],
@@ -671,7 +609,7 @@ def _build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype
 
 def _run_fwd(plan: _FwdPlan, q, k, v, p, g, beta, scale: float):
     device = q.device
-    aligned = _aligned(q, k, v, p, g, beta)
+    aligned = aligned16(q, k, v, p, g, beta)
     # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
     o = empty_output_like(v) if not plan.partial else empty_output(plan.o_shape, device=device, dtype=plan.o_dtype)
     dummy = plan.dummy
@@ -719,7 +657,7 @@ def _build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: i
     plan.cached = False
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
-    plan.main = _Launch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, _cdiv(T, BT), B, H),
+    plan.main = DirectLaunch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, _cdiv(T, BT), B, H),
                         {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
                          "NV": NV, "DIR_LOOP": cfg["dir_loop"], "N_DIR": loop_dirs,
                          **_precision_args(cfg, dtype, device.type), "LOAD_INV": has_inv, "PREFETCH": cfg["prefetch"],
@@ -736,7 +674,7 @@ def _partials(count: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _run_bwd(plan: _BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
-    aligned = _aligned(q, k, v, p, g, beta, do)
+    aligned = aligned16(q, k, v, p, g, beta, do)
     NP, grid_dirs = plan.NP, plan.grid_dirs
     if NP == 1 and grid_dirs == 1:  # the usual case: each gradient shaped like its (contiguous) input
         dq, dk, dv, dp = empty_output_like(q), empty_output_like(k), empty_output_like(v), empty_output_like(p)

@@ -411,3 +411,15 @@ def test_cuda_segments_last_state(poison_outputs):
     assert scan._launch_config(1500, 16, 32, 1)["segments"] == 5
     inputs, softplus = make_inputs(batch=1, dim=32, nstate=16, length=1500, has_z=False, device="cuda")
     compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
+
+
+def test_interpreter_under_torch_compile(triton_interpreter):
+    """torch.compile calls the Triton path as it is (a graph break at the kernel entry), also once automatic
+    dynamic shapes make the sizes symbolic (a second sequence length and width): traced, the launch options derived
+    from them became symbolic, which Triton's launch cannot take."""
+    compiled = torch.compile(lambda *a: selective_scan(*a, delta_softplus=True))
+    for dim, length in ((4, 9), (6, 13), (5, 11)):
+        inputs, softplus = make_inputs(dim=dim, length=length, has_z=False)
+        args = [inputs[k].float() if inputs[k] is not None else None for k in NAMES]
+        expected = selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus)
+        assert_close(compiled(*args), expected, tol=1e-4, name=f"out (dim {dim}, L {length})")
