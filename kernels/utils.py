@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
-           "check_same_device", "check_shape", "empty_output", "empty_output_like", "input_guard", "poison_outputs",
-           "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16"]
+           "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
+           "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -61,6 +61,12 @@ def empty_output_like(like: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of plain integers, for launch shapes (``triton.cdiv`` is a JIT function: its host-side call
+    costs microseconds per launch)."""
+    return -(-a // b)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Validation: every public op checks its arguments and raises ValueError/TypeError naming the bad one.
 
@@ -99,6 +105,14 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 # Kernel-launch helpers (FLA's conventions)
 
 
+def device_guard(tensor: torch.Tensor | None):
+    """A context making ``tensor``'s CUDA device current for kernel launches, or ``None`` when there is nothing to
+    switch (no tensor, a CPU tensor, or one GPU: skipping the context saves two driver calls per launch)."""
+    if tensor is not None and tensor.is_cuda and torch.cuda.device_count() > 1:
+        return torch.cuda.device(tensor.device)
+    return None
+
+
 def input_guard(fn: Callable) -> Callable:
     """Make tensor arguments contiguous and run the launch on the tensors' CUDA device."""
 
@@ -106,10 +120,11 @@ def input_guard(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-        device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda), None)
-        if device is None or torch.cuda.device_count() == 1:  # nothing to switch (skips two driver calls)
+        guard = device_guard(next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda),
+                                  None))
+        if guard is None:
             return fn(*args, **kwargs)
-        with torch.cuda.device(device):
+        with guard:
             return fn(*args, **kwargs)
 
     return wrapper

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import DirectLaunch, aligned16, empty_output, empty_output_like
+from ..utils import DirectLaunch, aligned16, cdiv, device_guard, empty_output, empty_output_like
 
 __all__ = ["CombaFunction", "fused_comba"]
 
@@ -431,11 +431,6 @@ def _next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
-def _cdiv(a: int, b: int) -> int:
-    # plain integers: triton.cdiv is a JIT function, and its host-side call costs microseconds per launch
-    return -(-a // b)
-
-
 #: Launch choices forced for tuning sweeps (keys of :func:`_launch_config`'s result); empty in normal use.
 CONFIG_OVERRIDES: dict = {}
 
@@ -445,7 +440,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
     BV = max(16, _next_pow2(V))
     BT = 16 if max(BK, BV) <= 32 or T <= 16 else 32
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
-    while BV > 32 and (BH * ND * _cdiv(V, BV) < 128 or BK * BV > 64 * 64):
+    while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
     # Measured on an H200 (benchmarks/results, comba): one warp per 16×16 state; four for larger states except
     # the backward of a 64×64 block, which wants eight.
@@ -453,7 +448,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
     num_warps = 1 if area <= 256 else 2 if area < 1024 else 8 if backward and BV >= 64 and area >= 4096 else 4
     cfg = {"BT": BT, "BK": BK, "BV": BV, "num_warps": num_warps,
            # Enough programs already: run both directions in one program (no partial buffers to reduce).
-           "dir_loop": ND == 2 and BH * _cdiv(V, BV) >= 1024,
+           "dir_loop": ND == 2 and BH * cdiv(V, BV) >= 1024,
            # Inverse products: 3-pass TF32 on tensor cores for 16-bit inputs, exact FMAs for fp32 inputs.
            "inv_prec": "tf32x3",
            # The forward keeps each chunk's inverse for the backward (BT² fp32 per chunk, next to h0).
@@ -462,7 +457,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
            "lp_dot": True,
            # W, U0 from a chunk-parallel kernel first (the state walk then skips the inverse); for few, long
            # sequences, where the walk is latency-bound and repeats the K-side work per value block.
-           "pre_wy": BH * ND * _cdiv(V, BV) < 1024 and T > 4 * BT,
+           "pre_wy": BH * ND * cdiv(V, BV) < 1024 and T > 4 * BT,
            # Load chunk i+1 while chunk i is computed (timed as a candidate where the launch is tuned).
            "prefetch": False,
            "token_tail": True}
@@ -470,7 +465,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
                 if not (backward and key == "BT") and key != "bwd_num_warps"})
     if backward and "bwd_num_warps" in CONFIG_OVERRIDES:
         cfg["num_warps"] = CONFIG_OVERRIDES["bwd_num_warps"]
-    cfg["NV"] = _cdiv(V, cfg["BV"])
+    cfg["NV"] = cdiv(V, cfg["BV"])
     return cfg
 
 
@@ -574,7 +569,7 @@ def _fwd_cfgs(B, T, H, K, V, causal, device):
 def _build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
                v_dtype: torch.dtype, device: torch.device, save_state: bool) -> _FwdPlan:
     BT, BV = cfg["BT"], cfg["BV"]
-    NT = _cdiv(T, BT)
+    NT = cdiv(T, BT)
     grid_dirs, loop_dirs = _directions(cfg, ND)
     plan = _FwdPlan()
     plan.BT, plan.save_state, plan.bwd, plan.key = BT, save_state, None, None
@@ -657,7 +652,7 @@ def _build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: i
     plan.cached = False
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
-    plan.main = DirectLaunch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, _cdiv(T, BT), B, H),
+    plan.main = DirectLaunch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, cdiv(T, BT), B, H),
                         {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
                          "NV": NV, "DIR_LOOP": cfg["dir_loop"], "N_DIR": loop_dirs,
                          **_precision_args(cfg, dtype, device.type), "LOAD_INV": has_inv, "PREFETCH": cfg["prefetch"],
@@ -725,13 +720,6 @@ def comba_bwd(q, k, v, p, g, beta, h0, inv, do, scale: float, causal: bool, BT: 
     return _run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, scale)
 
 
-def _device_guard(t: torch.Tensor):
-    """The tensors' CUDA device made current for the launches (only needed with several GPUs), else None."""
-    if t.is_cuda and torch.cuda.device_count() > 1:
-        return torch.cuda.device(t.device)
-    return None
-
-
 class CombaFunction(torch.autograd.Function):
     # Not wrapped in input_guard / custom_fwd / custom_bwd: the inputs are made contiguous and the device set here
     # directly, and autocast has nothing to act on (no PyTorch op inside that it would cast), so the backward needs
@@ -741,7 +729,7 @@ class CombaFunction(torch.autograd.Function):
         q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
             beta.contiguous()
         save = any(ctx.needs_input_grad[:6])
-        guard = _device_guard(q)
+        guard = device_guard(q)
         if guard is None:
             plan = _fwd_plan(q, k, v, p, g, beta, scale, causal, save)
             o, h0, inv = _run_fwd(plan, q, k, v, p, g, beta, scale)
@@ -758,7 +746,7 @@ class CombaFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, p, g, beta, h0, inv = ctx.saved_tensors
         do = do.contiguous()
-        guard = _device_guard(do)
+        guard = device_guard(do)
         if guard is None:
             return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
         with guard:
@@ -786,7 +774,7 @@ def fused_comba(q, k, v, p, g, beta, *, scale: float, causal: bool) -> torch.Ten
     # nothing to differentiate: no autograd node, no saved state
     q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
         beta.contiguous()
-    guard = _device_guard(q)
+    guard = device_guard(q)
     if guard is None:
         return _run_fwd(_fwd_plan(q, k, v, p, g, beta, scale, causal, False), q, k, v, p, g, beta, scale)[0]
     with guard:

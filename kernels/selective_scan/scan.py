@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autocast_custom_bwd, autocast_custom_fwd, empty_output, input_guard
+from ..utils import autocast_custom_bwd, autocast_custom_fwd, cdiv, empty_output, input_guard
 
 __all__ = ["SelectiveScanFunction", "selective_scan_triton"]
 
@@ -61,11 +61,6 @@ _LOG2E = 1.4426950408889634
 #: (time segments scanned in parallel, ``"seq"`` only). ``None``: the heuristics in :func:`_launch_config`. Read by
 #: the forward; its backward reuses the forward's config.
 CONFIG_OVERRIDE: dict | None = None
-
-
-def _cdiv(a: int, b: int) -> int:
-    # plain integers: triton.cdiv is a JIT function, slower to call on the host
-    return -(-a // b)
 
 
 def _launch_config(length: int, nstate: int, channels_per_group: int, sequences: int = 1) -> dict:
@@ -103,14 +98,14 @@ def _build_launch_config(length: int, nstate: int, channels_per_group: int, sequ
             cfg[f"warps_{kind}"] = max(1, min(cfg[f"warps_{kind}"], elements // 32))
         # Long sequences with too few (sequence, channel block) programs to fill the GPU: split time into segments
         # (two passes each way, see _tiled_fwd_kernel), aiming at ~2048 programs, segments of >= 256 tokens.
-        programs = sequences * _cdiv(channels_per_group, cfg["block_d_bwd"])
+        programs = sequences * cdiv(channels_per_group, cfg["block_d_bwd"])
         if "segments" not in (CONFIG_OVERRIDE or {}):
-            cfg["segments"] = min(_cdiv(2048, programs), length // 256) if length >= 1024 and programs < 1024 else 1
+            cfg["segments"] = min(cdiv(2048, programs), length // 256) if length >= 1024 and programs < 1024 else 1
     else:
         cfg["segments"] = 1  # the associative-scan kernels run whole sequences
-    nchunk = _cdiv(length, cfg["block_l"])
-    cfg["seg_chunks"] = _cdiv(nchunk, max(1, cfg["segments"]))
-    cfg["segments"] = _cdiv(nchunk, cfg["seg_chunks"])  # no empty segment
+    nchunk = cdiv(length, cfg["block_l"])
+    cfg["seg_chunks"] = cdiv(nchunk, max(1, cfg["segments"]))
+    cfg["segments"] = cdiv(nchunk, cfg["seg_chunks"])  # no empty segment
     return cfg
 
 
@@ -229,6 +224,31 @@ def _selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
         _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr,
                   row_off, bc_off, state_off, last_off, A2, bias, Dv, mask_d, offs_n, mask_n, L, N, NCHUNK,
                   False, 0, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, BLOCK_D, BLOCK_N, BLOCK_L)
+
+
+@triton.jit
+def _store_bc_partials(bc_ptr, ppart, dBc, dCc, mbc, N, L, ACCUM: tl.constexpr):
+    # one (batch, group, channel block)'s dB partial at ppart, its dC partial N * L further; the second direction of
+    # a bidirectional scan adds to what the first wrote
+    if ACCUM:
+        dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
+        dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
+    tl.store(bc_ptr + ppart, dBc, mask=mbc)
+    tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
+
+
+@triton.jit
+def _store_col_partials(col_ptr, cmat_off, cvec_off, dA_acc, dbias_acc, dD_acc, mask_dn, mask_d, dim,
+                        ACCUM: tl.constexpr, HAS_D: tl.constexpr):
+    # a program's row of the column partials: dA at cmat_off, d delta_bias at cvec_off, dD dim further (D·u
+    # belongs to the first direction only)
+    if ACCUM:
+        dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
+        dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
+    tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
+    tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
+    if HAS_D and not ACCUM:
+        tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
 
 
 @triton.jit
@@ -361,20 +381,9 @@ def _selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr,
 
         dBc = tl.sum(h * dtu[:, None, :], axis=0)
         dCc = tl.sum(g[:, None, :] * x, axis=0)
-        ppart = part_off + offs_n[:, None] * L + t[None, :]
-        if ACCUM:
-            dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
-            dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
-        tl.store(bc_ptr + ppart, dBc, mask=mbc)
-        tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
+        _store_bc_partials(bc_ptr, part_off + offs_n[:, None] * L + t[None, :], dBc, dCc, mbc, N, L, ACCUM)
 
-    if ACCUM:
-        dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
-        dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
-    tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
-    tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
-    if HAS_D and not ACCUM:
-        tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
+    _store_col_partials(col_ptr, cmat_off, cvec_off, dA_acc, dbias_acc, dD_acc, mask_dn, mask_d, dim, ACCUM, HAS_D)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -839,22 +848,12 @@ def _tiled_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr
             tl.store(ddl_ptr + p2, ddt.to(ddl_ptr.dtype.element_ty), mask=m2)
             dBc = tl.sum(H * dtu[:, :, None], axis=1)
             dCc = tl.sum(X * g[:, :, None], axis=1)
-            ppart = part_off + offs_n[None, :] * L + t[:, None]
-            if ACCUM:
-                dBc += tl.load(bc_ptr + ppart, mask=mbc, other=0.0)
-                dCc += tl.load(bc_ptr + N * L + ppart, mask=mbc, other=0.0)
-            tl.store(bc_ptr + ppart, dBc, mask=mbc)
-            tl.store(bc_ptr + N * L + ppart, dCc, mask=mbc)
+            _store_bc_partials(bc_ptr, part_off + offs_n[None, :] * L + t[:, None], dBc, dCc, mbc, N, L, ACCUM)
             # the next chunk's prologue overwrites the scratch this epilogue read
             tl.debug_barrier()
 
-        if ACCUM:
-            dA_acc += tl.load(col_ptr + cmat_off, mask=mask_dn, other=0.0)
-            dbias_acc += tl.load(col_ptr + cvec_off, mask=mask_d, other=0.0)
-        tl.store(col_ptr + cmat_off, dA_acc, mask=mask_dn)
-        tl.store(col_ptr + cvec_off, dbias_acc, mask=mask_d)
-        if HAS_D and not ACCUM:
-            tl.store(col_ptr + cvec_off + dim, dD_acc, mask=mask_d)
+        _store_col_partials(col_ptr, cmat_off, cvec_off, dA_acc, dbias_acc, dD_acc, mask_dn, mask_d, dim, ACCUM,
+                            HAS_D)
 
 
 @triton.jit
@@ -908,7 +907,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
     per_group = dim // groups
     cfg = _launch_config(length, nstate, per_group, batch * groups)
     block_l, block_d, block_n = cfg["block_l"], cfg["block_d_fwd"], cfg["block_n"]
-    nchunk = _cdiv(length, block_l)
+    nchunk = cdiv(length, block_l)
     ndir = 1 if causal else 2
     save_states = save_states and nchunk > 1
     dev = u.device
@@ -923,7 +922,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
     seg_sum = None
     if cfg["path"] == "seq":
         nseg = cfg["segments"]
-        grid = (_cdiv(per_group, block_d), batch * groups, nseg)
+        grid = (cdiv(per_group, block_d), batch * groups, nseg)
         scratch = torch.empty((grid[0] * grid[1] * nseg, block_l * (3 * block_d + 2 * block_n)), device=dev,
                               dtype=torch.float32)
         seg_state = (empty_output((batch, ndir, nseg, dim, nstate), device=dev, dtype=torch.float32) if nseg > 1
@@ -945,7 +944,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_
                 launch(2, 0, False)
                 launch(2, 1, False)
     else:
-        grid = (_cdiv(per_group, block_d), batch * groups)
+        grid = (cdiv(per_group, block_d), batch * groups)
         _selective_scan_fwd_kernel[grid](*tensors, dim, length, groups, per_group, nstate, nchunk, BLOCK_L=block_l,
                                          RETURN_LAST=return_last_state, **flags)
     return out, last, states, seg_sum, cfg
@@ -958,8 +957,8 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum,
     groups = B.shape[1] if B.dim() == 4 else 1  # (batch, N, L) is one group: the kernels index B and C flat
     per_group = dim // groups
     block_l, block_d, block_n = cfg["block_l"], cfg["block_d_bwd"], cfg["block_n"]
-    nchunk = _cdiv(length, block_l)
-    ndblk = _cdiv(per_group, block_d)
+    nchunk = cdiv(length, block_l)
+    ndblk = cdiv(per_group, block_d)
     ndir = 1 if causal else 2
     seq = cfg["path"] == "seq"
     nseg = cfg["segments"] if seq else 1
@@ -999,8 +998,8 @@ def _backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum,
     dD = empty_output(D.shape, device=dev, dtype=D.dtype) if D is not None else None
     dbias = empty_output(delta_bias.shape, device=dev, dtype=delta_bias.dtype) if delta_bias is not None else None
     block_e, block_c = 1024, 64
-    nprog_bc = _cdiv(batch * groups * 2 * nstate * length, block_e)
-    _bwd_finalize_kernel[(nprog_bc + _cdiv(ncol, block_c),)](
+    nprog_bc = cdiv(batch * groups * 2 * nstate * length, block_e)
+    _bwd_finalize_kernel[(nprog_bc + cdiv(ncol, block_c),)](
         col_part, bc_part, dA, dB, dC, dD, dbias, batch * nseg, ncol, dim * nstate, dim, batch * groups,
         nstate * length, ndblk, nprog_bc, HAS_D=D is not None, HAS_BIAS=delta_bias is not None, BLOCK_E=block_e,
         BLOCK_R=32, BLOCK_C=block_c, num_warps=4)
