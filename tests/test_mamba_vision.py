@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 # `import visionssm` does not register the models yet (the package __init__ is wired at integration): import the
 # model modules explicitly.
+import visionssm.models.comba_vision  # noqa: F401
 import visionssm.models.gka_vision  # noqa: F401
 from visionssm.kernels.utils import relative_error
 from visionssm.layers import MIXERS
@@ -430,11 +431,12 @@ def test_cpu_forward_224():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# GPU: the Triton path against the reference path, torch.compile, a bf16 channels_last training step
+# GPU: the Triton path against the reference path, torch.compile (each family's kernel entry stays an opaque call),
+# a bf16 channels_last training step
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["mamba_vision_T", "gka_vision_T"])
+@pytest.mark.parametrize("name", ["mamba_vision_T", "gka_vision_T", "comba_vision_T"])
 def test_cuda_triton_path_and_compile(name):
     from visionssm.kernels import dispatch
 

@@ -163,6 +163,19 @@ def _MambaCudaScan(ext):  # noqa: N802 (a class factory)
     return MambaCudaScan
 
 
+def _timed_row(name, fn, x, label, mode, *, warmup, repeats) -> dict | None:
+    """One implementation timed on inputs ``x`` (printed): its result row, or None when it fails -- reported, not
+    fatal (e.g. an anchor out of memory)."""
+    try:
+        timing = time_fn(_callable(fn, x, mode), warmup=warmup, repeats=repeats, cuda_graph=name in GRAPHED)
+    except Exception as exc:
+        print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+        return None
+    print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
+    return {"op": "selective_scan", "shape": label, "mode": mode, "impl": name, "ms": timing.median_ms,
+            "spread": round(timing.spread, 3)}
+
+
 def run(quick: bool, copy_gbps: float | None) -> list[dict]:
     global ANCHOR
     rows = []
@@ -172,19 +185,14 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
         label = "x".join(map(str, shape))
         for mode in ("fwd", "fwd+bwd"):
             for name, fn in impls.items():
-                try:
-                    timing = time_fn(_callable(fn, x, mode), warmup=5, repeats=30, cuda_graph=name in GRAPHED)
-                except Exception as exc:  # an anchor that fails (e.g. out of memory) is reported, not fatal
-                    print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+                row = _timed_row(name, fn, x, label, mode, warmup=5, repeats=30)
+                if row is None:
                     continue
-                row = {"op": "selective_scan", "shape": label, "mode": mode, "impl": name,
-                       "ms": timing.median_ms, "spread": round(timing.spread, 3)}
-                gbps = _bytes(*shape, mode) / (timing.median_ms * 1e-3) / 1e9
+                gbps = _bytes(*shape, mode) / (row["ms"] * 1e-3) / 1e9
                 row["GB/s"] = gbps
                 if copy_gbps:
                     row["%copy"] = 100 * gbps / copy_gbps
                 rows.append(row)
-                print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
             quoted = QUOTED_H100.get(shape)
             if quoted:
                 rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": QUOTED,
@@ -200,15 +208,10 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
         for mode in ("fwd", "fwd+bwd"):
             timed = {}
             for name, fn in long_impls.items():
-                try:
-                    timing = time_fn(_callable(fn, x, mode), warmup=3, repeats=20, cuda_graph=name in GRAPHED)
-                except Exception as exc:
-                    print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                timed[name] = timing.median_ms
-                rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": name,
-                             "ms": timing.median_ms, "spread": round(timing.spread, 3)})
-                print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
+                row = _timed_row(name, fn, x, label, mode, warmup=3, repeats=20)
+                if row is not None:
+                    timed[name] = row["ms"]
+                    rows.append(row)
             if OURS in timed and OURS_ONE_SEGMENT in timed:
                 print(f"# {label} {mode}: segmented / one segment = {timed[OURS] / timed[OURS_ONE_SEGMENT]:.2f}x",
                       flush=True)
