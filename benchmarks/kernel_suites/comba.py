@@ -1,8 +1,9 @@
 """Comba kernel suite: visionssm.kernels.comba next to SDPA (same causality) and flash-linear-attention's
 ``chunk_comba`` (causal only; its non-causal form would be two calls), bf16, forward and forward+backward.
 
-Shapes are the GKA issue's: three vision shapes and one LM shape. Targets (issue 4): vision forward+backward
-≤ 1.0× SDPA; at (B4, T2048, H8, D128) ≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
+Shapes are the GKA issue's: three vision shapes and one LM shape, then the mixer of ``comba_vision_S`` (batch 256,
+197 tokens, 6 heads of 64). Targets (issue 4): vision forward+backward ≤ 1.0× SDPA; at (B4, T2048, H8, D128)
+≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
 
 Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or forward
@@ -22,7 +23,7 @@ OURS_GRAPH = "visionssm (CUDA graph)"
 SDPA_GRAPH = "sdpa (CUDA graph)"
 #: Timed by replaying a captured CUDA graph.
 GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
-SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128)]
+SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128), (256, 197, 6, 64)]
 
 
 def _fla_chunk_comba():
@@ -53,15 +54,18 @@ def _inputs(B, T, H, D, dtype=torch.bfloat16):
 
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
-    """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, and the fp32 per-chunk
-    states and chunk inverses written by the forward and read by the backward."""
+    """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, the fp32 per-chunk states
+    and chunk inverses written by the forward and read by the backward, and (64-wide heads and up: split backward)
+    the per-chunk state gradients written and read back within the backward."""
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
         return fwd
-    bt = 16 if D <= 32 else 32
-    states = (1 if causal else 2) * B * H * (-(-T // bt)) * (D * D + bt * bt) * 4
-    return fwd + 2 * states + tokens * (10 * D * elem + 2 * (4 + elem))
+    bt = 16
+    chunks = (1 if causal else 2) * B * H * (-(-T // bt))
+    states = chunks * (D * D + bt * bt) * 4
+    state_grads = chunks * D * D * 4 if D >= 64 else 0
+    return fwd + 2 * states + 2 * state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:

@@ -17,10 +17,13 @@ copies of the inputs): with many programs each one runs both directions and adds
 (``DIR_LOOP``); with few, a second grid slice (``program_id(2) == 1``) takes the reversed direction and the two
 partial outputs are summed afterwards.
 
-Backward: the forward stores the state entering every chunk (``h0``) and the chunk's inverse; the backward walks
-the chunks in reverse, rebuilds the rest of the chunk's WY quantities and carries ``dh`` in registers. Gradients
-that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction) and
-reduced afterwards.
+Backward: the forward stores the state entering every chunk (``h0``) and the chunk's inverse. For small states
+(16–32 wide) one kernel walks the chunks in reverse, rebuilds the rest of the chunk's WY quantities and carries
+``dh`` in registers. For 64-wide and larger states that kernel spills, so the backward is split: a light walk
+carries only ``dh`` and stores it per chunk (``comba_bwd_dh_kernel``), then one program per chunk computes all
+its gradients from the stored ``h0`` and ``dh`` (``comba_bwd_chunk_kernel``; non-causal: a second launch adds the
+reversed direction). Gradients that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block
+(and grid direction) and reduced afterwards.
 
 Launch layout (chunk size, warps, value split, direction handling, W/U0 pre-pass) comes from a heuristic fitted to
 H200 measurements; for large small-head problems on CUDA prefetching and register caps are also timed once per
@@ -296,6 +299,100 @@ def _load_bwd_raw(q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, i_c,
 
 
 @triton.jit
+def _tail_bwd(q, k, p, v, g, beta, do, h_base, dq_base, dk_base, dp_base, dv_base, dg_base, db_base, scale, i_b,
+              i_h, i_d, NTL, o_k, o_v, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, acc):
+    """Gradients of the single last token (``TAIL``): u = β(v − h0ᵀp), h1 = e^g h0 + k uᵀ, o = scale·h1ᵀq, with
+    nothing after it (dh1 comes from o alone). Returns the gradient of the state entering it."""
+    t_q, t_k, t_p, t_v, t_g, t_beta, t_row, t_mk, t_mv = _load_token(q, k, p, v, g, beta, i_b, i_h, i_d, NTL * BT,
+                                                                     o_k, o_v, T, H, K, V)
+    t_do = tl.load(do + t_row * V + o_v, mask=t_mv, other=0).to(tl.float32)
+    t_h0 = tl.load(h_base + NTL * K * V + o_k[:, None] * V + o_v[None, :],
+                   mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0)
+    t_x = t_v - tl.sum(t_h0 * t_p[:, None], 0)
+    t_u = t_beta * t_x
+    t_a = tl.exp(t_g)
+    t_h1 = t_h0 * t_a + t_k[:, None] * t_u[None, :]
+    t_dh1 = scale * t_q[:, None] * t_do[None, :]
+    t_du = tl.sum(t_dh1 * t_k[:, None], 0)
+    t_dr = -t_beta * t_du
+    _accumulate(dq_base + t_row * K + o_k, scale * tl.sum(t_h1 * t_do[None, :], 1), t_mk, acc)
+    _accumulate(dk_base + t_row * K + o_k, tl.sum(t_dh1 * t_u[None, :], 1), t_mk, acc)
+    _accumulate(dp_base + t_row * K + o_k, tl.sum(t_h0 * t_dr[None, :], 1), t_mk, acc)
+    _accumulate(dv_base + t_row * V + o_v, t_beta * t_du, t_mv, acc)
+    _accumulate(dg_base + t_row, t_a * tl.sum(tl.sum(t_dh1 * t_h0, 1), 0), t_row >= 0, acc)
+    _accumulate(db_base + t_row, tl.sum(t_du * t_x, 0), t_row >= 0, acc)
+    return t_a * t_dh1 + t_p[:, None] * t_dr[None, :]
+
+
+@triton.jit
+def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv_in, dq_base, dk_base, dp_base, dv_base,
+               dg_base, db_base, scale, row, m_t, m_tk, m_tv, o_k, o_v, lp_ty, acc, K: tl.constexpr,
+               V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
+               LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr):
+    """Every gradient of one chunk, given the state entering it (``b_h``) and the gradient of the state leaving it
+    (``b_dh``); stores them and returns the gradient of the entering state."""
+    o_t = tl.arange(0, BT)
+    lower = o_t[:, None] >= o_t[None, :]
+    b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
+    b_g, b_beta, b_do = r_g.to(tl.float32), r_beta.to(tl.float32), r_do.to(tl.float32)
+    b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw = _chunk_wy(
+        b_k, b_p, b_v, b_g, b_beta, b_inv_in, lp_ty, BT, LOG2_BT, PREC, INV_PREC, LP_DOT, LOAD_INV)
+    b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC),
+                 input_precision=PREC)
+    b_qs = b_q * scale
+    b_eG = tl.exp(b_Gi)
+    b_Gl = tl.sum(tl.where(o_t == BT - 1, b_Gi, 0.0), 0)
+    b_eGl = tl.exp(b_Gl)
+    b_D = tl.where(lower, tl.exp(tl.where(lower, b_Gi[:, None] - b_Gi[None, :], 0.0)), 0.0)
+    b_Mq = _input_dot(b_q, b_k, lp_ty, PREC, LP_DOT) * (b_D * scale)
+    b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
+
+    # o = e^{G} ⊙ (q_s h0) + Mq u;  h_end = e^{G_last} h0 + kdᵀ u
+    b_du = tl.dot(tl.trans(b_Mq), b_do, input_precision=PREC) + tl.dot(b_kd, b_dh, input_precision=PREC)
+    b_dMq = tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
+    b_dMqD = b_dMq * b_D
+    b_doh = tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+    b_dq = scale * (b_eG[:, None] * b_doh + tl.dot(b_dMqD, b_k, input_precision=PREC))
+    # gradients are stored as soon as they are final: fewer tiles live at once (register pressure)
+    _accumulate(dq_base + row[:, None] * K + o_k[None, :], b_dq, m_tk, acc)
+    b_udh = tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
+    b_dk = tl.dot(tl.trans(b_dMqD), b_qs, input_precision=PREC) + tl.exp(b_Gl - b_Gi)[:, None] * b_udh
+    b_term = b_dMq * b_Mq
+    b_c = tl.sum(b_kd * b_udh, 1)
+    b_dGi = (tl.sum(b_qs * b_doh, 1) * b_eG + tl.sum(b_term, 1) - tl.sum(b_term, 0) - b_c)
+    b_dGl = b_eGl * tl.sum(tl.sum(b_dh * b_h, 1), 0) + tl.sum(b_c, 0)
+    b_dGi += tl.where(o_t == BT - 1, b_dGl, 0.0)
+
+    # u = inv (βv − pw h0) with pw = β e^{Ge} p,  A = strict(β_t e^{Ge_t − Gi_s} p_t·k_s).
+    # With dRv = invᵀ du (the gradient of inv's right-hand side): d(pw) = −dRv h0ᵀ, dA = −dRv uᵀ and
+    # dh0 gets −pwᵀ dRv — three products where the W/U0 form needs five.
+    b_dRv = tl.dot(tl.trans(b_inv), b_du, input_precision=PREC)
+    b_dRp = -tl.dot(b_dRv, tl.trans(b_h), input_precision=PREC)
+    b_dA = -tl.dot(b_dRv, tl.trans(b_u), input_precision=PREC)
+    b_dh_prev = (tl.dot(tl.trans(b_qs * b_eG[:, None]), b_do, input_precision=PREC) + b_eGl * b_dh
+                 - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
+    b_wscale = b_beta * tl.exp(b_Ge)
+    b_rp = tl.sum(b_dRp * b_p, 1)
+    b_dp = b_dRp * b_wscale[:, None]
+    _accumulate(dv_base + row[:, None] * V + o_v[None, :], b_dRv * b_beta[:, None], m_tv, acc)
+    b_dS = b_dA * b_E
+    b_dbeta = b_rp * tl.exp(b_Ge) + tl.sum(b_dRv * b_v, 1) + tl.sum(b_dS * b_pk, 1)
+    b_dS = b_dS * b_beta[:, None]
+    b_dp += tl.dot(b_dS, b_k, input_precision=PREC)
+    _accumulate(dp_base + row[:, None] * K + o_k[None, :], b_dp, m_tk, acc)
+    b_dk += tl.dot(tl.trans(b_dS), b_p, input_precision=PREC)
+    _accumulate(dk_base + row[:, None] * K + o_k[None, :], b_dk, m_tk, acc)
+    b_Aterm = b_dA * b_A
+    b_dGe = b_wscale * b_rp + tl.sum(b_Aterm, 1)
+    b_dGi -= tl.sum(b_Aterm, 0)
+    # Gi = inclusive cumsum(g), Ge = exclusive cumsum(g), both chunk-local
+    b_dg = (tl.sum(b_dGi, 0) - tl.cumsum(b_dGi, 0) + b_dGi) + (tl.sum(b_dGe, 0) - tl.cumsum(b_dGe, 0))
+    _accumulate(dg_base + row, b_dg, m_t, acc)
+    _accumulate(db_base + row, b_dbeta, m_t, acc)
+    return b_dh_prev
+
+
+@triton.jit
 def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B,
                      H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIR_LOOP: tl.constexpr,
@@ -303,10 +400,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta
                      LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    lower = o_t[:, None] >= o_t[None, :]
     BTH = B * T * H
     for i_dd in range(0, N_DIR):
         i_d = i_dd + tl.program_id(2)
@@ -329,26 +424,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta
         if TAIL:
             NTL = NT - 1
         if TAIL:
-            # the single last token: u = β(v − h0ᵀp), h1 = e^g h0 + k uᵀ, o = scale·h1ᵀq (dh after it is zero)
-            t_q, t_k, t_p, t_v, t_g, t_beta, t_row, t_mk, t_mv = _load_token(q, k, p, v, g, beta, i_b, i_h, i_d,
-                                                                             NTL * BT, o_k, o_v, T, H, K, V)
-            t_do = tl.load(do + t_row * V + o_v, mask=t_mv, other=0).to(tl.float32)
-            t_h0 = tl.load(h_base + NTL * K * V + o_k[:, None] * V + o_v[None, :],
-                           mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0)
-            t_x = t_v - tl.sum(t_h0 * t_p[:, None], 0)
-            t_u = t_beta * t_x
-            t_a = tl.exp(t_g)
-            t_h1 = t_h0 * t_a + t_k[:, None] * t_u[None, :]
-            t_dh1 = scale * t_q[:, None] * t_do[None, :]
-            t_du = tl.sum(t_dh1 * t_k[:, None], 0)
-            t_dr = -t_beta * t_du
-            _accumulate(dq_base + t_row * K + o_k, scale * tl.sum(t_h1 * t_do[None, :], 1), t_mk, acc)
-            _accumulate(dk_base + t_row * K + o_k, tl.sum(t_dh1 * t_u[None, :], 1), t_mk, acc)
-            _accumulate(dp_base + t_row * K + o_k, tl.sum(t_h0 * t_dr[None, :], 1), t_mk, acc)
-            _accumulate(dv_base + t_row * V + o_v, t_beta * t_du, t_mv, acc)
-            _accumulate(dg_base + t_row, t_a * tl.sum(tl.sum(t_dh1 * t_h0, 1), 0), t_row >= 0, acc)
-            _accumulate(db_base + t_row, tl.sum(t_du * t_x, 0), t_row >= 0, acc)
-            b_dh = t_a * t_dh1 + t_p[:, None] * t_dr[None, :]
+            b_dh = _tail_bwd(q, k, p, v, g, beta, do, h_base, dq_base, dk_base, dp_base, dv_base, dg_base, db_base,
+                             scale, i_b, i_h, i_d, NTL, o_k, o_v, T, H, K, V, BT, acc)
         if PREFETCH:
             n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_raw(
                 q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, NTL - 1, o_k, o_v, T, H, K, V, BT,
@@ -365,66 +442,108 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta
                 r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv_in = _load_bwd_raw(
                     q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT,
                     LOAD_INV)
-            b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
-            b_g, b_beta, b_do = r_g.to(tl.float32), r_beta.to(tl.float32), r_do.to(tl.float32)
+            b_dh = _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv_in, dq_base, dk_base, dp_base,
+                              dv_base, dg_base, db_base, scale, row, m_t, m_tk, m_tv, o_k, o_v, q.dtype.element_ty,
+                              acc, K, V, BT, LOG2_BT, PREC, INV_PREC, LP_DOT, LOAD_INV)
+        tl.debug_barrier()
+
+
+@triton.jit
+def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
+                        BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr,
+                        TAIL: tl.constexpr):
+    """Split backward, sequential part (grid: value block, batch·head, direction): only the state gradient walks
+    the chunks in reverse; the one leaving chunk c is stored as ``dh[c]`` for :func:`comba_bwd_chunk_kernel`.
+    Per chunk: du = Mqᵀ do + kd dh, dRv = invᵀ du, dh ← (q_s e^{G})ᵀ do + e^{G_last} dh − pwᵀ dRv (no u, no h)."""
+    i_v, i_bh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    lower = o_t[:, None] >= o_t[None, :]
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    dh_base = dh + (i_d.to(tl.int64) * B * H + i_bh) * NT * K * V
+    inv_base = inv + (i_d.to(tl.int64) * B * H + i_bh) * NT * BT * BT
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    NTL = NT
+    if TAIL:
+        NTL = NT - 1
+        # the single last token (see _tail_bwd); do is loaded in v's place
+        t_q, t_k, t_p, t_do, t_g, t_beta, t_row, t_mk, t_mv = _load_token(q, k, p, do, g, beta, i_b, i_h, i_d,
+                                                                          NTL * BT, o_k, o_v, T, H, K, V)
+        t_dh1 = scale * t_q[:, None] * t_do[None, :]
+        t_du = tl.sum(t_dh1 * t_k[:, None], 0)
+        b_dh = tl.exp(t_g) * t_dh1 - t_p[:, None] * (t_beta * t_du)[None, :]
+    for i_r in range(0, NTL):
+        i_c = NTL - 1 - i_r
+        tl.store(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+        if i_c > 0:  # the gradient of the zero initial state is not needed
+            row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
+            b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_p = tl.load(p + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+            b_g = tl.load(g + row, mask=m_t, other=0).to(tl.float32)
+            b_beta = tl.load(beta + row, mask=m_t, other=0).to(tl.float32)
+            if LOAD_INV:
+                b_inv_in = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
+            else:
+                b_inv_in = tl.zeros([BT, BT], dtype=tl.float32)
             b_Gi, b_Ge, b_pk, b_E, b_A, b_inv, b_pw = _chunk_wy(
-                b_k, b_p, b_v, b_g, b_beta, b_inv_in, q.dtype.element_ty, BT, LOG2_BT, PREC, INV_PREC, LP_DOT,
+                b_k, b_p, b_k, b_g, b_beta, b_inv_in, q.dtype.element_ty, BT, LOG2_BT, PREC, INV_PREC, LP_DOT,
                 LOAD_INV)
-            b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC),
-                         input_precision=PREC)
-            b_qs = b_q * scale
-            b_eG = tl.exp(b_Gi)
             b_Gl = tl.sum(tl.where(o_t == BT - 1, b_Gi, 0.0), 0)
-            b_eGl = tl.exp(b_Gl)
             b_D = tl.where(lower, tl.exp(tl.where(lower, b_Gi[:, None] - b_Gi[None, :], 0.0)), 0.0)
             b_Mq = _input_dot(b_q, b_k, q.dtype.element_ty, PREC, LP_DOT) * (b_D * scale)
             b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
-
-            # o = e^{G} ⊙ (q_s h0) + Mq u;  h_end = e^{G_last} h0 + kdᵀ u
-            b_du = tl.dot(tl.trans(b_Mq), b_do, input_precision=PREC) + tl.dot(b_kd, b_dh, input_precision=PREC)
-            b_dMq = tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
-            b_dMqD = b_dMq * b_D
-            b_doh = tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
-            b_dq = scale * (b_eG[:, None] * b_doh + tl.dot(b_dMqD, b_k, input_precision=PREC))
-            # gradients are stored as soon as they are final: fewer tiles live at once (register pressure)
-            _accumulate(dq_base + row[:, None] * K + o_k[None, :], b_dq, m_tk, acc)
-            b_udh = tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
-            b_dk = tl.dot(tl.trans(b_dMqD), b_qs, input_precision=PREC) + tl.exp(b_Gl - b_Gi)[:, None] * b_udh
-            b_term = b_dMq * b_Mq
-            b_c = tl.sum(b_kd * b_udh, 1)
-            b_dGi = (tl.sum(b_qs * b_doh, 1) * b_eG + tl.sum(b_term, 1) - tl.sum(b_term, 0) - b_c)
-            b_dGl = b_eGl * tl.sum(tl.sum(b_dh * b_h, 1), 0) + tl.sum(b_c, 0)
-            b_dGi += tl.where(o_t == BT - 1, b_dGl, 0.0)
-
-            # u = inv (βv − pw h0) with pw = β e^{Ge} p,  A = strict(β_t e^{Ge_t − Gi_s} p_t·k_s).
-            # With dRv = invᵀ du (the gradient of inv's right-hand side): d(pw) = −dRv h0ᵀ, dA = −dRv uᵀ and
-            # dh0 gets −pwᵀ dRv — three products where the W/U0 form needs five.
+            b_du = (tl.dot(tl.trans(b_Mq), b_do, input_precision=PREC)
+                    + tl.dot(b_kd, b_dh, input_precision=PREC))
             b_dRv = tl.dot(tl.trans(b_inv), b_du, input_precision=PREC)
-            b_dRp = -tl.dot(b_dRv, tl.trans(b_h), input_precision=PREC)
-            b_dA = -tl.dot(b_dRv, tl.trans(b_u), input_precision=PREC)
-            b_dh_prev = (tl.dot(tl.trans(b_qs * b_eG[:, None]), b_do, input_precision=PREC) + b_eGl * b_dh
-                         - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
-            b_wscale = b_beta * tl.exp(b_Ge)
-            b_rp = tl.sum(b_dRp * b_p, 1)
-            b_dp = b_dRp * b_wscale[:, None]
-            _accumulate(dv_base + row[:, None] * V + o_v[None, :], b_dRv * b_beta[:, None], m_tv, acc)
-            b_dS = b_dA * b_E
-            b_dbeta = b_rp * tl.exp(b_Ge) + tl.sum(b_dRv * b_v, 1) + tl.sum(b_dS * b_pk, 1)
-            b_dS = b_dS * b_beta[:, None]
-            b_dp += tl.dot(b_dS, b_k, input_precision=PREC)
-            _accumulate(dp_base + row[:, None] * K + o_k[None, :], b_dp, m_tk, acc)
-            b_dk += tl.dot(tl.trans(b_dS), b_p, input_precision=PREC)
-            _accumulate(dk_base + row[:, None] * K + o_k[None, :], b_dk, m_tk, acc)
-            b_Aterm = b_dA * b_A
-            b_dGe = b_wscale * b_rp + tl.sum(b_Aterm, 1)
-            b_dGi -= tl.sum(b_Aterm, 0)
-            # Gi = inclusive cumsum(g), Ge = exclusive cumsum(g), both chunk-local
-            b_dg = (tl.sum(b_dGi, 0) - tl.cumsum(b_dGi, 0) + b_dGi) + (tl.sum(b_dGe, 0) - tl.cumsum(b_dGe, 0))
+            b_qe = b_q * (scale * tl.exp(b_Gi))[:, None]
+            b_dh = (tl.dot(tl.trans(b_qe), b_do, input_precision=PREC) + tl.exp(b_Gl) * b_dh
+                    - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
 
-            _accumulate(dg_base + row, b_dg, m_t, acc)
-            _accumulate(db_base + row, b_dbeta, m_t, acc)
-            b_dh = b_dh_prev
-        tl.debug_barrier()
+
+@triton.jit
+def comba_bwd_chunk_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H,
+                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, DIR: tl.constexpr, ACC: tl.constexpr,
+                           PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr,
+                           TAIL: tl.constexpr):
+    """Split backward, chunk-parallel part (grid: chunk, batch·head, value block; one launch per direction, the
+    second adding onto the first's gradients): every gradient of one chunk from the stored entering state ``h0[c]``
+    and leaving-state gradient ``dh[c]``. Gradients summed over values are written per value block."""
+    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    BTH = B * T * H
+    i_part = i_v.to(tl.int64)
+    i_seq = DIR * B * H + i_bh.to(tl.int64)
+    h_base = h0 + i_seq * NT * K * V
+    dh_base = dh + i_seq * NT * K * V
+    inv_base = inv + i_seq * NT * BT * BT
+    dq_base = dq + i_part * BTH * K
+    dk_base = dk + i_part * BTH * K
+    dp_base = dp + i_part * BTH * K
+    dg_base = dg + i_part * BTH
+    db_base = dbeta + i_part * BTH
+    NTL = NT
+    if TAIL:
+        NTL = NT - 1
+    if i_c == NTL:  # only with TAIL: the grid has NT programs along axis 0, the last one for the single token
+        _tail_bwd(q, k, p, v, g, beta, do, h_base, dq_base, dk_base, dp_base, dv, dg_base, db_base, scale, i_b, i_h,
+                  DIR, NTL, o_k, o_v, T, H, K, V, BT, ACC)
+    else:
+        row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, DIR, i_c, o_k, o_v, T, H, K, V, BT)
+        r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv_in = _load_bwd_raw(
+            q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, DIR, i_c, o_k, o_v, T, H, K, V, BT, LOAD_INV)
+        b_dh = tl.load(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0)
+        _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv_in, dq_base, dk_base, dp_base, dv,
+                   dg_base, db_base, scale, row, m_t, m_tk, m_tv, o_k, o_v, q.dtype.element_ty, ACC, K, V, BT,
+                   LOG2_BT, PREC, INV_PREC, LP_DOT, LOAD_INV)
 
 
 def _next_pow2(n: int) -> int:
@@ -438,14 +557,17 @@ CONFIG_OVERRIDES: dict = {}
 def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> dict:
     BK = max(16, _next_pow2(K))
     BV = max(16, _next_pow2(V))
-    BT = 16 if max(BK, BV) <= 32 or T <= 16 else 32
+    # 16-token chunks everywhere: for 64- and 128-wide heads too, 32-token ones made the one-pass backward spill
+    # registers (H200, 2026-11-22: fwd+bwd 0.65x / 0.62x with 16 at B64 T1024 D64 / B256 T197 H6 D64; with the split
+    # backward 32 is 0.90x at the first and 1.10x at B4 T2048 D128: kernels-comba-sweep-nvidia-h200-2026-11-22.log)
+    BT = 16
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
-    # Measured on an H200 (benchmarks/results, comba): one warp per 16×16 state; four for larger states except
-    # the backward of a 64×64 block, which wants eight.
+    # Measured on an H200 (benchmarks/results, comba): one warp per 16×16 state block, four from 32×32 up, the
+    # split backward's chunk-parallel kernel included (at eight it does not spill but fits one program per SM).
     area = BK * BV
-    num_warps = 1 if area <= 256 else 2 if area < 1024 else 8 if backward and BV >= 64 and area >= 4096 else 4
+    num_warps = 1 if area <= 256 else 2 if area < 1024 else 4
     cfg = {"BT": BT, "BK": BK, "BV": BV, "num_warps": num_warps,
            # Enough programs already: run both directions in one program (no partial buffers to reduce).
            "dir_loop": ND == 2 and BH * cdiv(V, BV) >= 1024,
@@ -460,7 +582,13 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
            "pre_wy": BH * ND * cdiv(V, BV) < 1024 and T > 4 * BT,
            # Load chunk i+1 while chunk i is computed (timed as a candidate where the launch is tuned).
            "prefetch": False,
-           "token_tail": True}
+           "token_tail": True,
+           # Backward in two parts for 64-wide and larger states: the state gradient's walk over the chunks
+           # (stored per chunk), then every chunk's gradients in parallel. The one-pass backward holds too much at
+           # once there and spills (H200 sweep, 2026-11-22: it takes 1.10x / 1.43x the split's fwd+bwd time at
+           # B64 T1024 D64 / B4 T2048 D128, 0.98x at B256 T197 H6 D64); for 16-wide heads the split is 1.33x slower.
+           "split_bwd": max(BK, BV) >= 64,
+           "dh_num_warps": num_warps}
     cfg.update({key: val for key, val in CONFIG_OVERRIDES.items()
                 if not (backward and key == "BT") and key != "bwd_num_warps"})
     if backward and "bwd_num_warps" in CONFIG_OVERRIDES:
@@ -557,7 +685,7 @@ class _FwdPlan:
 
 
 class _BwdPlan:
-    __slots__ = ("NP", "grid_dirs", "main", "cached")
+    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "chunk_passes", "cached")
 
 
 def _fwd_cfgs(B, T, H, K, V, causal, device):
@@ -650,6 +778,21 @@ def _build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: i
     grid_dirs, loop_dirs = _directions(cfg, ND)
     plan = _BwdPlan()
     plan.cached = False
+    NT = cdiv(T, BT)
+    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV,
+              **_precision_args(cfg, dtype, device.type), "LOAD_INV": has_inv, "TAIL": _tail(T, BT, cfg)}
+    if cfg["split_bwd"]:
+        # the state-gradient walk, then every chunk's gradients in parallel: one launch per direction, the reversed
+        # one adding onto the first's gradients (no partials per direction)
+        plan.NP, plan.grid_dirs, plan.main = NV, 1, None
+        plan.dh_walk = DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), (T, NT, B, H), common,
+                                    {"num_warps": cfg["dh_num_warps"]})
+        plan.chunk_passes = tuple(
+            DirectLaunch(comba_bwd_chunk_kernel, (NT, B * H, NV), (T, NT, B, H),
+                         {**common, "DIR": direction, "ACC": direction > 0}, _launch_options(cfg))
+            for direction in range(ND))
+        return plan
+    plan.dh_walk = plan.chunk_passes = None
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
     plan.main = DirectLaunch(comba_bwd_kernel, (NV, B * H, grid_dirs), (T, cdiv(T, BT), B, H),
@@ -677,7 +820,14 @@ def _run_bwd(plan: _BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
     else:
         dq, dk, dp, dg, dbeta = (_partials(NP, t) for t in (q, k, p, g, beta))
         dv = _partials(grid_dirs, v)
-    plan.main(aligned, q, k, v, p, g, beta, h0, h0 if inv is None else inv, do, dq, dk, dv, dp, dg, dbeta, scale)
+    inv = h0 if inv is None else inv  # an unread pointer when the inverses are recomputed
+    if plan.main is not None:
+        plan.main(aligned, q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta, scale)
+    else:
+        dh = empty_output(h0.shape, device=h0.device, dtype=torch.float32)
+        plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
+        for launch in plan.chunk_passes:
+            launch(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
     if NP > 1:
         dq, dk, dp = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dp.sum(0).to(p.dtype)
         dg, dbeta = dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype)

@@ -156,14 +156,17 @@ def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison
     {"dir_loop": True}, {"dir_loop": False, "BT": 32}, {"dir_loop": True, "BV": 16},
     {"pre_wy": True, "dir_loop": False, "BV": 16}, {"pre_wy": True, "dir_loop": True, "store_inv": False},
     {"pre_wy": False, "store_inv": False, "dir_loop": False}, {"prefetch": True, "dir_loop": True},
-    {"prefetch": True, "dir_loop": False, "BV": 16, "store_inv": False}, {"prefetch": True, "pre_wy": True}],
+    {"prefetch": True, "dir_loop": False, "BV": 16, "store_inv": False}, {"prefetch": True, "pre_wy": True},
+    {"split_bwd": True, "BV": 16}, {"split_bwd": True, "store_inv": False, "BT": 32}],
     ids=["directions-in-program", "directions-in-grid-BT32", "directions-in-program-split-V",
          "chunk-parallel-wy-grid-split-V", "chunk-parallel-wy-no-stored-inverse", "recomputed-inverse",
-         "prefetch-directions-in-program", "prefetch-grid-split-V-recomputed-inverse", "prefetch-chunk-parallel-wy"])
+         "prefetch-directions-in-program", "prefetch-grid-split-V-recomputed-inverse", "prefetch-chunk-parallel-wy",
+         "split-backward-split-V", "split-backward-recomputed-inverse-BT32"])
 def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poison_outputs, monkeypatch):
     """Every launch layout the heuristics can pick computes the same thing (forced here on small shapes): directions
-    in one program or over the grid, split value blocks, the chunk-parallel W/U0 pre-pass, and the backward with the
-    forward's stored inverses or recomputing them."""
+    in one program or over the grid, split value blocks, the chunk-parallel W/U0 pre-pass, the backward with the
+    forward's stored inverses or recomputing them, in one pass or split (state-gradient walk, then chunk-parallel
+    gradients)."""
     from visionssm.kernels.comba import fused
 
     monkeypatch.setattr(fused, "CONFIG_OVERRIDES", overrides)
@@ -173,8 +176,10 @@ def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poiso
 
 @pytest.mark.parametrize("overrides", [{"pre_wy": False}, {"pre_wy": False, "prefetch": True, "dir_loop": True},
                                        {"pre_wy": False, "dir_loop": False, "BV": 16, "store_inv": False},
-                                       {"pre_wy": True, "prefetch": True}, {"token_tail": False}],
-                         ids=["fused", "fused-prefetch", "fused-grid-split-V", "chunk-parallel-wy", "no-token-tail"])
+                                       {"pre_wy": True, "prefetch": True}, {"token_tail": False},
+                                       {"split_bwd": True, "BV": 16}],
+                         ids=["fused", "fused-prefetch", "fused-grid-split-V", "chunk-parallel-wy", "no-token-tail",
+                              "split-backward"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_interpreter_single_token_tail(overrides, causal, triton_interpreter, poison_outputs, monkeypatch):
     """T = 49 = 3·16 + 1: the last token runs as a rank-1 step after the chunks (or, forced off, as a chunk)."""
@@ -208,9 +213,10 @@ def test_cuda_forward_and_gradients(B, T, H, K, V, causal, dtype, poison_outputs
 @pytest.mark.cuda
 @pytest.mark.parametrize("overrides", [{"pre_wy": True}, {"pre_wy": False, "store_inv": False, "lp_dot": False},
                                        {"pre_wy": False, "dir_loop": False, "inv_prec": "ieee"},
-                                       {"pre_wy": False, "prefetch": True}],
+                                       {"pre_wy": False, "prefetch": True}, {"split_bwd": False, "BT": 32},
+                                       {"split_bwd": True, "store_inv": False}],
                          ids=["chunk-parallel-wy", "recomputed-inverse-fp32-dots", "directions-in-grid-ieee",
-                              "prefetch"])
+                              "prefetch", "one-pass-backward-BT32", "split-backward-recomputed-inverse"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_cuda_launch_variants(overrides, causal, poison_outputs, monkeypatch):
     """The layouts the heuristics pick for other shapes, forced on a small-head and a large-head shape in bf16."""
@@ -243,17 +249,23 @@ def test_aligned_keys_reference_paths_agree():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_aligned_keys_32_token_chunks(causal, triton_interpreter, poison_outputs):
-    """D = 64 runs 32-token chunks; their inverse is merged from two 16-token blocks, because the 32-term series
-    lost ~12% of the output to cancellation here even in exact fp32."""
+def test_triton_interpreter_aligned_keys_32_token_chunks(causal, triton_interpreter, poison_outputs, monkeypatch):
+    """32-token chunks (a launch option; 16 is the default) merge their inverse from two 16-token blocks, because
+    the 32-term series lost ~12% of the output to cancellation here even in exact fp32."""
+    from visionssm.kernels.comba import fused
+
+    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", {"BT": 32})
     x = make_aligned_inputs(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
     check_against_reference(comba_op, x, causal=causal)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("D", [16, 64])
+@pytest.mark.parametrize("D,BT", [(16, 16), (64, 16), (64, 32)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_aligned_keys_bf16(D, causal, poison_outputs):
+def test_cuda_aligned_keys_bf16(D, BT, causal, poison_outputs, monkeypatch):
+    from visionssm.kernels.comba import fused
+
+    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", {"BT": BT} if BT != 16 else {})
     x = make_aligned_inputs(B=2, T=196, H=2, D=D, device="cuda")
     check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
