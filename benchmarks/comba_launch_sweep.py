@@ -30,9 +30,12 @@ VARIANTS = {
     "dh_warps8": {"dh_num_warps": 8},
     "bv32": {"BV": 32},
     "pre_wy": {"pre_wy": True},
+    "directions_in_grid": {"dir_loop": False},
+    "prefetch": {"prefetch": True},
 }
 # (B, T, H, D, causal)
-SHAPES = [(256, 196, 10, 16, True), (256, 197, 6, 64, False), (64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]
+SHAPES = [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, False), (256, 197, 6, 64, False),
+          (64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]
 
 
 def inputs(B, T, H, D, dtype=torch.bfloat16):

@@ -559,7 +559,7 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
     BV = max(16, _next_pow2(V))
     # 16-token chunks everywhere: for 64- and 128-wide heads too, 32-token ones made the one-pass backward spill
     # registers (H200, 2026-11-22: fwd+bwd 0.65x / 0.62x with 16 at B64 T1024 D64 / B256 T197 H6 D64; with the split
-    # backward 32 is 0.90x at the first and 1.10x at B4 T2048 D128: kernels-comba-sweep-nvidia-h200-2026-11-22.log)
+    # backward 32 is 0.90x at the first and 1.09x at B4 T2048 D128: kernels-comba-sweep-nvidia-h200-2026-11-22.log)
     BT = 16
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
@@ -580,13 +580,15 @@ def _launch_config(K: int, V: int, T: int, BH: int, ND: int, backward: bool) -> 
            # W, U0 from a chunk-parallel kernel first (the state walk then skips the inverse); for few, long
            # sequences, where the walk is latency-bound and repeats the K-side work per value block.
            "pre_wy": BH * ND * cdiv(V, BV) < 1024 and T > 4 * BT,
-           # Load chunk i+1 while chunk i is computed (timed as a candidate where the launch is tuned).
-           "prefetch": False,
+           # Load chunk i+1 while chunk i is computed: for 64-wide and larger heads (fwd+bwd 0.96-0.97x at the
+           # sweep's three such shapes); for small heads timed as a candidate where the launch is tuned.
+           "prefetch": max(BK, BV) >= 64,
            "token_tail": True,
            # Backward in two parts for 64-wide and larger states: the state gradient's walk over the chunks
            # (stored per chunk), then every chunk's gradients in parallel. The one-pass backward holds too much at
-           # once there and spills (H200 sweep, 2026-11-22: it takes 1.10x / 1.43x the split's fwd+bwd time at
-           # B64 T1024 D64 / B4 T2048 D128, 0.98x at B256 T197 H6 D64); for 16-wide heads the split is 1.33x slower.
+           # once there and spills (H200 sweep, 2026-11-22: it takes 1.08x / 1.42x the split's fwd+bwd time at
+           # B64 T1024 D64 / B4 T2048 D128, 0.98x at B256 T197 H6 D64); for 16-wide heads the split is 1.3-1.5x
+           # slower.
            "split_bwd": max(BK, BV) >= 64,
            "dh_num_warps": num_warps}
     cfg.update({key: val for key, val in CONFIG_OVERRIDES.items()
