@@ -13,7 +13,7 @@ a new GPU before changing the defaults in ``_launch_config``.
 import sys
 
 import torch
-import torch.nn.functional as F
+from kernel_suites.comba import make_inputs
 
 from visionssm.kernels import comba
 from visionssm.kernels.comba import fused
@@ -38,15 +38,9 @@ SHAPES = [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16,
           (64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]
 
 
-def inputs(B, T, H, D, dtype=torch.bfloat16):
-    q = F.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1).to(dtype)
-    k = F.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1)
-    p = (k * torch.sigmoid(torch.randn(B, T, H, 1, device="cuda"))).to(dtype)
-    v = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
-    g = F.logsigmoid(torch.randn(B, T, H, device="cuda")) / 16
-    beta = torch.sigmoid(torch.randn(B, T, H, device="cuda")).to(dtype)
-    leaves = [t.requires_grad_() for t in (q, k.to(dtype), v, p, g, beta)]
-    return leaves, torch.randn_like(v)
+def inputs(B, T, H, D):
+    leaves = [t.requires_grad_() for t in make_inputs(B, T, H, D)]  # the kernel suite's inputs (bf16)
+    return leaves, torch.randn_like(leaves[2])
 
 
 def fwd_bwd(leaves, do, causal, overrides):

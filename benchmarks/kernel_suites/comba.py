@@ -41,7 +41,7 @@ def _fla_chunk_comba():
     return chunk_comba, backward_ok
 
 
-def _inputs(B, T, H, D, dtype=torch.bfloat16):
+def make_inputs(B, T, H, D, dtype=torch.bfloat16):
     dev = "cuda"
     q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dtype)
     k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1)
@@ -78,7 +78,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     rows = []
     for B, T, H, D in SHAPES[:1] if quick else SHAPES:
         shape = f"B{B} T{T} H{H} D{D}"
-        q, k, v, p, g, beta = _inputs(B, T, H, D)
+        q, k, v, p, g, beta = make_inputs(B, T, H, D)
         sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
         do = torch.randn_like(v)
         sdo = do.transpose(1, 2).contiguous()

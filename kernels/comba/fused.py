@@ -479,13 +479,9 @@ def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl
         i_c = NTL - 1 - i_r
         tl.store(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
         if i_c > 0:  # the gradient of the zero initial state is not needed
-            row, m_t, m_tk, m_tv = _chunk_rows(i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
-            b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-            b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-            b_p = tl.load(p + row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-            b_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
-            b_g = tl.load(g + row, mask=m_t, other=0).to(tl.float32)
-            b_beta = tl.load(beta + row, mask=m_t, other=0).to(tl.float32)
+            # do is loaded in v's place (same shape)
+            b_q, b_k, b_p, b_do, b_g, b_beta, row, m_t, m_tk, m_tv = _load_chunk(
+                q, k, p, do, g, beta, i_b, i_h, i_d, i_c, o_k, o_v, T, H, K, V, BT)
             if LOAD_INV:
                 b_inv_in = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
             else:
