@@ -13,10 +13,10 @@ a new GPU before changing the defaults in ``_launch_config``.
 import sys
 
 import torch
-from kernel_suites.comba import make_inputs
 
 from visionssm.kernels import comba
 from visionssm.kernels.comba import fused
+from visionssm.kernels.comba.benchmark import make_inputs
 from visionssm.utils.benchmark import time_fn
 
 VARIANTS = {

@@ -3,9 +3,10 @@
     python benchmarks/kernels.py                      # all ops, all shapes (GPU)
     python benchmarks/kernels.py --ops gka --quick    # one op, the first shape only
 
-Each op's cases live in ``benchmarks/kernel_suites/<op>.py``: a module with ``ANCHOR`` (the implementation the
-ratios are taken against) and ``run(quick: bool, copy_gbps: float | None) -> list[dict]`` returning rows with
-``op, shape, mode, impl, ms`` (and optionally ``GB/s``, ``%copy``). Results go to ``benchmarks/results/``.
+Each op's cases live in its kernel package, ``visionssm.kernels.<op>.benchmark``: a module with ``ANCHOR`` (the
+implementation the ratios are taken against) and ``run(quick: bool, copy_gbps: float | None) -> list[dict]``
+returning rows with ``op, shape, mode, impl, ms`` (and optionally ``GB/s``, ``%copy``).
+Results go to ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  copy ceiling {copy_gbps:.0f} GB/s" if copy_gbps else ""), flush=True)
     all_rows, tables = [], []
     for op in args.ops:
-        suite = importlib.import_module(f"kernel_suites.{op}")
+        suite = importlib.import_module(f"visionssm.kernels.{op}.benchmark")
         rows = suite.run(quick=args.quick, copy_gbps=copy_gbps)
         all_rows += rows
         tables.append(f"## {op}\n" + side_by_side(rows, keys=["shape", "mode"], baseline=suite.ANCHOR))

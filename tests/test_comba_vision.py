@@ -16,7 +16,7 @@ from torch import nn
 
 import visionssm.models.comba_vision  # noqa: F401  (registers the models)
 from visionssm.layers.comba import CombaMixer
-from visionssm.layers.gka import ShortConv1d
+from visionssm.layers.common import ShortConv1d
 from visionssm.models.comba_vision import CombaVision
 
 TINY = "test_comba_vision"

@@ -31,7 +31,7 @@ from torch import nn
 
 from visionssm import kernels
 
-from .gka import GatedRMSNorm, ShortConv1d, _require_int, _require_positive, init_log_decay_, l2_normalize
+from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
 
 __all__ = ["CombaMixer"]
 
@@ -59,20 +59,20 @@ class CombaMixer(nn.Module):
                  device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.dim = _require_int("dim", dim, 1)
+        self.dim = require_int("dim", dim, 1)
         if num_heads is None:
             num_heads = max(1, dim // 64)
-        self.num_heads = _require_int("num_heads", num_heads, 1)
+        self.num_heads = require_int("num_heads", num_heads, 1)
         if dim % num_heads:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-        value_dim = dim * _require_positive("expand_v", expand_v)
+        value_dim = dim * require_positive("expand_v", expand_v)
         if value_dim != round(value_dim) or round(value_dim) % num_heads:
             raise ValueError(f"dim * expand_v must be a whole multiple of num_heads={num_heads}, "
                              f"got {dim} * {expand_v}")
         if gate_rank is not None:
-            _require_int("gate_rank", gate_rank, 1)
+            require_int("gate_rank", gate_rank, 1)
         for name, value in (("correction_init", correction_init), ("feedback_init", feedback_init)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")

@@ -38,88 +38,11 @@ from timm.models import register_notrace_module
 from torch import nn
 
 from visionssm import kernels
+from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
 
-__all__ = ["GKAMixer", "GatedRMSNorm", "ShortConv1d", "l2_normalize"]
+from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
 
-
-def _require_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _require_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return float(value)
-
-
-def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(‖x‖² + eps)`` over the last axis, computed in float32 and returned in x's dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-class ShortConv1d(nn.Module):
-    """Depthwise 1-D convolution over the token axis of a (B, L, C) tensor, followed by SiLU.
-
-    ``causal=True`` pads on the left only, so token t sees tokens t−k+1..t; ``causal=False`` centres the window
-    (MambaVision's 'same' padding), so the causal switch of a mixer covers its short convolution too.
-    """
-
-    def __init__(self, channels: int, kernel_size: int = 3, *, device=None, dtype=None) -> None:
-        super().__init__()
-        self.channels = _require_int("channels", channels, 1)
-        self.kernel_size = _require_int("kernel_size", kernel_size, 1)
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size, device=device, dtype=dtype))
-        # nn.Conv1d's default initialisation (kaiming-uniform with a = sqrt(5), fan_in = kernel_size).
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-
-    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
-        k = self.kernel_size
-        padding = (k - 1, 0) if causal else ((k - 1) // 2, k // 2)
-        y = F.conv1d(F.pad(x.transpose(1, 2), padding), self.weight, groups=self.channels)
-        return F.silu(y).transpose(1, 2)
-
-    def extra_repr(self) -> str:
-        return f"{self.channels}, kernel_size={self.kernel_size}"
-
-
-class GatedRMSNorm(nn.Module):
-    """RMSNorm over the last axis (one head), multiplied by ``activation(gate)`` when a gate is given; float32
-    inside, result in x's dtype."""
-
-    def __init__(self, dim: int, *, activation: str = "silu", eps: float = 1e-6, device=None, dtype=None) -> None:
-        super().__init__()
-        if activation not in ("silu", "sigmoid"):
-            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
-        self.activation = activation
-        self.eps = _require_positive("eps", eps)
-        self.weight = nn.Parameter(torch.ones(_require_int("dim", dim, 1), device=device, dtype=dtype))
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        if gate is not None:
-            gate32 = gate.float()
-            y = y * (F.silu(gate32) if self.activation == "silu" else torch.sigmoid(gate32))
-        return y.to(x.dtype)
-
-
-def init_log_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor, *, a_range: tuple[float, float] = (1.0, 16.0),
-                    dt_range: tuple[float, float] = (1e-3, 1e-1), dt_floor: float = 1e-4) -> None:
-    """Mamba2's initialisation of ``g = −exp(A_log)·softplus(W x + dt_bias)``: A ~ U(a_range), dt log-uniform in
-    dt_range with ``dt_bias = softplus⁻¹(dt)``, so that the forget gates start close to 1."""
-    with torch.no_grad():
-        A = torch.empty_like(A_log, dtype=torch.float32).uniform_(*a_range)
-        A_log.copy_(A.log())
-        lo, hi = math.log(dt_range[0]), math.log(dt_range[1])
-        dt = torch.exp(torch.rand_like(dt_bias, dtype=torch.float32) * (hi - lo) + lo).clamp(min=dt_floor)
-        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+__all__ = ["GKAMixer"]
 
 
 @register_notrace_module
@@ -137,19 +60,22 @@ class GKAMixer(nn.Module):
         head_dim: channels per head (16 in GKAVision); the number of heads is ``dim * expand / head_dim``.
         conv_size: kernel size of the depthwise short convolution on q, k and v.
         ridge: ``a`` in the adaptive regulariser ``λ_t = a·‖H_t‖_F`` (0.02 in the paper).
-        num_iters: Chebyshev iterations of the ridge solve (30 in the paper).
+        num_iters: Chebyshev iterations of the ridge solve (30 in the paper; ``solver="chebyshev"`` only).
+        solver: how the ridge system is solved, see :func:`visionssm.kernels.gka`: ``"auto"`` (default: the exact
+            solution where that is the fastest, the paper's Chebyshev iteration elsewhere), ``"direct"`` or
+            ``"chebyshev"`` (the paper's numerics). Checkpoints load whatever the solver: it has no parameters.
         use_output_gate: multiply the normalised output by ``SiLU(W_gate x)`` (Fig. 4); ``False`` drops ``W_gate``.
         norm_eps: epsilon of the per-head output RMSNorm.
     """
 
     def __init__(self, dim: int, *, causal: bool = True, expand: float = 0.5, head_dim: int = 16,
-                 conv_size: int = 3, ridge: float = 0.02, num_iters: int = 30, use_output_gate: bool = True,
-                 norm_eps: float = 1e-6, device=None, dtype=None) -> None:
+                 conv_size: int = 3, ridge: float = 0.02, num_iters: int = 30, solver: str = "auto",
+                 use_output_gate: bool = True, norm_eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.dim = _require_int("dim", dim, 1)
-        self.head_dim = _require_int("head_dim", head_dim, 1)
-        expand = _require_positive("expand", expand)
+        self.dim = require_int("dim", dim, 1)
+        self.head_dim = require_int("head_dim", head_dim, 1)
+        expand = require_positive("expand", expand)
         inner = dim * expand
         if not math.isclose(inner, round(inner)) or round(inner) % head_dim != 0:
             raise ValueError(f"dim * expand must be a whole multiple of head_dim={head_dim}, got {dim} * {expand}")
@@ -158,8 +84,11 @@ class GKAMixer(nn.Module):
         self.inner_dim = round(inner)
         self.num_heads = self.inner_dim // head_dim
         self._causal = causal
-        self.ridge = _require_positive("ridge", ridge)
-        self.num_iters = _require_int("num_iters", num_iters, 1)
+        self.ridge = require_positive("ridge", ridge)
+        self.num_iters = require_int("num_iters", num_iters, 1)
+        if solver not in GKA_SOLVERS:
+            raise ValueError(f"solver must be one of {GKA_SOLVERS}, got {solver!r}")
+        self.solver = solver
         self.use_output_gate = bool(use_output_gate)
         heads = self.num_heads
 
@@ -212,10 +141,11 @@ class GKAMixer(nn.Module):
         g = None
         if self.A_log is not None:
             g = -self.A_log.float().exp() * F.softplus(gates[..., 2 * H:].float() + self.dt_bias.float())
-        o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters)
+        o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters,
+                        solver=self.solver)
         o = self.out_norm(o, gate.reshape(B, L, H, D) if self.use_output_gate else None)
         return self.out_proj(o.reshape(B, L, self.inner_dim))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
-                f"ridge={self.ridge}, num_iters={self.num_iters}")
+                f"ridge={self.ridge}, solver={self.solver}, num_iters={self.num_iters}")

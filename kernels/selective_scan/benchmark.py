@@ -8,7 +8,7 @@ mamba_ssm when it was measured in this run, else against the compiled reference.
 numbers are added as rows marked ``quoted`` (not measured in this run; a different GPU).
 
     python benchmarks/kernels.py --ops selective_scan
-    python -c "import sys; sys.path[:0] = ['benchmarks', '.']; from kernel_suites import selective_scan as s; s.sweep()"
+    python -c "from visionssm.kernels.selective_scan import benchmark as s; s.sweep()"
     VISIONSSM_SCAN_CONFIG='{"block_d_fwd": 64}' python benchmarks/kernels.py --ops selective_scan
 """
 

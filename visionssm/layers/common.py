@@ -1,0 +1,92 @@
+"""Pieces the mixer layers share: argument checks, the depthwise short convolution over tokens, the per-head
+L2 normalisation, the gated per-head RMSNorm, and Mamba2's forgetting-gate initialisation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GatedRMSNorm", "ShortConv1d", "init_log_decay_", "l2_normalize", "require_int", "require_positive"]
+
+
+def require_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def require_positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return float(value)
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(‖x‖² + eps)`` over the last axis, computed in float32 and returned in x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class ShortConv1d(nn.Module):
+    """Depthwise 1-D convolution over the token axis of a (B, L, C) tensor, followed by SiLU.
+
+    ``causal=True`` pads on the left only, so token t sees tokens t−k+1..t; ``causal=False`` centres the window
+    (MambaVision's 'same' padding), so the causal switch of a mixer covers its short convolution too.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.channels = require_int("channels", channels, 1)
+        self.kernel_size = require_int("kernel_size", kernel_size, 1)
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size, device=device, dtype=dtype))
+        # nn.Conv1d's default initialisation (kaiming-uniform with a = sqrt(5), fan_in = kernel_size).
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
+        k = self.kernel_size
+        padding = (k - 1, 0) if causal else ((k - 1) // 2, k // 2)
+        y = F.conv1d(F.pad(x.transpose(1, 2), padding), self.weight, groups=self.channels)
+        return F.silu(y).transpose(1, 2)
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, kernel_size={self.kernel_size}"
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last axis (one head), multiplied by ``activation(gate)`` when a gate is given; float32
+    inside, result in x's dtype."""
+
+    def __init__(self, dim: int, *, activation: str = "silu", eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in ("silu", "sigmoid"):
+            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
+        self.activation = activation
+        self.eps = require_positive("eps", eps)
+        self.weight = nn.Parameter(torch.ones(require_int("dim", dim, 1), device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        if gate is not None:
+            gate32 = gate.float()
+            y = y * (F.silu(gate32) if self.activation == "silu" else torch.sigmoid(gate32))
+        return y.to(x.dtype)
+
+
+def init_log_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor, *, a_range: tuple[float, float] = (1.0, 16.0),
+                    dt_range: tuple[float, float] = (1e-3, 1e-1), dt_floor: float = 1e-4) -> None:
+    """Mamba2's initialisation of ``g = −exp(A_log)·softplus(W x + dt_bias)``: A ~ U(a_range), dt log-uniform in
+    dt_range with ``dt_bias = softplus⁻¹(dt)``, so that the forget gates start close to 1."""
+    with torch.no_grad():
+        A = torch.empty_like(A_log, dtype=torch.float32).uniform_(*a_range)
+        A_log.copy_(A.log())
+        lo, hi = math.log(dt_range[0]), math.log(dt_range[1])
+        dt = torch.exp(torch.rand_like(dt_bias, dtype=torch.float32) * (hi - lo) + lo).clamp(min=dt_floor)
+        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
