@@ -19,9 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from visionssm.layers import mixer_kernel_ops  # noqa: E402
 from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, side_by_side  # noqa: E402
 
-OPS = ("gka", "comba", "selective_scan")
+OPS = tuple(mixer_kernel_ops())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,9 @@ for tuning sweeps and tests. Normal use needs none of this; every op picks its l
 Two sources, merged (code wins over the environment):
 
 * ``VISIONSSM_LAUNCH``, read once when this module is imported, e.g.
-  ``VISIONSSM_LAUNCH="comba:chunk=32,num_warps=4;selective_scan:num_warps_bwd=2"``
+  ``VISIONSSM_LAUNCH="comba:split_bwd=false,num_warps=4;selective_scan:num_warps_bwd=2"``
   (``op:name=value,...`` groups separated by ``;``; values are ints, floats, ``true``/``false`` or strings);
-* :func:`launch_overrides`, a context manager: ``with launch_overrides("comba", chunk=32): ...``.
+* :func:`launch_overrides`, a context manager: ``with launch_overrides("comba", split_bwd=False): ...``.
 
 Each op documents the names it understands next to its launch heuristics and rejects unknown names with a
 ``ValueError`` that names the setting (:func:`check_names`). Ops that cache launch plans key them on

@@ -257,7 +257,7 @@ def test_gka_vision_t_within_5_percent_of_mamba_vision_t():
     model = timm.create_model("gka_vision_T", device="meta")
     count = sum(p.numel() for p in model.parameters())
     assert abs(count / 31.8e6 - 1) < 0.05, count
-    assert all(type(b.mixer).__name__ in ("GKAMixer", "Attention") for b in model.stages[2].blocks)
+    assert all(type(b.mixer).__name__ in ("GKAMixer", "SelfAttention") for b in model.stages[2].blocks)
 
 
 def test_official_restatement_matches_spec():
@@ -369,7 +369,7 @@ def _bidirectional_reference(ref: _OfficialMixer, hidden: torch.Tensor) -> torch
 
 
 def test_mixer_rejects_bad_input():
-    with pytest.raises(ValueError, match="hidden_states"):
+    with pytest.raises(ValueError, match="x must have shape"):
         MambaVisionMixer(32)(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match="expand"):
         MambaVisionMixer(3)
@@ -380,13 +380,23 @@ def test_mixer_rejects_bad_input():
 def test_model_hosts_any_mixer(name, causal):
     model = timm.create_model("mamba_vision_T", mixer=name, mixer_causal=causal, depths=(1, 1, 2, 2),
                               num_classes=5).eval()
-    mixers = [b.mixer for s in model.stages[2:] for b in s.blocks if type(b.mixer).__name__ != "Attention"]
-    assert mixers and all(isinstance(m, MIXERS[name]) for m in mixers)
-    assert all(m.causal == causal for m in mixers)
+    first_half = [b.mixer for s in model.stages[2:] for b in s.blocks[:(len(s.blocks) + 1) // 2]]
+    assert first_half and all(isinstance(m, MIXERS[name].cls) and m.causal == causal for m in first_half)
     with torch.no_grad():
         assert model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
     with pytest.raises(ValueError, match="mixer"):
         timm.create_model("mamba_vision_T", mixer="nope", device="meta")
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_model_hosts_any_second_mixer(name):
+    model = timm.create_model("mamba_vision_T", attn_mixer=name, depths=(1, 1, 2, 2), num_classes=5).eval()
+    second_half = [b.mixer for s in model.stages[2:] for b in s.blocks[(len(s.blocks) + 1) // 2:]]
+    assert second_half and all(isinstance(m, MIXERS[name].cls) and m.causal is False for m in second_half)
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
+    with pytest.raises(ValueError, match="attn_mixer"):
+        timm.create_model("mamba_vision_T", attn_mixer="nope", device="meta")
 
 
 def test_no_weight_decay_patterns_reach_ssm_parameters():

@@ -16,7 +16,6 @@ Exclusions, with the reason:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import fnmatch
 import functools
@@ -27,15 +26,9 @@ import timm
 import torch
 from timm.layers._fx import create_feature_extractor, get_graph_node_names
 
-# `import visionssm` does not register the models yet (wired at integration): import the model modules explicitly.
-import visionssm.models.gka_vision  # noqa: F401
-import visionssm.models.mamba_vision  # noqa: F401
+from visionssm.models import FAMILIES  # importing the package registers every family
 
-with contextlib.suppress(ImportError):  # part B of the same issue; may land separately
-    import visionssm.models.comba_vision  # noqa: F401
-
-MODULES = ["mamba_vision", "gka_vision", "comba_vision"]
-ALL_MODELS = timm.list_models(module=MODULES)
+ALL_MODELS = sorted(model for models in FAMILIES.values() for model in models)
 # Too big for CPU CI beyond creation on the meta device (their code paths are the T/S ones at other widths).
 LARGE = [m for m in ALL_MODELS if fnmatch.fnmatch(m, "*_vision_[BL]*")]
 MODELS = [m for m in ALL_MODELS if m not in LARGE]

@@ -225,9 +225,6 @@ def _autocast(cfg: BenchmarkConfig, device: torch.device):
     return torch.autocast(device.type, dtype=cfg.torch_dtype, enabled=enabled, cache_enabled=not cfg.cuda_graph)
 
 
-MIXER_OPS = ("gka", "comba", "selective_scan")
-
-
 @contextlib.contextmanager
 def _mixer_ops_excluded(counter):
     """Wrap visionssm's sequence-mixer ops so the FLOPs counted inside them can be taken out of the total.
@@ -249,7 +246,9 @@ def _mixer_ops_excluded(counter):
                 excluded[0] += counter.get_total_flops() - before
         return counted_apart
 
-    for name in MIXER_OPS:
+    from visionssm.layers import mixer_kernel_ops
+
+    for name in mixer_kernel_ops():
         try:
             originals[name] = getattr(kernel_ops, name)
         except (AttributeError, ImportError):

@@ -18,7 +18,7 @@ returns q / λ and the read-out is U z = 0, finite. For keys of unit norm F_t �
 Two implementations:
 
 * :func:`gka_recurrent` — a readable token loop (any dtype, float64 included) with ``exact=True`` replacing the
-  Chebyshev iteration by ``torch.linalg.solve``. This is the spec; it is slow.
+  Chebyshev iteration by an exact solve (:func:`spd_solve`, a Cholesky factorisation). This is the spec; it is slow.
 * :func:`gka_chunked` — the same maths vectorised over all (batch, head) pairs and over the tokens of a chunk
   (``H_t`` materialised per token inside a chunk). This is the CPU path of :func:`visionssm.kernels.gka`; its
   gradients come from autograd through the iterations.
@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_recurrent"]
+__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_recurrent", "spd_solve"]
 
 #: Added to ‖H_t‖_F inside λ_t so that an all-zero covariance still gives a regular system (see module docstring).
 EPS = 1e-6
@@ -54,6 +54,36 @@ def chebyshev_solve(matvec, rhs: torch.Tensor, lam: torch.Tensor, fro: torch.Ten
     return x
 
 
+def spd_solve(A: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``A⁻¹ rhs`` for symmetric positive definite ``A`` (..., K, K) and ``rhs`` (..., K), by a Cholesky factorisation
+    written with matmuls and slices only, column by column. Unlike ``torch.linalg.solve`` it exports to ONNX, and it
+    is the algorithm the direct-solve kernels run, in whatever dtype ``A`` has (float64 for the spec)."""
+    K = A.shape[-1]
+    rows = torch.arange(K, device=A.device)
+    columns = []                                          # columns of the lower-triangular factor L, zero above j
+    for j in range(K):
+        s = A[..., :, j]
+        if columns:
+            left = torch.stack(columns, dim=-1)           # (..., K, j)
+            s = s - (left @ left[..., j, :].unsqueeze(-1)).squeeze(-1)
+        s = s * (rows >= j).to(s.dtype)
+        columns.append(s / s[..., j:j + 1].sqrt())
+    L = torch.stack(columns, dim=-1)
+    y = []                                                # L y = rhs
+    for i in range(K):
+        acc = rhs[..., i]
+        if y:
+            acc = acc - (L[..., i, :i] * torch.stack(y, dim=-1)).sum(-1)
+        y.append(acc / L[..., i, i])
+    x = [None] * K                                        # Lᵀ x = y
+    for i in reversed(range(K)):
+        acc = y[i]
+        if i < K - 1:
+            acc = acc - (L[..., i + 1:, i] * torch.stack(x[i + 1:], dim=-1)).sum(-1)
+        x[i] = acc / L[..., i, i]
+    return torch.stack(x, dim=-1)
+
+
 def _defaults(q, g, beta, alpha, causal):
     shape = q.shape[:3]
     if g is None or not causal:
@@ -68,7 +98,7 @@ def _defaults(q, g, beta, alpha, causal):
 def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, ridge: float = 0.02,
                   num_iters: int = 30, exact: bool = False) -> torch.Tensor:
     """Token-by-token GKA (the spec). Shapes as :func:`visionssm.kernels.gka`; computes in ``q.dtype``
-    (pass float64 tensors for a float64 reference). ``exact=True`` solves with ``torch.linalg.solve``."""
+    (pass float64 tensors for a float64 reference). ``exact=True`` solves exactly (:func:`spd_solve`)."""
     g, beta, alpha = _defaults(q, g, beta, alpha, causal)
     B, T, NH, K = q.shape
     V = v.shape[-1]
@@ -90,7 +120,7 @@ def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True
         lam = ridge * (fro + EPS)
         A = H + lam[..., None, None] * eye
         if exact:
-            x = torch.linalg.solve(A, qt.unsqueeze(-1)).squeeze(-1)
+            x = spd_solve(A, qt)
         else:
             x = chebyshev_solve(lambda y, A=A: (A @ y.unsqueeze(-1)).squeeze(-1), qt, lam, fro, num_iters)
         at = alpha[:, t, :, None]
@@ -128,7 +158,7 @@ def gka_chunked(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True, 
         """(H_t + λ_t I) x = rhs; ``Hx(x)`` gives the rows H_t x_t, ``Ht()`` the materialised H_t (exact solve)."""
         lam = ridge * (fro + EPS)
         if exact:
-            return torch.linalg.solve(Ht() + lam[..., None, None] * eye, rhs.unsqueeze(-1)).squeeze(-1)
+            return spd_solve(Ht() + lam[..., None, None] * eye, rhs)
         return chebyshev_solve(lambda x: Hx(x) + lam.unsqueeze(-1) * x, rhs, lam, fro, num_iters)
 
     def mix(x, a, qc):

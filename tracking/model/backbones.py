@@ -21,7 +21,6 @@ directions.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 import timm
@@ -30,20 +29,14 @@ import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 from timm.models import checkpoint_seq
 
-FAMILIES = {"comba_vision": "comba_vision", "mamba_vision": "mamba_vision", "gka_vision": "gka_vision"}
-
-
-def _family(name: str) -> str:
-    base = name[len("test_"):] if name.startswith("test_") else name
-    for prefix, module in FAMILIES.items():
-        if base.startswith(prefix):
-            return module
-    raise ValueError(f"unknown backbone {name!r}: expected comba_vision_*, mamba_vision_*, gka_vision_* or 'tiny'")
-
 
 def create_classifier(name: str, **kwargs) -> nn.Module:
     """The timm-registered visionssm model ``name`` without classifier, its mixers non-causal."""
-    importlib.import_module(f"visionssm.models.{_family(name)}")  # registers the family's entrypoints
+    from visionssm.models import FAMILIES  # importing the package registers every family with timm
+
+    known = sorted(model for models in FAMILIES.values() for model in models)
+    if name not in known:
+        raise ValueError(f"unknown backbone {name!r}: expected one of {known} or 'tiny'")
     kwargs.setdefault("mixer_causal", False)
     return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
 

@@ -1,12 +1,29 @@
-"""Sequence-mixer modules: (B, L, C) -> (B, L, C), each with a ``causal`` switch, on visionssm.kernels.
+"""Sequence-mixer modules on visionssm.kernels: (B, L, C) -> (B, L, C), one contract (:mod:`.base`).
 
-``MIXERS`` maps a mixer name to its class, so a backbone can host any mixer by name (``mixer='gka'``).
+Every module of this package that defines a mixer registers it with :func:`~.base.register_mixer`; importing the
+package imports them all, so :data:`MIXERS` (name -> spec) is complete without a hand-kept list: a new mixer is a
+new file here.
 """
 
-from .comba import CombaMixer
-from .gka import GKAMixer
-from .mamba import MambaVisionMixer
+import importlib
+import pkgutil
 
-MIXERS = {"mamba": MambaVisionMixer, "gka": GKAMixer, "comba": CombaMixer}
+from .base import (
+    MIXERS,
+    MixerSpec,
+    SequenceMixer,
+    build_mixer,
+    get_mixer,
+    mixer_kernel_ops,
+    mixer_no_weight_decay,
+    register_mixer,
+    resolve_mixer,
+)
 
-__all__ = ["MIXERS", "CombaMixer", "GKAMixer", "MambaVisionMixer"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["MIXERS", "MixerSpec", "SequenceMixer", "build_mixer", "get_mixer", "mixer_kernel_ops",
+           "mixer_no_weight_decay", "register_mixer", "resolve_mixer",
+           *(spec.cls.__name__ for spec in MIXERS.values())]
+globals().update({spec.cls.__name__: spec.cls for spec in MIXERS.values()})

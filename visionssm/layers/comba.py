@@ -26,18 +26,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
-from timm.models import register_notrace_module
 from torch import nn
 
 from visionssm import kernels
 
+from .base import SequenceMixer, register_mixer
 from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
 
 __all__ = ["CombaMixer"]
 
 
-@register_notrace_module
-class CombaMixer(nn.Module):
+@register_mixer("comba", kernel="comba")
+class CombaMixer(SequenceMixer):
     """Comba sequence mixer, (B, L, C) -> (B, L, C).
 
     Args:
@@ -53,20 +53,19 @@ class CombaMixer(nn.Module):
         norm_eps: epsilon of the per-head output RMSNorm.
     """
 
+    no_weight_decay_names = ("A_log", "dt_bias", "b_logit", "correction")
+
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
                  conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,
                  gate_rank: int | None = 16, norm_eps: float = 1e-5,
                  device=None, dtype=None) -> None:
-        super().__init__()
+        super().__init__(dim, causal=causal)
         dd = {"device": device, "dtype": dtype}
-        self.dim = require_int("dim", dim, 1)
         if num_heads is None:
             num_heads = max(1, dim // 64)
         self.num_heads = require_int("num_heads", num_heads, 1)
         if dim % num_heads:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         value_dim = dim * require_positive("expand_v", expand_v)
         if value_dim != round(value_dim) or round(value_dim) % num_heads:
             raise ValueError(f"dim * expand_v must be a whole multiple of num_heads={num_heads}, "
@@ -76,7 +75,6 @@ class CombaMixer(nn.Module):
         for name, value in (("correction_init", correction_init), ("feedback_init", feedback_init)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-        self.causal = causal
         self.head_dim = dim // num_heads
         self.value_dim = round(value_dim)
         self.head_v_dim = self.value_dim // num_heads
@@ -96,8 +94,6 @@ class CombaMixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
         self.b_logit = nn.Parameter(torch.empty(heads, **dd))
         self.correction = nn.Parameter(torch.empty(heads, **dd))
-        for param in (self.A_log, self.dt_bias, self.b_logit, self.correction):
-            param._no_weight_decay = True
         self.gate_up = nn.Linear(gate_rank, self.value_dim, **dd) if gate_rank is not None else None
         self.out_norm = GatedRMSNorm(self.head_v_dim, activation="sigmoid", eps=norm_eps, **dd)
         self.out_proj = nn.Linear(self.value_dim, dim, bias=False, **dd)
@@ -115,8 +111,7 @@ class CombaMixer(nn.Module):
             self.correction.fill_(self.correction_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        self.check_input(x)
         B, L, _ = x.shape
         H, K, V = self.num_heads, self.head_dim, self.head_v_dim
         qkv, forget, beta, gate = self.in_proj(x).split(self._splits, dim=-1)

@@ -34,19 +34,19 @@ import math
 import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
-from timm.models import register_notrace_module
 from torch import nn
 
 from visionssm import kernels
 from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
 
+from .base import SequenceMixer, register_mixer
 from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
 
 __all__ = ["GKAMixer"]
 
 
-@register_notrace_module
-class GKAMixer(nn.Module):
+@register_mixer("gka", kernel="gka")
+class GKAMixer(SequenceMixer):
     """Gated KalmaNet sequence mixer, (B, L, C) -> (B, L, C).
 
     Args:
@@ -68,22 +68,20 @@ class GKAMixer(nn.Module):
         norm_eps: epsilon of the per-head output RMSNorm.
     """
 
+    no_weight_decay_names = ("beta_bias", "alpha_bias", "A_log", "dt_bias")
+
     def __init__(self, dim: int, *, causal: bool = True, expand: float = 0.5, head_dim: int = 16,
                  conv_size: int = 3, ridge: float = 0.02, num_iters: int = 30, solver: str = "auto",
                  use_output_gate: bool = True, norm_eps: float = 1e-6, device=None, dtype=None) -> None:
-        super().__init__()
+        super().__init__(dim, causal=causal)
         dd = {"device": device, "dtype": dtype}
-        self.dim = require_int("dim", dim, 1)
         self.head_dim = require_int("head_dim", head_dim, 1)
         expand = require_positive("expand", expand)
         inner = dim * expand
         if not math.isclose(inner, round(inner)) or round(inner) % head_dim != 0:
             raise ValueError(f"dim * expand must be a whole multiple of head_dim={head_dim}, got {dim} * {expand}")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.inner_dim = round(inner)
         self.num_heads = self.inner_dim // head_dim
-        self._causal = causal
         self.ridge = require_positive("ridge", ridge)
         self.num_iters = require_int("num_iters", num_iters, 1)
         if solver not in GKA_SOLVERS:
@@ -102,14 +100,10 @@ class GKAMixer(nn.Module):
         # Standalone parameters (not Linear biases), so a backbone's Linear re-initialisation leaves them alone.
         self.beta_bias = nn.Parameter(torch.empty(heads, **dd))
         self.alpha_bias = nn.Parameter(torch.empty(heads, **dd))
-        self.beta_bias._no_weight_decay = True
-        self.alpha_bias._no_weight_decay = True
         if causal:
             # The forgetting gate γ = exp(g), g = −exp(A_log)·softplus(W_a x + dt_bias).
             self.A_log = nn.Parameter(torch.empty(heads, **dd))
             self.dt_bias = nn.Parameter(torch.empty(heads, **dd))
-            self.A_log._no_weight_decay = True
-            self.dt_bias._no_weight_decay = True
         else:
             self.A_log = self.dt_bias = None
         self.out_norm = GatedRMSNorm(head_dim, activation="silu", eps=norm_eps, **dd)
@@ -124,13 +118,8 @@ class GKAMixer(nn.Module):
         if self.A_log is not None:
             init_log_decay_(self.A_log, self.dt_bias)
 
-    @property
-    def causal(self) -> bool:
-        return self._causal
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        self.check_input(x)
         B, L, _ = x.shape
         H, D = self.num_heads, self.head_dim
         qkv, gate, gates = self.in_proj(x).split(self._splits, dim=-1)

@@ -32,10 +32,13 @@ from timm.layers import trunc_normal_
 
 from visionssm.kernels import selective_scan
 
+from .base import SequenceMixer, register_mixer
+
 __all__ = ["MambaVisionMixer"]
 
 
-class MambaVisionMixer(nn.Module):
+@register_mixer("mamba", kernel="selective_scan")
+class MambaVisionMixer(SequenceMixer):
     """MambaVision's SSM token mixer: (B, L, C) -> (B, L, C).
 
     Args:
@@ -54,6 +57,8 @@ class MambaVisionMixer(nn.Module):
         bias: Give ``in_proj``/``out_proj`` a bias (the official layer has none).
         device, dtype: Factory kwargs for the parameters.
     """
+
+    no_weight_decay_names = ("A_log", "D")
 
     def __init__(
             self,
@@ -74,15 +79,13 @@ class MambaVisionMixer(nn.Module):
             device=None,
             dtype=None,
     ):
-        super().__init__()
+        super().__init__(dim, causal=causal)
         dd = {"device": device, "dtype": dtype}
         d_inner = int(expand * dim)
         if d_inner < 2 or d_inner % 2:
             raise ValueError(f"expand * dim must be an even number >= 2 (x and z are halves), got {d_inner}")
         if dt_init not in ("official", "mamba"):
             raise ValueError(f"dt_init must be 'official' or 'mamba', got {dt_init!r}")
-        self.dim = dim
-        self.causal = bool(causal)
         self.d_state = d_state
         self.d_conv = d_conv
         self.d_inner = d_inner
@@ -98,11 +101,10 @@ class MambaVisionMixer(nn.Module):
         self.conv1d_z = nn.Conv1d(half, half, kernel_size=d_conv, padding=padding, groups=half, bias=conv_bias, **dd)
         self.x_proj = nn.Linear(half, self.dt_rank + 2 * d_state, bias=False, **dd)
         self.dt_proj = nn.Linear(self.dt_rank, half, bias=True, **dd)
-        # A and D stay float32 whatever dtype the module is cast to by the caller's autocast; the scan wants them so.
-        self.A_log = nn.Parameter(torch.empty(half, d_state, device=device, dtype=torch.float32))
-        self.D = nn.Parameter(torch.empty(half, device=device, dtype=torch.float32))
-        self.A_log._no_weight_decay = True
-        self.D._no_weight_decay = True
+        # A and D stay (at least) float32 whatever 16-bit dtype the module is built in; the scan wants them so.
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.A_log = nn.Parameter(torch.empty(half, d_state, device=device, dtype=state_dtype))
+        self.D = nn.Parameter(torch.empty(half, device=device, dtype=state_dtype))
         self.out_proj = nn.Linear(d_inner, dim, bias=bias, **dd)
         self._dt_init = (dt_init, dt_min, dt_max, dt_scale, dt_init_floor)
         self.reset_parameters()
@@ -131,14 +133,17 @@ class MambaVisionMixer(nn.Module):
         self.A_log.copy_(torch.log(a).expand(self.half, -1))
         self.D.fill_(1.0)
 
+    def lookahead(self) -> int:
+        # The 'same'-padded convolutions of the official layer see d_conv // 2 later tokens in both modes.
+        return self.d_conv // 2
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, d_state={self.d_state}, d_conv={self.d_conv}, dt_rank={self.dt_rank}, " \
                f"causal={self.causal}"
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.dim:
-            raise ValueError(f"hidden_states must have shape (B, L, {self.dim}), got {tuple(hidden_states.shape)}")
-        xz = self.in_proj(hidden_states).transpose(1, 2)  # (B, d_inner, L)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        xz = self.in_proj(x).transpose(1, 2)  # (B, d_inner, L)
         x, z = xz.chunk(2, dim=1)
         x = F.silu(self.conv1d_x(x))
         z = F.silu(self.conv1d_z(z))

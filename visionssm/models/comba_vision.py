@@ -53,7 +53,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
-from visionssm.layers.comba import CombaMixer
+from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
 
 __all__ = ["CombaVision"]
 
@@ -69,9 +69,9 @@ def add_pos_embed(x: torch.Tensor, pos_embed: torch.Tensor, grid_size: tuple[int
 
 
 class CombaBlock(nn.Module):
-    """Pre-norm residual block: ``x + DropPath(LS(Comba(LN(x))))``, then ``x + DropPath(LS(MLP(LN(x))))``."""
+    """Pre-norm residual block: ``x + DropPath(LS(mixer(LN(x))))``, then ``x + DropPath(LS(MLP(LN(x))))``."""
 
-    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, mixer_causal: bool = False,
+    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
                  mixer_kwargs: dict | None = None, proj_drop: float = 0.0, drop_path: float = 0.0,
                  init_values: float | None = None, norm_layer=None, act_layer=None, device=None,
                  dtype=None) -> None:
@@ -80,7 +80,8 @@ class CombaBlock(nn.Module):
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
         self.norm1 = norm_layer(dim, **dd)
-        self.mixer = CombaMixer(dim, causal=mixer_causal, num_heads=num_heads, **(mixer_kwargs or {}), **dd)
+        self.mixer = build_mixer(mixer, dim, causal=mixer_causal, kwargs=mixer_kwargs, offered={"num_heads": num_heads},
+                                 **dd)
         self.ls1 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm_layer(dim, **dd)
@@ -105,10 +106,12 @@ class CombaVision(nn.Module):
         global_pool: ``'avg'`` (mean over tokens) or ``''`` (no pooling: the head sees every token).
         embed_dim: width of every block.
         depth: number of blocks.
-        num_heads: Comba heads per block.
+        num_heads: mixer heads per block (offered to mixers whose constructor takes ``num_heads``).
         mlp_ratio: MLP hidden width relative to ``embed_dim``.
+        mixer: the token mixer of every block, a name from ``visionssm.layers.MIXERS`` or a mixer class
+            (default ``'comba'``).
         mixer_causal: ``False`` (default) for the bidirectional mixer, ``True`` for the causal one.
-        mixer_kwargs: further keyword arguments of :class:`~visionssm.layers.comba.CombaMixer`.
+        mixer_kwargs: further keyword arguments of the mixer (e.g. :class:`~visionssm.layers.comba.CombaMixer`'s).
         init_values: LayerScale initial value (``None``: no LayerScale).
         drop_rate: dropout before the classifier.
         pos_drop_rate: dropout after the position embedding.
@@ -118,7 +121,7 @@ class CombaVision(nn.Module):
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 12,
-                 num_heads: int = 3, mlp_ratio: float = 4.0, mixer_causal: bool = False,
+                 num_heads: int = 3, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
                  mixer_kwargs: dict | None = None, init_values: float | None = None, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer=None, act_layer=None, device=None, dtype=None) -> None:
@@ -143,7 +146,7 @@ class CombaVision(nn.Module):
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         self.blocks = nn.Sequential(*[
-            CombaBlock(embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_causal=mixer_causal,
+            CombaBlock(embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, mixer=mixer, mixer_causal=mixer_causal,
                        mixer_kwargs=mixer_kwargs, proj_drop=proj_drop_rate, drop_path=dpr[i],
                        init_values=init_values, norm_layer=norm_layer, act_layer=act_layer, **dd)
             for i in range(depth)])
@@ -158,17 +161,17 @@ class CombaVision(nn.Module):
     def init_weights(self) -> None:
         trunc_normal_(self.pos_embed, std=0.02)
         self.apply(_init_weights)
-        # The mixers' own gates and scalars (A_log, dt_bias, b, d) keep their initialisation; their Linear
-        # layers get the same trunc-normal(0.02) as everything else.
+        # Mixers own their initialisation (Comba's gates and scalars, and trunc-normal(0.02) Linear layers as
+        # everything else): restore it after the model-wide pass.
         for module in self.modules():
-            if isinstance(module, CombaMixer):
+            if isinstance(module, SequenceMixer):
                 module.reset_parameters()
 
     # ---- timm contract --------------------------------------------------------------------------------------
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "*.A_log", "*.dt_bias", "*.b_logit", "*.correction"}
+        return {"pos_embed"} | mixer_no_weight_decay(self)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:

@@ -25,8 +25,8 @@ Differences from the official code, none of which changes the function computed:
   ``checkpoint_filter_fn`` maps the official names (``patch_embed.conv_down``, ``levels.{i}.downsample`` at the end
   of level i, ``gamma_1``, ``head``).
 - ``forward_features`` returns the normalised, unpooled map (timm convention); pooling lives in the head.
-- The SSM half of a windowed stage can host any mixer of ``visionssm.layers.MIXERS`` (``mixer=``), scanned causally
-  or not (``mixer_causal=``): ``gka_vision_*`` (visionssm.models.gka_vision) are presets of this class.
+- Both halves of a windowed stage can host any mixer of ``visionssm.layers.MIXERS``: ``mixer=`` (scanned causally or
+  not, ``mixer_causal=``) and ``attn_mixer=``. ``gka_vision_*`` and ``echo_vision_*`` are presets of this class.
 """
 
 from __future__ import annotations
@@ -35,13 +35,12 @@ import argparse
 import pickle
 import re
 from collections.abc import Callable, Sequence
-from typing import Final
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, Mlp, trunc_normal_, use_fused_attn
+from timm.layers import ClassifierHead, DropPath, Mlp, trunc_normal_
 from timm.models import (
     adapt_input_conv,
     build_model_with_cfg,
@@ -49,9 +48,10 @@ from timm.models import (
     generate_default_cfgs,
     register_model,
     register_notrace_function,
-    register_notrace_module,
 )
 from timm.models._features import feature_take_indices
+
+from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
 
 __all__ = ["MambaVision"]
 
@@ -59,23 +59,6 @@ __all__ = ["MambaVision"]
 def _timm_dd(device, dtype) -> dict:
     # Factory kwargs for timm layers, passed only when set: older timm layers do not accept device/dtype.
     return {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
-
-
-def resolve_mixer(mixer: str | type | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A mixer name from ``visionssm.layers.MIXERS`` (``'mamba'``, ``'gka'``, ``'comba'``) or a class/factory with
-    the mixer contract ``Mixer(dim, *, causal, device=None, dtype=None, **mixer_kwargs)``, (B, L, C) -> (B, L, C)."""
-    if isinstance(mixer, str):
-        from visionssm.layers import MIXERS  # imported here: the layers pull in the kernel packages
-
-        if mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {sorted(MIXERS)} or a module class, got {mixer!r}")
-        mixer = MIXERS[mixer]
-    if not callable(mixer):
-        raise TypeError(f"mixer must be a name or a callable returning an nn.Module, got {type(mixer).__name__}")
-    if isinstance(mixer, type):
-        # The mixers call kernels through Python-level dispatch: FX keeps them as leaves.
-        register_notrace_module(mixer)
-    return mixer
 
 
 @register_notrace_function
@@ -182,48 +165,6 @@ class ConvBlock(nn.Module):
         return shortcut + self.drop_path(self.ls(x))
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention over a window's tokens (no mask, no position bias)."""
-
-    fused_attn: Final[bool]
-
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int = 8,
-            qkv_bias: bool = True,
-            attn_drop: float = 0.0,
-            proj_drop: float = 0.0,
-            device=None,
-            dtype=None,
-    ):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        dd = {"device": device, "dtype": dtype}
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
-        self.fused_attn = use_fused_attn()
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim, **dd)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
-        else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            attn = self.attn_drop(attn.softmax(dim=-1))
-            x = attn @ v
-        x = x.transpose(1, 2).reshape(B, N, C)
-        return self.proj_drop(self.proj(x))
-
-
 class Block(nn.Module):
     """Pre-norm residual block on tokens: x + DropPath(ls1(mixer(LN(x)))), x + DropPath(ls2(MLP(LN(x))))."""
 
@@ -258,7 +199,8 @@ class Block(nn.Module):
 
 class MambaVisionStage(nn.Module):
     """Optional downsample, then either conv blocks (``conv=True``) or windowed token blocks: the first
-    ceil(depth / 2) with the sequence mixer, the rest with self-attention."""
+    ceil(depth / 2) with ``mixer`` (MambaVision: the selective scan), the rest with ``attn_mixer`` (MambaVision:
+    self-attention)."""
 
     def __init__(
             self,
@@ -270,9 +212,12 @@ class MambaVisionStage(nn.Module):
             downsample: bool,
             num_heads: int,
             window_size: int,
-            mixer: Callable[..., nn.Module],
+            mixer: str | Callable[..., nn.Module] = "mamba",
             mixer_causal: bool = True,
             mixer_kwargs: dict | None = None,
+            attn_mixer: str | Callable[..., nn.Module] = "attention",
+            attn_mixer_causal: bool = False,
+            attn_mixer_kwargs: dict | None = None,
             mlp_ratio: float = 4.0,
             qkv_bias: bool = True,
             proj_drop: float = 0.0,
@@ -296,12 +241,16 @@ class MambaVisionStage(nn.Module):
             blocks = [ConvBlock(dim_out, drop_path[i], layer_scale_conv, **dd) for i in range(depth)]
         else:
             num_mixer = (depth + 1) // 2  # official: attention in the last floor(depth / 2) blocks
+            # What the stage offers the second slot's mixer, if its constructor takes it (attention: all of it).
+            attn_offered = {"num_heads": num_heads, "qkv_bias": qkv_bias, "attn_drop": attn_drop,
+                            "proj_drop": proj_drop}
             blocks = []
             for i in range(depth):
                 if i < num_mixer:
-                    token_mixer = mixer(dim_out, causal=mixer_causal, **dd, **(mixer_kwargs or {}))
+                    token_mixer = build_mixer(mixer, dim_out, causal=mixer_causal, kwargs=mixer_kwargs, **dd)
                 else:
-                    token_mixer = Attention(dim_out, num_heads, qkv_bias, attn_drop, proj_drop, **dd)
+                    token_mixer = build_mixer(attn_mixer, dim_out, causal=attn_mixer_causal, kwargs=attn_mixer_kwargs,
+                                              offered=attn_offered, argument="attn_mixer", **dd)
                 blocks.append(Block(dim_out, token_mixer, mlp_ratio, proj_drop, drop_path[i], layer_scale, **dd))
         self.blocks = nn.Sequential(*blocks)
 
@@ -337,9 +286,15 @@ class MambaVision(nn.Module):
         layer_scale: LayerScale init in token blocks (``None``: no layer scale).
         layer_scale_conv: LayerScale init in conv blocks (``None``: no layer scale).
         num_conv_stages: How many leading stages are conv stages (2 in MambaVision).
-        mixer: Sequence mixer of the token blocks' first half: a name from ``visionssm.layers.MIXERS`` or a class.
-        mixer_causal: ``causal=`` given to every mixer.
-        mixer_kwargs: Extra constructor kwargs for every mixer.
+        mixer: Sequence mixer of the token blocks' first half: a name from ``visionssm.layers.MIXERS`` or a class
+            following the mixer contract (``visionssm.layers.base``).
+        mixer_causal: ``causal=`` given to every first-half mixer.
+        mixer_kwargs: Extra constructor kwargs for every first-half mixer.
+        attn_mixer: Mixer of the token blocks' second half (``'attention'`` in MambaVision; e.g. ``'ska'`` for the
+            Echo-style hybrids). It is offered the stage's ``num_heads`` and the attention options (``qkv_bias``,
+            dropouts) where its constructor takes them.
+        attn_mixer_causal: ``causal=`` given to every second-half mixer (``False`` in MambaVision).
+        attn_mixer_kwargs: Extra constructor kwargs for every second-half mixer.
         drop_rate: Dropout before the classifier.
         proj_drop_rate: Dropout after attention/MLP projections.
         attn_drop_rate: Attention dropout.
@@ -365,6 +320,9 @@ class MambaVision(nn.Module):
             mixer: str | Callable[..., nn.Module] = "mamba",
             mixer_causal: bool = True,
             mixer_kwargs: dict | None = None,
+            attn_mixer: str | Callable[..., nn.Module] = "attention",
+            attn_mixer_causal: bool = False,
+            attn_mixer_kwargs: dict | None = None,
             drop_rate: float = 0.0,
             proj_drop_rate: float = 0.0,
             attn_drop_rate: float = 0.0,
@@ -392,7 +350,8 @@ class MambaVision(nn.Module):
         self.drop_rate = drop_rate
         self.mixer_name = mixer if isinstance(mixer, str) else getattr(mixer, "__name__", str(mixer))
         self.mixer_causal = mixer_causal
-        mixer_cls = resolve_mixer(mixer)
+        self.attn_mixer_name = attn_mixer if isinstance(attn_mixer, str) else getattr(attn_mixer, "__name__",
+                                                                                      str(attn_mixer))
 
         self.stem = Stem(in_chans, stem_dim, dims[0], **dd)
         total = sum(depths)
@@ -409,9 +368,12 @@ class MambaVision(nn.Module):
                 downsample=i > 0,
                 num_heads=num_heads[i],
                 window_size=window_size[i],
-                mixer=mixer_cls,
+                mixer=mixer,
                 mixer_causal=mixer_causal,
                 mixer_kwargs=mixer_kwargs,
+                attn_mixer=attn_mixer,
+                attn_mixer_causal=attn_mixer_causal,
+                attn_mixer_kwargs=attn_mixer_kwargs,
                 mlp_ratio=mlp_ratio,
                 qkv_bias=qkv_bias,
                 proj_drop=proj_drop_rate,
@@ -433,11 +395,12 @@ class MambaVision(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         # The official model-wide init: trunc-normal(0.02) Linear weights, zero biases, unit norms. Sequence mixers
-        # own their init (MambaVisionMixer reproduces what the official init leaves in it), so they are skipped.
+        # own their init (MambaVisionMixer and SelfAttention reproduce what the official init leaves in them), so they
+        # are skipped.
         skip = set()
         for module in self.modules():
-            if isinstance(module, Block) and not isinstance(module.mixer, Attention):
-                skip.update(id(m) for m in module.mixer.modules())
+            if isinstance(module, SequenceMixer):
+                skip.update(id(m) for m in module.modules())
         for module in self.modules():
             if id(module) in skip:
                 continue
@@ -451,10 +414,9 @@ class MambaVision(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        # fnmatch patterns over full parameter names (timm's optimizer factory); A_log is 2-D so it needs naming.
-        names = {"*.A_log", "*.D", "*.dt_bias", "*.gamma"}
-        names.update(n for n, p in self.named_parameters() if getattr(p, "_no_weight_decay", False))
-        return names
+        # Names or fnmatch patterns over full parameter names (timm's optimizer factory): every mixer's own list (the
+        # SSM's A_log is 2-D, so 1-D-only rules would miss it) and the layer-scale gammas.
+        return {"*.gamma"} | mixer_no_weight_decay(self)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
