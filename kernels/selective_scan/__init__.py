@@ -1,6 +1,8 @@
 """Mamba-1 selective scan: a drop-in for mamba_ssm's ``selective_scan_fn``, causal and bidirectional.
 
-The semantics (and the float64 specification) live in :mod:`.naive`; the Triton kernels in :mod:`.scan`.
+The semantics (and the float64 specification) live in :mod:`.naive`. The Triton path, split by stage: the kernels in
+:mod:`.forward` and :mod:`.backward`, their launch settings and host-side launch code in :mod:`.launch`, the
+autograd wrapper in :mod:`.autograd`.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     from ..dispatch import select_backend
 
     if select_backend(u, delta, A, B, C, D, z, delta_bias) == "triton":
-        from .scan import selective_scan_triton
+        from .autograd import selective_scan_triton
 
         return selective_scan_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal=causal,
                                      return_last_state=return_last_state)

@@ -2,27 +2,32 @@
 
 Implementations: ours (Triton), the PyTorch reference path compiled with ``torch.compile``, and mamba_ssm's CUDA
 kernel when it is importable on the machine: ``mamba_ssm.ops.selective_scan_interface.selective_scan_fn``, or, if
-only its extension ``selective_scan_cuda`` is (e.g. built alone with ``.dev/scan/build_anchor.py``), a thin autograd
-wrapper over ``selective_scan_cuda.fwd/bwd`` doing what ``selective_scan_fn`` does. The ratios are taken against
-mamba_ssm when it was measured in this run, else against the compiled reference. The issue's H100 ``mamba_ssm``
-numbers are added as rows marked ``quoted`` (not measured in this run; a different GPU).
+only its extension ``selective_scan_cuda`` is (e.g. built alone from mamba's ``csrc/selective_scan`` sources with
+``torch.utils.cpp_extension``, where no wheel fits the machine), a thin autograd wrapper over
+``selective_scan_cuda.fwd/bwd`` doing what ``selective_scan_fn`` does. The ratios are taken against mamba_ssm when
+it was measured in this run, else against the compiled reference. The H100 ``mamba_ssm`` numbers of the op's speed
+target are added as rows marked ``quoted`` (not measured in this run; a different GPU).
 
     python benchmarks/kernels.py --ops selective_scan
-    python -c "from visionssm.kernels.selective_scan import benchmark as s; s.sweep()"
-    VISIONSSM_SCAN_CONFIG='{"block_d_fwd": 64}' python benchmarks/kernels.py --ops selective_scan
+    VISIONSSM_LAUNCH="selective_scan:block_d_fwd=64" python benchmarks/kernels.py --ops selective_scan
+
+Launch settings forced through :mod:`visionssm.kernels.tuning` (as in the second line) apply to our rows and are
+printed; ``benchmarks/scan_launch_sweep.py`` times launch variants side by side. Without CUDA the suite prints one
+line and returns no rows.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 
 import torch
 
-from visionssm.kernels import selective_scan
+from visionssm.kernels import selective_scan, tuning
 from visionssm.kernels.selective_scan.naive import selective_scan_torch
+from visionssm.kernels.tuning import launch_overrides
 from visionssm.utils.benchmark import time_fn
 
+OP = "selective_scan"
 COMPILED = "torch.compile(ref)"
 MAMBA = "mamba_ssm"
 MAMBA_GRAPH = "mamba_ssm (CUDA graph)"
@@ -30,22 +35,20 @@ MAMBA_GRAPH = "mamba_ssm (CUDA graph)"
 ANCHOR = COMPILED
 OURS = "visionssm-triton"
 OURS_GRAPH = "visionssm-triton (CUDA graph)"
-OURS_SCAN = "visionssm-triton scan-path"
 #: Timed by replaying a captured CUDA graph (forward, or forward + autograd backward): GPU time without the host's
 #: per-call work (Python, launches), which the plain rows include when the host is the slower side.
 GRAPHED = (OURS_GRAPH, MAMBA_GRAPH)
-#: JSON launch config for our kernels (see ``scan.CONFIG_OVERRIDE``); unset: the built-in defaults.
-CONFIG_ENV = "VISIONSSM_SCAN_CONFIG"
 QUOTED = "mamba_ssm H100 (quoted)"
 
 #: (batch, dim, L, N): mamba_vision_T stages 2 and 3, and mamba_vision_B's widths.
 SHAPES = [(256, 160, 196, 8), (256, 320, 49, 8), (256, 256, 196, 8), (256, 512, 49, 8)]
 #: Long sequences with few (batch, channel block) programs, where the time axis is split into segments scanned in
 #: parallel (e.g. 56 x 56 = 3136 tokens of a stage-1 scan in VMamba-like designs): ours against ours run as one
-#: segment. mamba_ssm is not timed here (the anchor build of .dev/scan/build_anchor.py only has L <= 256 kernels).
+#: segment. mamba_ssm is not timed here (the anchor builds used so far instantiate only its L <= 256 kernels).
 LONG_SHAPES = [(2, 192, 3136, 16), (16, 192, 3136, 16)]
 OURS_ONE_SEGMENT = "visionssm-triton (one segment)"
-#: Issue 5: mamba_ssm's CUDA selective_scan_fn on an H100 with bf16 inputs, (forward ms, forward+backward ms).
+#: The speed target's reference: mamba_ssm's CUDA selective_scan_fn on an H100 with bf16 inputs, as quoted
+#: (forward ms, forward+backward ms).
 QUOTED_H100 = {(256, 160, 196, 8): (0.24, 0.94), (256, 320, 49, 8): (0.26, 0.84),
                (256, 256, 196, 8): (0.32, 1.29), (256, 512, 49, 8): (0.35, 1.31)}
 
@@ -88,25 +91,11 @@ def _bytes(batch, dim, length, nstate, mode):
     return fwd if mode == "fwd" else fwd + 5 * act + 4 * bc  # + u, delta, dout in; du, ddelta out; B, C, dB, dC
 
 
-def _with_config(config):
-    from visionssm.kernels.selective_scan import scan
-
-    def call(*args):
-        previous = scan.CONFIG_OVERRIDE
-        scan.CONFIG_OVERRIDE = config
-        try:
-            return selective_scan(*args)
-        finally:
-            scan.CONFIG_OVERRIDE = previous
-    return call
-
-
 def _implementations():
-    config = json.loads(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None
-    if config:
-        print(f"# {OURS} launch config: {config}", flush=True)
-    ours = _with_config(config)
-    impls = {OURS: ours, OURS_GRAPH: ours, OURS_SCAN: _with_config({"path": "scan"}),
+    forced = dict(tuning.overrides(OP))
+    if forced:
+        print(f"# {OURS} launch settings forced: {forced}", flush=True)
+    impls = {OURS: selective_scan, OURS_GRAPH: selective_scan,
              COMPILED: torch.compile(selective_scan_torch, dynamic=False)}
     mamba = mamba_selective_scan()
     if mamba is not None:
@@ -178,6 +167,9 @@ def _timed_row(name, fn, x, label, mode, *, warmup, repeats) -> dict | None:
 
 def run(quick: bool, copy_gbps: float | None) -> list[dict]:
     global ANCHOR
+    if not torch.cuda.is_available():
+        print("# selective_scan suite needs CUDA; skipped", flush=True)
+        return []
     rows = []
     impls = _implementations()
     for shape in SHAPES[:1] if quick else SHAPES:
@@ -196,19 +188,21 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
             quoted = QUOTED_H100.get(shape)
             if quoted:
                 rows.append({"op": "selective_scan", "shape": label, "mode": mode, "impl": QUOTED,
-                             "ms": quoted[0 if mode == "fwd" else 1], "note": "issue 5, H100, not measured here"})
+                             "ms": quoted[0 if mode == "fwd" else 1], "note": "quoted H100 figure, not measured here"})
         del x
         torch.cuda.empty_cache()
-    config = json.loads(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else {}
-    long_impls = {OURS: impls[OURS], OURS_GRAPH: impls[OURS_GRAPH],
-                  OURS_ONE_SEGMENT: _with_config({**config, "segments": 1})}
+    # ours again with the time axis in one segment (whatever else is forced), the override held over the whole
+    # timing so the cached launch config stays valid between calls
+    long_impls = {OURS: contextlib.nullcontext, OURS_GRAPH: contextlib.nullcontext,
+                  OURS_ONE_SEGMENT: lambda: launch_overrides(OP, segments=1)}
     for shape in [] if quick else LONG_SHAPES:
         x = make_inputs(*shape)
         label = "x".join(map(str, shape))
         for mode in ("fwd", "fwd+bwd"):
             timed = {}
-            for name, fn in long_impls.items():
-                row = _timed_row(name, fn, x, label, mode, warmup=3, repeats=20)
+            for name, forced in long_impls.items():
+                with forced():
+                    row = _timed_row(name, selective_scan, x, label, mode, warmup=3, repeats=20)
                 if row is not None:
                     timed[name] = row["ms"]
                     rows.append(row)
@@ -220,42 +214,3 @@ def run(quick: bool, copy_gbps: float | None) -> list[dict]:
     ANCHOR = MAMBA if any(row["impl"] == MAMBA for row in rows) else COMPILED
     return rows
 
-
-def sweep(shapes=None, configs=None, out_path=None) -> dict:
-    """Time the sequential kernels over launch shapes; return (and optionally write as JSON) the best config:
-    forward block/warps by forward time, backward block/warps and chunk by (forward+backward - forward)."""
-    from visionssm.kernels.selective_scan import scan
-
-    configs = configs or [(16, 32, 1), (16, 32, 2), (16, 64, 2), (16, 16, 1), (16, 64, 4), (32, 32, 1),
-                          (8, 32, 1), (16, 128, 4)]
-    totals = {}
-    for shape in shapes or SHAPES[:2]:
-        x = make_inputs(*shape)
-        label = "x".join(map(str, shape))
-        for chunk, block_d, nw in configs:
-            scan.CONFIG_OVERRIDE = {"path": "seq", "block_l": chunk, "block_d_fwd": block_d, "block_d_bwd": block_d,
-                                    "warps_fwd": nw, "warps_bwd": nw}
-            try:
-                fwd = time_fn(_callable(selective_scan, x, "fwd"), warmup=3, repeats=20, cuda_graph=True).median_ms
-                both = time_fn(_callable(selective_scan, x, "fwd+bwd"), warmup=3, repeats=20).median_ms
-            except Exception as exc:
-                print(f"{label} chunk{chunk} D{block_d} w{nw}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                continue
-            acc = totals.setdefault((chunk, block_d, nw), [0.0, 0.0, 0])
-            acc[0] += fwd
-            acc[1] += both - fwd
-            acc[2] += 1
-            print(f"{label} chunk{chunk:3d} D{block_d:4d} w{nw}: fwd {fwd:.4f} ms (graph)  fwd+bwd {both:.4f} ms",
-                  flush=True)
-        del x
-    scan.CONFIG_OVERRIDE = None
-    complete = {k: v for k, v in totals.items() if v[2] == max(t[2] for t in totals.values())}
-    best_fwd = min(complete, key=lambda k: complete[k][0])
-    best_bwd = min(complete, key=lambda k: complete[k][1])
-    best = {"path": "seq", "block_l": best_bwd[0], "block_d_fwd": best_fwd[1], "warps_fwd": best_fwd[2],
-            "block_d_bwd": best_bwd[1], "warps_bwd": best_bwd[2]}
-    print("best:", json.dumps(best), flush=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(best, f)
-    return best

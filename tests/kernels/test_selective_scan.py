@@ -13,6 +13,7 @@ import torch
 
 from visionssm.kernels import selective_scan
 from visionssm.kernels.selective_scan.naive import selective_scan_ref
+from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 
 LENGTHS = (1, 5, 49, 63, 196, 257)
@@ -211,35 +212,24 @@ def test_bad_input_device():
 # Triton kernels in the interpreter (tiny shapes)
 
 
-#: The Triton implementations: the sequential kernels (coalesced chunk tiles around the sequential recurrence)
-#: and the associative-scan kernels.
-KERNEL_PATHS = {"tiled": {"path": "seq", "lean": True, "unroll": True, "block_l": 8,
-                          "block_d_fwd": 32, "warps_fwd": 1, "block_d_bwd": 32, "warps_bwd": 2},
-                "scan": {"path": "scan"}}
+def launch_config(*sizes):
+    """The Triton path's launch settings for a problem size (imported here: that module imports Triton)."""
+    pytest.importorskip("triton")
+    from visionssm.kernels.selective_scan.launch import launch_config as config
 
-
-@pytest.fixture(params=list(KERNEL_PATHS))
-def kernel_path(request):
-    from visionssm.kernels.selective_scan import scan
-
-    previous = scan.CONFIG_OVERRIDE
-    scan.CONFIG_OVERRIDE = dict(KERNEL_PATHS[request.param])
-    yield request.param
-    scan.CONFIG_OVERRIDE = previous
+    return config(*sizes)
 
 
 @pytest.fixture
-def chunked(kernel_path):
+def chunked():
     """Short chunks, so short sequences exercise the multi-chunk path (saved states, carries between chunks)."""
-    from visionssm.kernels.selective_scan import scan
-
-    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS[kernel_path], "block_l": 16 if kernel_path == "scan" else 8}
-    yield
+    with launch_overrides("selective_scan", chunk=8):
+        yield
 
 
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("config", ["full", "bare"])
-def test_interpreter(triton_interpreter, poison_outputs, kernel_path, length, config):
+def test_interpreter(triton_interpreter, poison_outputs, length, config):
     causal = config == "full" if length % 2 else config != "full"
     options = dict(FULL if config == "full" else BARE)
     if length > 100:  # one program: the interpreter pays per time step
@@ -263,7 +253,7 @@ def test_interpreter_last_state(triton_interpreter, poison_outputs, chunked, len
 
 @pytest.mark.parametrize("flags", [(True, False, False), (False, True, False), (False, False, True)],
                          ids=["D", "z", "bias"])
-def test_interpreter_options(triton_interpreter, poison_outputs, kernel_path, flags):
+def test_interpreter_options(triton_interpreter, poison_outputs, flags):
     has_D, has_z, has_bias = flags
     inputs, softplus = make_inputs(dim=3, nstate=8, length=20, has_D=has_D, has_z=has_z, has_bias=has_bias,
                                    softplus=has_bias)
@@ -271,7 +261,7 @@ def test_interpreter_options(triton_interpreter, poison_outputs, kernel_path, fl
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-def test_interpreter_many_channels(triton_interpreter, poison_outputs, kernel_path, causal):
+def test_interpreter_many_channels(triton_interpreter, poison_outputs, causal):
     """More channels than one program's block, not a multiple of it: several partial dB/dC blocks, masked rows."""
     inputs, softplus = make_inputs(batch=1, dim=70, nstate=3, length=9, groups=0, has_z=causal)
     compare(inputs, softplus, dtype=torch.float32, causal=causal)
@@ -280,20 +270,14 @@ def test_interpreter_many_channels(triton_interpreter, poison_outputs, kernel_pa
 @pytest.mark.parametrize("variant", [{"lean": False, "unroll": True}, {"lean": True, "unroll": False},
                                      {"lean": False, "unroll": False}], ids=["full-unrolled", "lean-loop", "full-loop"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-def test_interpreter_tiled_variants(triton_interpreter, poison_outputs, variant, causal):
-    """The tiled kernels' other code shapes: the whole backward epilogue on (CHUNK, BLOCK_D, N) tiles instead of
+def test_interpreter_code_shapes(triton_interpreter, poison_outputs, variant, causal):
+    """The kernels' other code shapes: the whole backward epilogue on (CHUNK, BLOCK_D, N) tiles instead of
     per-step reductions over the state (lean=False), and step loops not unrolled (unroll=False)."""
-    from visionssm.kernels.selective_scan import scan
-
-    previous = scan.CONFIG_OVERRIDE
-    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS["tiled"], **variant, "block_l": 8}
-    try:
+    with launch_overrides("selective_scan", chunk=8, **variant):
         inputs, softplus = make_inputs(dim=6, length=21, groups=2, has_z=True)
         compare(inputs, softplus, dtype=torch.float32, causal=causal)
         inputs, softplus = make_inputs(length=13, has_z=False)
         compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
-    finally:
-        scan.CONFIG_OVERRIDE = previous
 
 
 @pytest.mark.parametrize("segments", [2, 3])
@@ -302,56 +286,70 @@ def test_interpreter_segments(triton_interpreter, poison_outputs, segments, caus
     """The long-sequence path: time split into segments scanned in parallel (two passes each way), forced on a
     short sequence; uneven segments (37 tokens = 5 chunks of 8), grouped B/C, D, z, delta_bias, the last state's
     gradient, and both directions."""
-    from visionssm.kernels.selective_scan import scan
-
-    previous = scan.CONFIG_OVERRIDE
-    scan.CONFIG_OVERRIDE = {**KERNEL_PATHS["tiled"], "block_l": 8, "segments": segments}
-    try:
-        assert scan._launch_config(37, 3, 6)["segments"] == segments
+    with launch_overrides("selective_scan", chunk=8, segments=segments):
+        assert launch_config(37, 3, 6).segments == segments
         inputs, softplus = make_inputs(dim=6, length=37, groups=2)
         compare(inputs, softplus, dtype=torch.float32, causal=causal, return_last_state=causal)
         inputs, softplus = make_inputs(dim=3, length=19, **BARE)
         compare(inputs, softplus, dtype=torch.float32, causal=causal)
-    finally:
-        scan.CONFIG_OVERRIDE = previous
 
 
 def test_segments_heuristic():
     """Segments only for long sequences with few (sequence, channel block) programs, >= 256 tokens each."""
-    from visionssm.kernels.selective_scan import scan
+    assert launch_config(196, 8, 160, 256).segments == 1  # MambaVision: enough programs, short
+    assert launch_config(3136, 8, 80, 1024).segments == 1  # long, but 3072 programs already
+    assert launch_config(3136, 8, 80, 256).segments == 3  # 768 programs -> ~2048
+    cfg = launch_config(3136, 8, 64, 4)  # 8 programs: split into 256-token segments
+    assert cfg.segments == 3136 // 256 and cfg.seg_chunks * cfg.chunk >= 256
+    assert launch_config(1024, 8, 64, 1).segments == 4
 
-    assert scan._launch_config(196, 8, 160, 256)["segments"] == 1  # MambaVision: enough programs, short
-    assert scan._launch_config(3136, 8, 80, 1024)["segments"] == 1  # long, but 3072 programs already
-    assert scan._launch_config(3136, 8, 80, 256)["segments"] == 3  # 768 programs -> ~2048
-    cfg = scan._launch_config(3136, 8, 64, 4)  # 8 programs: split into 256-token segments
-    assert cfg["segments"] == 3136 // 256 and cfg["seg_chunks"] * cfg["block_l"] >= 256
-    assert scan._launch_config(1024, 8, 64, 1)["segments"] == 4
+
+def test_launch_overrides():
+    """Forced settings apply inside the block only (cached configs follow the override state), capped like the
+    heuristic's own; unknown names and impossible values are ValueErrors naming the setting."""
+    default = launch_config(196, 8, 160, 256)
+    assert (default.chunk, default.block_d_bwd, default.num_warps_bwd, default.segments) == (8, 32, 2, 1)
+    with launch_overrides("selective_scan", chunk=4, block_d_bwd=64, num_warps_bwd=32, segments=2):
+        forced = launch_config(196, 8, 160, 256)
+        assert (forced.chunk, forced.block_d_bwd, forced.segments) == (4, 64, 2)
+        assert forced.num_warps_bwd == 64 * 8 // 32  # one thread per state element at most
+        assert launch_config(196, 8, 16, 256).block_d_bwd == 16  # no wider than the channels per group
+    assert launch_config(196, 8, 160, 256) == default
+    bad = [({"block_l": 8}, "unknown launch setting 'block_l'"), ({"chunk": 6}, "'chunk' .* power of 2"),
+           ({"num_warps_fwd": 0}, "'num_warps_fwd' .* positive integer"), ({"segments": 1.5}, "'segments'"),
+           ({"lean": 1}, "'lean' .* true or false")]
+    for settings, match in bad:
+        with launch_overrides("selective_scan", **settings), pytest.raises(ValueError, match=match):
+            launch_config(196, 8, 160, 256)
 
 
 def test_config_follows_forward(triton_interpreter):
-    """The backward uses the launch config of its forward (the saved states' interval), not the one current
-    when autograd runs it."""
-    from visionssm.kernels.selective_scan import scan
-
+    """The backward uses the launch config of its forward (the saved states' interval, the segments), not the one
+    current when autograd runs it."""
     inputs, softplus = make_inputs(dim=3, length=37, has_z=False)
     expected = run_with_grads(selective_scan_ref, inputs, softplus, dtype=torch.float64)
     leaves = {k: (v.detach().float().requires_grad_(True) if v is not None else None) for k, v in inputs.items()}
-    previous = scan.CONFIG_OVERRIDE
-    try:
-        scan.CONFIG_OVERRIDE = {"path": "seq", "block_l": 8}
+    with launch_overrides("selective_scan", chunk=8):
         out = selective_scan(*(leaves[k] for k in NAMES), delta_softplus=softplus)
-        scan.CONFIG_OVERRIDE = {"path": "scan", "block_l": 16}
+    with launch_overrides("selective_scan", chunk=4, segments=2):
         g = torch.Generator().manual_seed(1)
         (out.double() * torch.randn(out.shape, generator=g, dtype=torch.float64)).sum().backward()
-    finally:
-        scan.CONFIG_OVERRIDE = previous
     for name, grad in expected[2].items():
         assert_close(leaves[name].grad, grad, tol=1e-3, name=f"d{name}")
 
 
-def test_interpreter_bf16(triton_interpreter, poison_outputs, kernel_path):
+def test_interpreter_bf16(triton_interpreter, poison_outputs):
     inputs, softplus = make_inputs(length=30, groups=2)
     compare(inputs, softplus, dtype=torch.bfloat16, fwd_tol=2e-2, grad_tol=3e-2)
+
+
+def test_benchmark_suite_skips_without_cuda(monkeypatch, capsys):
+    """The kernel suite reports one skip line and no rows where CUDA is unavailable, touching no CUDA API."""
+    from visionssm.kernels.selective_scan import benchmark
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert benchmark.run(quick=True, copy_gbps=None) == []
+    assert capsys.readouterr().out.strip() == "# selective_scan suite needs CUDA; skipped"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,7 +375,7 @@ CUDA_CASES = [  # (batch, dim, N, L, groups, causal, has_z)
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "-".join(map(str, c)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_cuda(poison_outputs, kernel_path, case, dtype):
+def test_cuda(poison_outputs, case, dtype):
     batch, dim, nstate, length, groups, causal, has_z = case
     inputs, softplus = make_inputs(batch=batch, dim=dim, nstate=nstate, length=length, groups=groups, has_z=has_z,
                                    device="cuda")
@@ -389,7 +387,7 @@ def test_cuda(poison_outputs, kernel_path, case, dtype):
 
 
 @pytest.mark.cuda
-def test_cuda_last_state_and_mixed_dtypes(poison_outputs, kernel_path):
+def test_cuda_last_state_and_mixed_dtypes(poison_outputs):
     """MambaVision's call: bf16 activations with fp32 A, D, delta_bias; plus the last state."""
     inputs, softplus = make_inputs(batch=4, dim=160, nstate=8, length=196, has_z=False, device="cuda")
     inputs = _rounded(inputs, torch.bfloat16)
@@ -406,9 +404,7 @@ def test_cuda_last_state_and_mixed_dtypes(poison_outputs, kernel_path):
 @pytest.mark.cuda
 def test_cuda_segments_last_state(poison_outputs):
     """The segmented long-sequence path with the last state and its gradient (fp32)."""
-    from visionssm.kernels.selective_scan import scan
-
-    assert scan._launch_config(1500, 16, 32, 1)["segments"] == 5
+    assert launch_config(1500, 16, 32, 1).segments == 5
     inputs, softplus = make_inputs(batch=1, dim=32, nstate=16, length=1500, has_z=False, device="cuda")
     compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
 
