@@ -1,9 +1,8 @@
 """Comba kernel suite: visionssm.kernels.comba next to SDPA (same causality) and flash-linear-attention's
 ``chunk_comba`` (causal only; its non-causal form would be two calls), bf16, forward and forward+backward.
 
-Shapes are the GKA issue's: three vision shapes and one LM shape, then the mixer of ``comba_vision_S`` (batch 256,
-197 tokens, 6 heads of 64). Targets (issue 4): vision forward+backward ≤ 1.0× SDPA; at (B4, T2048, H8, D128)
-≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
+Shapes: three vision shapes with 16-wide heads and one LM shape, two with 64-wide heads, the last the mixer of
+``comba_vision_S`` (batch 256, 197 tokens, 6 heads of 64). FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
 
 Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or forward
@@ -54,9 +53,10 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
 
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
-    """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, the fp32 per-chunk states
+    """Traffic of our kernels' design: bf16 q,k,p,v,o (+ do and 4 gradients), gates, the fp32 per-chunk states
     and chunk inverses written by the forward and read by the backward, and (64-wide heads and up: split backward)
-    the per-chunk state gradients written and read back within the backward."""
+    the per-chunk state gradients written and read back within the backward. (The floor of the op itself, inputs
+    read once and outputs written once, is the first and last terms alone.)"""
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
@@ -119,10 +119,6 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)
     _print_graph_ratios(rows)
-    from visionssm.kernels.comba import fused
-
-    for key, timings in fused.TUNING_LOG.items():
-        print("# launch tuning", key, " ".join(f"{cfg}: {ms:.4f} ms" for cfg, ms in timings))
     return rows
 
 
