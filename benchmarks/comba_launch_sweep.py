@@ -20,8 +20,13 @@ from visionssm.utils.benchmark import time_fn
 
 VARIANTS = {
     "default": {},
-    "one_pass_bwd": {"split_bwd": False},
-    "split_bwd": {"split_bwd": True},
+    "one_pass_bwd": {"bwd_window": 0},
+    "window1": {"bwd_window": 1},
+    "window2": {"bwd_window": 2},
+    "window4": {"bwd_window": 4},
+    "one_pass_warps8": {"bwd_window": 0, "bwd_num_warps": 8},
+    "window2_warps8": {"bwd_window": 2, "bwd_num_warps": 8},
+    "window1_warps8": {"bwd_window": 1, "bwd_num_warps": 8},
     "chunk32": {"chunk": 32},
     "inv_pass": {"inv_pass": True},
     "no_inv_pass": {"inv_pass": False},
@@ -32,6 +37,7 @@ VARIANTS = {
     "bwd_prefetch": {"bwd_prefetch": True},
     "no_bwd_prefetch": {"bwd_prefetch": False},
     "dh_warps2": {"dh_num_warps": 2},
+    "inv_tf32x3": {"inv_prec": "tf32x3"},
     "pre_wy": {"pre_wy": True},
     "no_pre_wy": {"pre_wy": False},
 }

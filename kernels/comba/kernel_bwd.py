@@ -3,12 +3,15 @@
 Every chunk's gradients follow from the state entering it (``h0``, stored by the forward), the gradient of the
 state leaving it (``dh``) and its stored inverse. Two ways to get ``dh``:
 
-* one pass (``comba_bwd_kernel``): one program walks a sequence's chunks in reverse, carrying ``dh`` in registers
-  and computing each chunk's gradients on the way (small states: 16–32 wide);
-* split (``comba_bwd_dh_kernel`` then ``comba_bwd_chunk_kernel``): a light walk carries only ``dh`` and stores it
-  per chunk, then one program per chunk computes all of that chunk's gradients, one launch per direction, the
-  reversed one adding onto the first's (64-wide and larger states, where the one-pass kernel holds too much at once
-  and spills).
+* carried: a program walks chunks in reverse, carrying ``dh`` in registers and computing each chunk's gradients
+  on the way (``comba_bwd_kernel``);
+* stored: a light walk carries only ``dh`` (``comba_bwd_dh_kernel``) and stores it where a program of
+  ``comba_bwd_kernel`` starts.
+
+``comba_bwd_kernel`` runs over windows of W chunks, each from the gradient stored for it: W = all chunks is the
+one-pass backward (no dh walk; few, long programs: small states), W = 1 makes every chunk's gradients independent
+(many short programs; the dh walk stores one state gradient per chunk: 64-wide and larger states, where a walk
+that keeps everything spills). Between the two, dh traffic falls as 1/W.
 
 Gradients that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction)
 and reduced afterwards.
@@ -90,9 +93,9 @@ def _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl, dq_ptrs, m_tk, 
 def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base, dv_base, dg_base,
                db_base, scale, row, m_t, o_k, o_v, lp_ty, REV: tl.constexpr, ACC: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
-               LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, NEED_DH: tl.constexpr):
+               LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, need_dh):
     """Every gradient of one chunk, given the state entering it (``b_h``) and the gradient of the state leaving it
-    (``b_dh``); stores them and (``NEED_DH``) returns the gradient of the entering state."""
+    (``b_dh``); stores them and (``need_dh``, a run-time flag) returns the gradient of the entering state."""
     m_tk = m_t[:, None] & (o_k < K)[None, :]
     m_tv = m_t[:, None] & (o_v < V)[None, :]
     b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
@@ -110,7 +113,7 @@ def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base,
     b_dRp = -tl.dot(b_dRv, tl.trans(b_h), input_precision=PREC)
     b_dA = -tl.dot(b_dRv, tl.trans(b_u), input_precision=PREC)
     b_dh_prev = b_dh
-    if NEED_DH:
+    if need_dh:
         b_qe = b_q * (scale * tl.exp(b_Gi))[:, None]
         b_dh_prev = (tl.dot(tl.trans(b_qe), b_do, input_precision=PREC) + tl.exp(b_Gl) * b_dh
                      - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
@@ -152,28 +155,42 @@ def _load_bwd_chunk(q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, c, NF, 
 
 
 @triton.jit
-def _bwd_walk(q, k, v, p, g, beta, do, h_base, inv_base, dq_base, dk_base, dp_base, dv_base, dg_base, db_base,
-              scale, i_b, i_h, i_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-              LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REV: tl.constexpr, ACC: tl.constexpr,
-              PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr,
-              PREFETCH: tl.constexpr, TAIL: tl.constexpr):
-    """One direction's one-pass backward: its walk in reverse, ``dh`` in registers."""
+def _bwd_window(q, k, v, p, g, beta, do, h_base, inv_base, dh_win, dq_base, dk_base, dp_base, dv_base, dg_base,
+                db_base, scale, i_b, i_h, i_v, i_w, NWIN, T, NT, H, W: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                REV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
+                LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+    """One direction's backward over window ``i_w`` (chunks [i_w·W, i_w·W + W) of the full ones; W = 0: all of
+    them), in reverse walk order, ``dh`` in registers, starting from the state gradient the dh walk stored for this
+    window (zero for the window that ends the walk). The single-token chunk (``TAIL``) belongs to the last window:
+    the forward walk's last step comes first here, the reversed walk's first step last."""
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     lp_ty = q.dtype.element_ty
     NF = NT - TAIL
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if TAIL and not REV:  # the forward walk's last step: its single-token chunk
-        b_h = tl.load(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :],
-                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0)
-        b_dh = _token_bwd(q, k, p, v, g, beta, do, b_h, b_dh, dq_base, dk_base, dp_base, dv_base, dg_base, db_base,
-                          scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
+    c_lo = i_w * W
+    if W == 0:  # one window: the whole sequence
+        count = NF
+    else:
+        count = tl.minimum(c_lo + W, NF) - c_lo
+    last_win = i_w == NWIN - 1
+    # the walk ends in the last window (forward) or the first (reversed): nothing after it, dh = 0
+    w_k = o_k[:, None] * 0 + o_v[None, :] * 0 + i_w
+    stored = (w_k > 0) if REV else (w_k < NWIN - 1)
+    b_dh = tl.load(dh_win + i_w * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv & stored, other=0)
+    # (nested ifs: the outer condition is resolved at compile time, the inner one at run time)
+    if TAIL and not REV:  # noqa: SIM102
+        if last_win:  # the forward walk's last step: the single-token chunk
+            b_h = tl.load(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
+            b_dh = _token_bwd(q, k, p, v, g, beta, do, b_h, b_dh, dq_base, dk_base, dp_base, dv_base, dg_base,
+                              db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
     if PREFETCH:
         n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_chunk(
-            q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, 0 if REV else NF - 1, NF, o_k, o_v, T, H, K, V, BT,
-            LOAD_INV)
-    for i_r in range(0, NF):
-        i_c = i_r if REV else NF - 1 - i_r
+            q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, c_lo if REV else c_lo + count - 1, NF, o_k, o_v,
+            T, H, K, V, BT, LOAD_INV)
+    for i_r in range(0, count):
+        i_c = c_lo + i_r if REV else c_lo + count - 1 - i_r
         row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
         if PREFETCH:
             r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv = n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv
@@ -183,33 +200,48 @@ def _bwd_walk(q, k, v, p, g, beta, do, h_base, inv_base, dq_base, dk_base, dp_ba
         else:
             r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv = _load_bwd_chunk(
                 q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_c, NF, o_k, o_v, T, H, K, V, BT, LOAD_INV)
+        # the gradient leaving this window is the next window's business (the dh walk stored it), except before
+        # the reversed walk's first step
+        if W == 1:
+            need_dh = False
+            if TAIL and REV:
+                need_dh = last_win
+        else:
+            need_dh = i_r < count - 1
+            if TAIL and REV:
+                need_dh = need_dh | last_win
         b_dh = _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base,
                           dv_base, dg_base, db_base, scale, row, m_t, o_k, o_v, lp_ty, REV, ACC, K, V, BT, LOG2_BT,
-                          PREC, INV_PREC, LP_DOT, LOAD_INV, True)
-    if TAIL and REV:  # the reversed walk's first step, from the zero state
-        _token_bwd(q, k, p, v, g, beta, do, tl.zeros([BK, BV], dtype=tl.float32), b_dh, dq_base, dk_base, dp_base,
-                   dv_base, dg_base, db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
+                          PREC, INV_PREC, LP_DOT, LOAD_INV, need_dh)
+    if TAIL and REV:  # noqa: SIM102
+        if last_win:  # the reversed walk's first step, from the zero state
+            _token_bwd(q, k, p, v, g, beta, do, tl.zeros([BK, BV], dtype=tl.float32), b_dh, dq_base, dk_base,
+                       dp_base, dv_base, dg_base, db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
 
 
 @triton.jit
-def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H,
-                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
+def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H, NWIN,
+                     W: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
                      PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr,
                      PREFETCH: tl.constexpr, TAIL: tl.constexpr):
-    """One-pass backward (grid: value block, batch·head, directions on the grid; see comba_fwd_kernel)."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    """The backward's gradients (grid: window, batch·head, value block × directions on the grid). ``DIR_LOOP``:
+    this program runs both directions over its window, the reversed one adding onto the forward one's gradients;
+    otherwise each direction writes its own partial gradients (summed afterwards)."""
+    i_w, i_bh, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v = i_z % NV
     i_b, i_h = i_bh // H, i_bh % H
     BTH = B * T * H
     for d in tl.static_range(N_DIR):
         i_slot = 0 if DIR_LOOP else d
         i_part = (i_slot * NV + i_v).to(tl.int64) * BTH
-        state = (d * B * H + i_bh).to(tl.int64) * NT
-        if (tl.program_id(2) == d) | (DIR_LOOP or N_DIR == 1):
-            _bwd_walk(q, k, v, p, g, beta, do, h0 + state * K * V, inv + state * BT * BT, dq + i_part * K,
-                      dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V, dg + i_part,
-                      dbeta + i_part, scale, i_b, i_h, i_v, T, NT, H, K, V, BT, LOG2_BT, BK, BV, d == 1,
-                      DIR_LOOP and d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL)
+        seq = d * B * H + i_bh
+        if (i_z // NV == d) | (DIR_LOOP or N_DIR == 1):
+            _bwd_window(q, k, v, p, g, beta, do, h0 + seq.to(tl.int64) * NT * K * V,
+                        inv + seq.to(tl.int64) * NT * BT * BT, dh + seq.to(tl.int64) * NWIN * K * V, dq + i_part * K,
+                        dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V, dg + i_part,
+                        dbeta + i_part, scale, i_b, i_h, i_v, i_w, NWIN, T, NT, H, W, K, V, BT, LOG2_BT, BK, BV,
+                        d == 1, DIR_LOOP and d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction adds onto what other threads of this program stored
 
@@ -247,11 +279,14 @@ def _token_dh(q, k, p, do, g, beta, b_dh1, scale, i_b, i_h, t, o_k, o_v, T, H, K
 
 
 @triton.jit
-def _dh_walk(q, k, p, g, beta, inv_base, do, dh_base, scale, i_b, i_h, i_v, T, NT, H, K: tl.constexpr,
+def _dh_walk(q, k, p, g, beta, inv_base, do, dh_win, scale, i_b, i_h, i_v, NWIN, T, NT, H, W: tl.constexpr,
+             K: tl.constexpr,
              V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              REV: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
              LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
-    """One direction's state-gradient walk: stores dh[c], the gradient of the state leaving chunk c."""
+    """One direction's state-gradient walk: stores the gradient each backward window starts from (the gradient
+    leaving its walk-last chunk). The window that ends the walk starts from zero; the walk stops where the window
+    that starts it begins."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -261,76 +296,35 @@ def _dh_walk(q, k, p, g, beta, inv_base, do, dh_base, scale, i_b, i_h, i_v, T, N
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if TAIL and not REV:
         b_dh = _token_dh(q, k, p, do, g, beta, b_dh, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V)
-    # the gradient entering the walk's first chunk (of the zero initial state) is not needed; with TAIL the
-    # reversed walk starts with the single token, so the gradient entering its first full chunk is
-    last = NF - 1 + TAIL if REV else 0
-    for i_r in range(0, NF):
+    # forward: chunks NF−1 … W (after chunk c = jW the gradient leaves chunk jW − 1, window j − 1's start);
+    # reversed: chunks 0 … (NWIN − 1)·W − 1 (after chunk c = jW − 1 it leaves chunk jW, window j's start)
+    steps = NF - W if not REV else (NWIN - 1) * W
+    for i_r in range(0, steps):
         i_c = i_r if REV else NF - 1 - i_r
-        tl.store(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
-        if i_c != last:
-            row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
-            b_inv = b_dh
-            if LOAD_INV:
-                b_inv = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
-            b_dh = _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV, K, V, BT,
-                             LOG2_BT, PREC, INV_PREC, LP_DOT, LOAD_INV)
-    if TAIL and REV:
-        tl.store(dh_base + NF * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+        row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
+        b_inv = b_dh
+        if LOAD_INV:
+            b_inv = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
+        b_dh = _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV, K, V, BT, LOG2_BT,
+                         PREC, INV_PREC, LP_DOT, LOAD_INV)
+        if REV:
+            if (i_c + 1) % W == 0:
+                tl.store(dh_win + ((i_c + 1) // W) * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+        else:
+            if i_c % W == 0:
+                tl.store(dh_win + (i_c // W - 1) * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
 
 
 @triton.jit
-def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
-                        BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, NWIN, W: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         N_DIR: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
                         LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
-    """Split backward, sequential part (grid: value block, batch·head, direction)."""
+    """The state-gradient walks of a windowed backward (grid: value block, batch·head, direction)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     for d in tl.static_range(N_DIR):
-        state = (d * B * H + i_bh).to(tl.int64) * NT
+        seq = (d * B * H + i_bh).to(tl.int64)
         if (tl.program_id(2) == d) | (N_DIR == 1):
-            _dh_walk(q, k, p, g, beta, inv + state * BT * BT, do, dh + state * K * V, scale, i_b, i_h, i_v, T, NT, H,
-                     K, V, BT, LOG2_BT, BK, BV, d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, TAIL)
-
-
-@triton.jit
-def comba_bwd_chunk_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H,
-                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-                           BK: tl.constexpr, BV: tl.constexpr, DIR: tl.constexpr, PREC: tl.constexpr,
-                           INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
-    """Split backward, chunk-parallel part (grid: chunk, batch·head, value block): every gradient of one chunk in
-    direction ``DIR`` from the stored h0[c] and dh[c]. The reversed direction's launch adds onto the forward one's
-    gradients: its chunks are the same rows, so each program rereads what one program of the first launch wrote.
-    (Both directions in one program spill: the compiler interleaves the two straight-line halves.)"""
-    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
-    part = i_v.to(tl.int64) * B * T * H
-    NF = NT - TAIL
-    state = (DIR * B * H + i_bh).to(tl.int64) * NT
-    h_base = h0 + state * K * V
-    dh_base = dh + state * K * V
-    if TAIL:
-        is_token = i_c == NF
-    else:
-        is_token = False
-    if is_token:  # the single-token chunk: the forward walk's last step, the reversed walk's first
-        if DIR == 1:
-            b_h = tl.zeros([BK, BV], dtype=tl.float32)
-            b_dh = tl.load(dh_base + NF * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
-        else:
-            b_h = tl.load(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
-            b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-        _token_bwd(q, k, p, v, g, beta, do, b_h, b_dh, dq + part * K, dk + part * K, dp + part * K, dv, dg + part,
-                   dbeta + part, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, DIR == 1)
-    else:
-        row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
-        r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv = _load_bwd_chunk(
-            q, k, p, v, g, beta, do, h_base, inv + state * BT * BT, i_b, i_h, i_c, NF, o_k, o_v, T, H, K, V, BT,
-            LOAD_INV)
-        b_dh = tl.load(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
-        _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq + part * K, dk + part * K,
-                   dp + part * K, dv, dg + part, dbeta + part, scale, row, m_t, o_k, o_v, q.dtype.element_ty,
-                   DIR == 1, DIR == 1, K, V, BT, LOG2_BT, PREC, INV_PREC, LP_DOT, LOAD_INV, False)
+            _dh_walk(q, k, p, g, beta, inv + seq * NT * BT * BT, do, dh + seq * NWIN * K * V, scale, i_b, i_h, i_v,
+                     NWIN, T, NT, H, W, K, V, BT, LOG2_BT, BK, BV, d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, TAIL)

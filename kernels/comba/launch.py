@@ -9,15 +9,18 @@ setting        meaning
 ============== ==========================================================================================
 chunk          tokens per chunk, 16 or 32 (16: larger chunks hold more at once and spill at 64-wide heads)
 value_block    value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
-num_warps      warps of the walks and of the chunk-parallel backward
-dh_num_warps   warps of the split backward's state-gradient walk
+num_warps      warps of the forward walk
+bwd_num_warps  warps of the backward's gradient programs
+dh_num_warps   warps of the backward's state-gradient walk
 dir_loop       non-causal: one program runs both directions (else one per program, fp32 partial outputs)
 inv_pass       compute every chunk's inverse in a chunk-parallel pass before the forward walk
 pre_wy         also W = inv·pw and U0 = inv·βv in that pass (few, long sequences: latency-bound walks)
 prefetch       the forward walk loads chunk i+1 while chunk i is computed
-bwd_prefetch   the same in the one-pass backward
-split_bwd      backward as a state-gradient walk plus chunk-parallel gradients (else one pass)
+bwd_prefetch   the same in the backward's gradient programs
+bwd_window     chunks per backward gradient program (0: the whole sequence, one pass; W ≥ 1: a state-gradient
+               walk first stores the gradient every W-th chunk, then the windows run in parallel)
 store_inv      the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
+inv_prec       products of the chunk inverse for 16-bit inputs: "tf32" (one tensor-core pass) or "tf32x3"
 ============== ==========================================================================================
 
 Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (layout,
@@ -32,12 +35,12 @@ import torch
 
 from .. import tuning
 from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
-from .kernel_bwd import comba_bwd_chunk_kernel, comba_bwd_dh_kernel, comba_bwd_kernel
+from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
-SETTINGS = ("chunk", "value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
-            "bwd_prefetch", "split_bwd", "store_inv")
+SETTINGS = ("chunk", "value_block", "num_warps", "bwd_num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy",
+            "prefetch", "bwd_prefetch", "bwd_window", "store_inv", "inv_prec")
 
 
 def _next_pow2(n: int) -> int:
@@ -56,7 +59,8 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # at eight the chunk-parallel backward does not spill but fits one program per SM: 1.27–1.33×)
     num_warps = 1 if area <= 256 else 2 if area < 1024 else 4
     wide = max(BK, BV) >= 64
-    cfg = {"chunk": 16, "value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
+    cfg = {"chunk": 16, "value_block": BV, "num_warps": num_warps, "bwd_num_warps": num_warps,
+           "dh_num_warps": num_warps,
            "dir_loop": ND == 2 and BH * cdiv(V, BV) >= 1024,
            "inv_pass": False,
            # few, long sequences: the walk is latency-bound and repeats the K-side work per value block
@@ -65,14 +69,22 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
            # 0.96–0.97×); in the one-pass backward it lost 4–5% causal and won 1–2% non-causal at 16-wide heads
            "prefetch": True,
            "bwd_prefetch": wide,
-           "split_bwd": wide,
-           "store_inv": True}
+           # 64-wide and larger states: a program carrying everything through several chunks spills (H200: the
+           # one-pass backward took 1.08× / 1.42× the per-chunk split's fwd+bwd time at B64 T1024 D64 / B4 T2048
+           # D128, 0.98× at B256 T197 H6 D64); small states: one pass (per-chunk split 1.3–1.5× slower)
+           "bwd_window": 1 if wide else 0,
+           "store_inv": True,
+           # the inverse is built from exact 2-token blocks by merges whose intermediates are blocks of the result,
+           # so one TF32 pass stays within ~1e-3 of it even for nearly parallel keys (a power series needed three)
+           "inv_prec": "tf32"}
     forced = tuning.overrides(OP)
     if forced:
         tuning.check_names(OP, forced, SETTINGS)
         cfg.update(forced)
     if cfg["chunk"] not in (16, 32):
         raise ValueError(f"comba launch setting chunk must be 16 or 32, got {cfg['chunk']!r}")
+    if cfg["inv_prec"] not in ("tf32", "tf32x3"):
+        raise ValueError(f"comba launch setting inv_prec must be 'tf32' or 'tf32x3', got {cfg['inv_prec']!r}")
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
     return cfg
@@ -80,10 +92,10 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
 
 def _precision(cfg: dict, dtype: torch.dtype, device_type: str) -> dict:
     """PREC, INV_PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside
-    their tolerance), 3-pass TF32 for the inverse, and the products of two input tiles on 16-bit tensor cores.
-    Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
+    their tolerance) and the products of two input tiles on 16-bit tensor cores. Triton's interpreter multiplies
+    16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
     low = dtype in (torch.float16, torch.bfloat16)
-    return {"PREC": "tf32" if low else "ieee", "INV_PREC": "tf32x3" if low else "ieee",
+    return {"PREC": "tf32" if low else "ieee", "INV_PREC": cfg["inv_prec"] if low else "ieee",
             "LP_DOT": low and device_type == "cuda"}
 
 
@@ -103,7 +115,7 @@ class FwdPlan:
 
 
 class BwdPlan:
-    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "chunks", "cached")
+    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "dh_shape", "cached")
 
 
 def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
@@ -166,27 +178,27 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
               device: torch.device, has_inv: bool) -> BwdPlan:
     BV, NV = cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
+    TAIL = _tail(T, BT)
+    NF = NT - TAIL
+    W = cfg["bwd_window"] if 0 < cfg["bwd_window"] < NF else 0  # 0: one window, the whole sequence
+    NWIN = cdiv(NF, W) if W else 1
+    grid_dirs, _ = _directions(cfg, ND)
     plan = BwdPlan()
     plan.cached = False
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
-              **_precision(cfg, dtype, device.type), "LOAD_INV": has_inv, "TAIL": _tail(T, BT)}
-    dims = (T, NT, B, H)
-    if cfg["split_bwd"]:
-        # the state-gradient walks, then every chunk's gradients (one launch per direction)
-        plan.NP, plan.grid_dirs, plan.main = NV, 1, None
-        plan.dh_walk = DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
-                                    {"num_warps": cfg["dh_num_warps"]})
-        chunk_args = {key: val for key, val in common.items() if key != "N_DIR"}
-        plan.chunks = tuple(DirectLaunch(comba_bwd_chunk_kernel, (NT, B * H, NV), dims, {**chunk_args, "DIR": d},
-                                         {"num_warps": cfg["num_warps"]}) for d in range(ND))
-        return plan
-    grid_dirs, _ = _directions(cfg, ND)
-    plan.dh_walk = plan.chunks = None
+              **_precision(cfg, dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
+    dims = (T, NT, B, H, NWIN)
+    common["W"] = W
+    # the state gradient each window starts from, stored by the dh walk (none with a single window)
+    plan.dh_shape = (ND, B * H, NWIN, K, V) if NWIN > 1 else None
+    plan.dh_walk = None if NWIN == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
+                                                       {"num_warps": cfg["dh_num_warps"]})
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
-    plan.main = DirectLaunch(comba_bwd_kernel, (NV, B * H, grid_dirs), dims,
-                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "PREFETCH": cfg["bwd_prefetch"]},
-                             {"num_warps": cfg["num_warps"]})
+    plan.main = DirectLaunch(comba_bwd_kernel, (NWIN, B * H, NV * grid_dirs), dims,
+                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"],
+                              "PREFETCH": cfg["bwd_prefetch"] and W != 1},
+                             {"num_warps": cfg["bwd_num_warps"]})
     return plan
 
 
@@ -207,13 +219,11 @@ def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
         dq, dk, dp, dg, dbeta = (_partials(NP, t) for t in (q, k, p, g, beta))
         dv = _partials(grid_dirs, v)
     inv = h0 if inv is None else inv  # an unread pointer when the inverses are recomputed
-    if plan.main is not None:
-        plan.main(aligned, q, k, v, p, g, beta, h0, inv, do, dq, dk, dv, dp, dg, dbeta, scale)
-    else:
-        dh = empty_output(h0.shape, device=h0.device, dtype=torch.float32)
+    dh = h0  # an unread pointer with a single window
+    if plan.dh_walk is not None:
+        dh = empty_output(plan.dh_shape, device=h0.device, dtype=torch.float32)
         plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
-        for launch in plan.chunks:
-            launch(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
+    plan.main(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
     if NP > 1:
         dq, dk, dp = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dp.sum(0).to(p.dtype)
         dg, dbeta = dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype)

@@ -159,16 +159,18 @@ def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison
     {"store_inv": False, "dir_loop": False}, {"inv_pass": True, "dir_loop": True},
     {"inv_pass": True, "dir_loop": False, "value_block": 16, "chunk": 32}, {"prefetch": False, "dir_loop": True},
     {"bwd_prefetch": True, "dir_loop": False, "value_block": 16, "store_inv": False},
-    {"split_bwd": True, "value_block": 16}, {"split_bwd": True, "store_inv": False, "chunk": 32}],
+    {"bwd_window": 1, "value_block": 16}, {"bwd_window": 1, "store_inv": False, "chunk": 32},
+    {"bwd_window": 2, "dir_loop": True}, {"bwd_window": 2, "dir_loop": False, "bwd_prefetch": True}],
     ids=["directions-in-program", "directions-in-grid-chunk32", "directions-in-program-split-V",
          "chunk-parallel-wy-grid-split-V", "chunk-parallel-wy", "recomputed-inverse", "inverse-pass",
          "inverse-pass-grid-split-V-chunk32", "no-prefetch", "backward-prefetch-grid-split-V-recomputed-inverse",
-         "split-backward-split-V", "split-backward-recomputed-inverse-chunk32"])
+         "window1-split-V", "window1-recomputed-inverse-chunk32", "window2-directions-in-program",
+         "window2-directions-in-grid-prefetch"])
 def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poison_outputs):
     """Every launch layout the heuristics can pick computes the same thing (forced here on small shapes): directions
     in one program or over the grid, split value blocks, the chunk-parallel inverse and W/U0 passes, the backward
-    with the forward's stored inverses or recomputing them, in one pass or split (state-gradient walk, then
-    chunk-parallel gradients)."""
+    with the forward's stored inverses or recomputing them, in one pass or in windows of chunks (a state-gradient
+    walk first)."""
     x = make_inputs(B=1, T=45, H=2, K=16, V=32)
     with launch_overrides("comba", **overrides):
         check_against_reference(comba_op, x, causal=False)
@@ -176,9 +178,9 @@ def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poiso
 
 @pytest.mark.parametrize("overrides", [{}, {"dir_loop": False, "value_block": 16, "store_inv": False},
                                        {"inv_pass": True}, {"pre_wy": True, "bwd_prefetch": True},
-                                       {"split_bwd": True, "value_block": 16}, {"split_bwd": True, "inv_pass": True}],
+                                       {"bwd_window": 1, "value_block": 16}, {"bwd_window": 2, "inv_pass": True}],
                          ids=["default", "grid-split-V-recomputed-inverse", "inverse-pass", "chunk-parallel-wy",
-                              "split-backward", "split-backward-inverse-pass"])
+                              "window1", "window2-inverse-pass"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_interpreter_single_token_tail(overrides, causal, triton_interpreter, poison_outputs):
     """T = 49 = 3·16 + 1: the last chunk holds one token, a rank-1 step at the end of the forward walk and at the
@@ -192,7 +194,7 @@ def test_triton_interpreter_single_token_tail(overrides, causal, triton_interpre
 def test_triton_interpreter_single_token_edge_cases(T, triton_interpreter, poison_outputs):
     """One token in all (no chunk at all), and the single-token tail with 32-token chunks."""
     x = make_inputs(B=2, T=T, H=1, K=16, V=16)
-    with launch_overrides("comba", chunk=32, split_bwd=True):
+    with launch_overrides("comba", chunk=32, bwd_window=1):
         check_against_reference(comba_op, x, causal=False)
     check_against_reference(comba_op, x, causal=False)
 
@@ -229,9 +231,11 @@ def test_cuda_forward_and_gradients(B, T, H, K, V, causal, dtype, poison_outputs
 @pytest.mark.parametrize("overrides", [{"pre_wy": True}, {"pre_wy": False, "store_inv": False},
                                        {"pre_wy": False, "dir_loop": False, "inv_pass": True},
                                        {"pre_wy": False, "prefetch": False, "bwd_prefetch": True},
-                                       {"split_bwd": False, "chunk": 32}, {"split_bwd": True, "store_inv": False}],
+                                       {"bwd_window": 0, "chunk": 32}, {"bwd_window": 1, "store_inv": False},
+                                       {"bwd_window": 3, "bwd_num_warps": 8}],
                          ids=["chunk-parallel-wy", "recomputed-inverse", "directions-in-grid-inverse-pass",
-                              "prefetch-swapped", "one-pass-backward-chunk32", "split-backward-recomputed-inverse"])
+                              "prefetch-swapped", "one-pass-backward-chunk32", "window1-recomputed-inverse",
+                              "window3-8-warps"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_cuda_launch_variants(overrides, causal, poison_outputs):
     """The layouts the heuristics pick for other shapes, forced on a small-head and a large-head shape in bf16."""
@@ -301,7 +305,7 @@ def test_triton_interpreter_hard_chunks(make, chunk, causal, triton_interpreter,
     """Nearly parallel keys, fp32: the chunk inverse must stay accurate as A's entries approach 1 (splr) or 2
     (iplr); 32-token chunks too."""
     x = make(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
-    with launch_overrides("comba", chunk=chunk, split_bwd=True):
+    with launch_overrides("comba", chunk=chunk, bwd_window=3):
         check_against_reference(comba_op, x, causal=causal)
 
 
@@ -309,9 +313,10 @@ def test_triton_interpreter_hard_chunks(make, chunk, causal, triton_interpreter,
 @pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
 @pytest.mark.parametrize("D,chunk", [(16, 16), (64, 16), (64, 32)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_hard_chunks_bf16(make, D, chunk, causal, poison_outputs):
+@pytest.mark.parametrize("inv_prec", ["tf32", "tf32x3"])
+def test_cuda_hard_chunks_bf16(make, D, chunk, causal, inv_prec, poison_outputs):
     x = make(B=2, T=196, H=2, D=D, device="cuda")
-    with launch_overrides("comba", chunk=chunk):
+    with launch_overrides("comba", chunk=chunk, inv_prec=inv_prec):
         check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
 
