@@ -1,6 +1,6 @@
 """Launch variants of the Comba kernels, timed side by side (GPU time, CUDA graphs).
 
-    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes vision|lm|all] [--warm]
+    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|lm|all] [--warm]
 
 Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
 settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
@@ -41,10 +41,10 @@ VARIANTS = {
     "pre_wy": {"pre_wy": True},
     "no_pre_wy": {"pre_wy": False},
 }
-# (B, T, H, D, causal)
-VISION = [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True), (256, 49, 20, 16, False),
-          (256, 197, 6, 64, True), (256, 197, 6, 64, False)]
-LM = [(64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]
+# (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S mixer, two LM shapes
+SHAPES = {"d16": [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True)],
+          "d64": [(256, 197, 6, 64, False), (256, 197, 6, 64, True)], "d64nc": [(256, 197, 6, 64, False)],
+          "lm": [(64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]}
 
 
 def inputs(B, T, H, D):
@@ -85,10 +85,13 @@ def sweep_shape(B, T, H, D, causal, names, warm):
             try:
                 if round_ == 0:
                     _check(name, shape, fwd_bwd(leaves, do, causal, VARIANTS[name])(), reference)
+                    fwd_only(leaves, causal, VARIANTS[name])()  # compiles the forward without saved state
                 if not warm:
                     both = time_fn(fwd_bwd(leaves, do, causal, VARIANTS[name]), warmup=3, repeats=20, cuda_graph=True)
                     fwd = time_fn(fwd_only(leaves, causal, VARIANTS[name]), warmup=3, repeats=20, cuda_graph=True)
                     timings.setdefault(name, []).append((both.median_ms, fwd.median_ms))
+                    print(f"  {shape} {name} round {round_}: fwd+bwd {both.median_ms:.4f} fwd {fwd.median_ms:.4f} ms",
+                          flush=True)
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile/launch is reported, not fatal
                 print(f"  {name} {shape}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     if timings:
@@ -104,7 +107,7 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     which = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--shapes"), "all")
     names = [a for a in args if a in VARIANTS] or list(VARIANTS)
-    shapes = {"vision": VISION, "lm": LM, "all": VISION + LM}[which]
+    shapes = SHAPES["d16"] + SHAPES["d64"] + SHAPES["lm"] if which == "all" else SHAPES[which]
     for B, T, H, D, causal in shapes:
         sweep_shape(B, T, H, D, causal, names, warm)
         torch.cuda.empty_cache()
