@@ -3,15 +3,11 @@
 Every chunk's gradients follow from the state entering it (``h0``, stored by the forward), the gradient of the
 state leaving it (``dh``) and its stored inverse. Two ways to get ``dh``:
 
-* carried: a program walks chunks in reverse, carrying ``dh`` in registers and computing each chunk's gradients
-  on the way (``comba_bwd_kernel``);
-* stored: a light walk carries only ``dh`` (``comba_bwd_dh_kernel``) and stores it where a program of
-  ``comba_bwd_kernel`` starts.
-
-``comba_bwd_kernel`` runs over windows of W chunks, each from the gradient stored for it: W = all chunks is the
-one-pass backward (no dh walk; few, long programs: small states), W = 1 makes every chunk's gradients independent
-(many short programs; the dh walk stores one state gradient per chunk: 64-wide and larger states, where a walk
-that keeps everything spills). Between the two, dh traffic falls as 1/W.
+* one pass (``comba_bwd_kernel``): a program walks a sequence's chunks in reverse, carrying ``dh`` in registers and
+  computing each chunk's gradients on the way (small states: 16–32 wide; 64-wide with few sequences);
+* split: a light walk carries only ``dh`` and stores it per chunk (``comba_bwd_dh_kernel``), then one program per
+  chunk computes that chunk's gradients (``comba_bwd_kernel`` with ``SPLIT``; 64-wide and larger states with many
+  sequences, where a walk that keeps everything spills and too few programs hide its latency).
 
 Gradients that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction)
 and reduced afterwards.
@@ -92,7 +88,7 @@ def _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl, dq_ptrs, m_tk, 
 @triton.jit
 def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base, dv_base, dg_base,
                db_base, scale, row, m_t, o_k, o_v, lp_ty, REV: tl.constexpr, ACC: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
+               V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
                LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, need_dh):
     """Every gradient of one chunk, given the state entering it (``b_h``) and the gradient of the state leaving it
     (``b_dh``); stores them and (``need_dh``, a run-time flag) returns the gradient of the entering state."""
@@ -102,7 +98,7 @@ def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base,
     b_g, b_beta, b_do = r_g.to(tl.float32), r_beta.to(tl.float32), r_do.to(tl.float32)
     b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV, BT, PREC, LP_DOT)
     if not LOAD_INV:
-        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, INV_PREC)
+        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
     b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC), input_precision=PREC)
     b_du, b_dk, b_dGi, b_dGl = _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl,
                                                 dq_base + row[:, None] * K + o_k[None, :], m_tk, scale, lp_ty, REV,
@@ -155,93 +151,93 @@ def _load_bwd_chunk(q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, c, NF, 
 
 
 @triton.jit
-def _bwd_window(q, k, v, p, g, beta, do, h_base, inv_base, dh_win, dq_base, dk_base, dp_base, dv_base, dg_base,
-                db_base, scale, i_b, i_h, i_v, i_w, NWIN, T, NT, H, W: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                REV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
-                LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
-    """One direction's backward over window ``i_w`` (chunks [i_w·W, i_w·W + W) of the full ones; W = 0: all of
-    them), in reverse walk order, ``dh`` in registers, starting from the state gradient the dh walk stored for this
-    window (zero for the window that ends the walk). The single-token chunk (``TAIL``) belongs to the last window:
-    the forward walk's last step comes first here, the reversed walk's first step last."""
+def _bwd_gradients(q, k, v, p, g, beta, do, h_base, inv_base, dh_base, dq_base, dk_base, dp_base, dv_base, dg_base,
+                   db_base, scale, i_b, i_h, i_v, i_c, T, NT, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                   LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REV: tl.constexpr, ACC: tl.constexpr,
+                   SPLIT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
+                   LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+    """One direction's gradients: of every chunk, in reverse walk order with ``dh`` carried in registers, or
+    (``SPLIT``) of chunk ``i_c`` alone, from the state gradient the dh walk stored for it. The single-token chunk
+    (``TAIL``) goes with the last full chunk: the forward walk's last step comes first here, the reversed walk's
+    first step last."""
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     lp_ty = q.dtype.element_ty
     NF = NT - TAIL
-    c_lo = i_w * W
-    if W == 0:  # one window: the whole sequence
-        count = NF
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if SPLIT:
+        c_lo = i_c
+        count = tl.minimum(i_c + 1, NF) - i_c  # 0 when the sequence is a single token
+        last = i_c >= NF - 1
+        # nothing follows the forward walk's last chunk or the reversed walk's chunk 0: dh = 0 there
+        c_kv = o_k[:, None] * 0 + o_v[None, :] * 0 + i_c
+        stored = (c_kv > 0) if REV else (c_kv < NF - 1)
+        b_dh = tl.load(dh_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv & stored, other=0)
     else:
-        count = tl.minimum(c_lo + W, NF) - c_lo
-    last_win = i_w == NWIN - 1
-    # the walk ends in the last window (forward) or the first (reversed): nothing after it, dh = 0
-    w_k = o_k[:, None] * 0 + o_v[None, :] * 0 + i_w
-    stored = (w_k > 0) if REV else (w_k < NWIN - 1)
-    b_dh = tl.load(dh_win + i_w * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv & stored, other=0)
+        c_lo = 0
+        count = NF
+        last = True
     # (nested ifs: the outer condition is resolved at compile time, the inner one at run time)
     if TAIL and not REV:  # noqa: SIM102
-        if last_win:  # the forward walk's last step: the single-token chunk
+        if last:  # the forward walk's last step: the single-token chunk
             b_h = tl.load(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
             b_dh = _token_bwd(q, k, p, v, g, beta, do, b_h, b_dh, dq_base, dk_base, dp_base, dv_base, dg_base,
                               db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
+    # the gradient of the state entering a chunk: needed by the next chunk of a pass, or by the reversed walk's
+    # first step; a split program's neighbour got it from the dh walk
+    if SPLIT:
+        need_dh = False
+        if TAIL and REV:
+            need_dh = last
+    else:
+        need_dh = True  # (also after the pass's last chunk: cheaper than a branch)
     if PREFETCH:
         n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_chunk(
             q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, c_lo if REV else c_lo + count - 1, NF, o_k, o_v,
             T, H, K, V, BT, LOAD_INV)
     for i_r in range(0, count):
-        i_c = c_lo + i_r if REV else c_lo + count - 1 - i_r
-        row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
+        i_w = c_lo + i_r if REV else c_lo + count - 1 - i_r
+        row, m_t = _chunk_rows(i_b, i_h, i_w, T, H, BT)
         if PREFETCH:
             r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv = n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv
             n_q, n_k, n_p, n_v, n_g, n_beta, n_do, n_h, n_inv = _load_bwd_chunk(
-                q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_c + 1 if REV else i_c - 1, NF, o_k, o_v, T,
+                q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_w + 1 if REV else i_w - 1, NF, o_k, o_v, T,
                 H, K, V, BT, LOAD_INV)
         else:
             r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_inv = _load_bwd_chunk(
-                q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_c, NF, o_k, o_v, T, H, K, V, BT, LOAD_INV)
-        # the gradient leaving this window is the next window's business (the dh walk stored it), except before
-        # the reversed walk's first step
-        if W == 1:
-            need_dh = False
-            if TAIL and REV:
-                need_dh = last_win
-        else:
-            need_dh = i_r < count - 1
-            if TAIL and REV:
-                need_dh = need_dh | last_win
+                q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_w, NF, o_k, o_v, T, H, K, V, BT, LOAD_INV)
         b_dh = _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base,
                           dv_base, dg_base, db_base, scale, row, m_t, o_k, o_v, lp_ty, REV, ACC, K, V, BT, LOG2_BT,
-                          PREC, INV_PREC, LP_DOT, LOAD_INV, need_dh)
+                          PREC, LP_DOT, LOAD_INV, need_dh)
     if TAIL and REV:  # noqa: SIM102
-        if last_win:  # the reversed walk's first step, from the zero state
+        if last:  # the reversed walk's first step, from the zero state
             _token_bwd(q, k, p, v, g, beta, do, tl.zeros([BK, BV], dtype=tl.float32), b_dh, dq_base, dk_base,
                        dp_base, dv_base, dg_base, db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
 
 
 @triton.jit
-def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H, NWIN,
-                     W: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-                     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
-                     PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr,
-                     PREFETCH: tl.constexpr, TAIL: tl.constexpr):
-    """The backward's gradients (grid: window, batch·head, value block × directions on the grid). ``DIR_LOOP``:
-    this program runs both directions over its window, the reversed one adding onto the forward one's gradients;
+def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale, T, NT, B, H,
+                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
+                     SPLIT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
+                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+    """The backward's gradients (grid: chunk with ``SPLIT`` else 1, batch·head, value block × directions on the
+    grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients;
     otherwise each direction writes its own partial gradients (summed afterwards)."""
-    i_w, i_bh, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_bh, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_v = i_z % NV
     i_b, i_h = i_bh // H, i_bh % H
     BTH = B * T * H
     for d in tl.static_range(N_DIR):
         i_slot = 0 if DIR_LOOP else d
         i_part = (i_slot * NV + i_v).to(tl.int64) * BTH
-        seq = d * B * H + i_bh
+        seq = (d * B * H + i_bh).to(tl.int64) * NT
         if (i_z // NV == d) | (DIR_LOOP or N_DIR == 1):
-            _bwd_window(q, k, v, p, g, beta, do, h0 + seq.to(tl.int64) * NT * K * V,
-                        inv + seq.to(tl.int64) * NT * BT * BT, dh + seq.to(tl.int64) * NWIN * K * V, dq + i_part * K,
-                        dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V, dg + i_part,
-                        dbeta + i_part, scale, i_b, i_h, i_v, i_w, NWIN, T, NT, H, W, K, V, BT, LOG2_BT, BK, BV,
-                        d == 1, DIR_LOOP and d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL)
+            _bwd_gradients(q, k, v, p, g, beta, do, h0 + seq * K * V, inv + seq * BT * BT, dh + seq * K * V,
+                           dq + i_part * K, dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V,
+                           dg + i_part, dbeta + i_part, scale, i_b, i_h, i_v, i_c, T, NT, H, K, V, BT, LOG2_BT, BK,
+                           BV, d == 1, DIR_LOOP and d == 1, SPLIT, PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction adds onto what other threads of this program stored
 
@@ -249,7 +245,7 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
 @triton.jit
 def _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV: tl.constexpr,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
-              INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr):
+              LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr):
     """The state gradient through one chunk, without u or h: du = Mqᵀ do + kd dh, dRv = invᵀ du,
     dh ← (q_s e^{Gi})ᵀ do + e^{Gl} dh − pwᵀ dRv."""
     # do is loaded in v's place (same shape)
@@ -258,7 +254,7 @@ def _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_t
     b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, r_g.to(tl.float32), r_beta.to(tl.float32), lp_ty,
                                                        REV, BT, PREC, LP_DOT)
     if not LOAD_INV:
-        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, INV_PREC)
+        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
     before, upto = _walk_masks(REV, BT)
     b_Mq = _input_dot(b_q, b_k, lp_ty, PREC, LP_DOT) * (_decay(b_Gi, b_Gi, upto) * scale)
     b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
@@ -279,14 +275,13 @@ def _token_dh(q, k, p, do, g, beta, b_dh1, scale, i_b, i_h, t, o_k, o_v, T, H, K
 
 
 @triton.jit
-def _dh_walk(q, k, p, g, beta, inv_base, do, dh_win, scale, i_b, i_h, i_v, NWIN, T, NT, H, W: tl.constexpr,
-             K: tl.constexpr,
+def _dh_walk(q, k, p, g, beta, inv_base, do, dh_base, scale, i_b, i_h, i_v, T, NT, H, K: tl.constexpr,
              V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-             REV: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
+             REV: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
              LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
-    """One direction's state-gradient walk: stores the gradient each backward window starts from (the gradient
-    leaving its walk-last chunk). The window that ends the walk starts from zero; the walk stops where the window
-    that starts it begins."""
+    """One direction's state-gradient walk: stores dh[c], the gradient of the state leaving chunk c, for every
+    full chunk but the walk's last (its dh is zero, or comes from the single token that the split program of that
+    chunk handles itself)."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -296,35 +291,30 @@ def _dh_walk(q, k, p, g, beta, inv_base, do, dh_win, scale, i_b, i_h, i_v, NWIN,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if TAIL and not REV:
         b_dh = _token_dh(q, k, p, do, g, beta, b_dh, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V)
-    # forward: chunks NF−1 … W (after chunk c = jW the gradient leaves chunk jW − 1, window j − 1's start);
-    # reversed: chunks 0 … (NWIN − 1)·W − 1 (after chunk c = jW − 1 it leaves chunk jW, window j's start)
-    steps = NF - W if not REV else (NWIN - 1) * W
-    for i_r in range(0, steps):
+    # through chunks NF−1 … 1 (forward; after chunk c the gradient leaves chunk c − 1) or 0 … NF−2 (reversed;
+    # after chunk c it leaves chunk c + 1)
+    for i_r in range(0, NF - 1):
         i_c = i_r if REV else NF - 1 - i_r
         row, m_t = _chunk_rows(i_b, i_h, i_c, T, H, BT)
         b_inv = b_dh
         if LOAD_INV:
             b_inv = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
         b_dh = _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV, K, V, BT, LOG2_BT,
-                         PREC, INV_PREC, LP_DOT, LOAD_INV)
-        if REV:
-            if (i_c + 1) % W == 0:
-                tl.store(dh_win + ((i_c + 1) // W) * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
-        else:
-            if i_c % W == 0:
-                tl.store(dh_win + (i_c // W - 1) * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+                         PREC, LP_DOT, LOAD_INV)
+        i_to = i_c + 1 if REV else i_c - 1
+        tl.store(dh_base + i_to * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
 
 
 @triton.jit
-def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, NWIN, W: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        N_DIR: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr, LP_DOT: tl.constexpr,
+def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
+                        BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        N_DIR: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
                         LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
-    """The state-gradient walks of a windowed backward (grid: value block, batch·head, direction)."""
+    """The state-gradient walks of the split backward (grid: value block, batch·head, direction)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     for d in tl.static_range(N_DIR):
-        seq = (d * B * H + i_bh).to(tl.int64)
+        seq = (d * B * H + i_bh).to(tl.int64) * NT
         if (tl.program_id(2) == d) | (N_DIR == 1):
-            _dh_walk(q, k, p, g, beta, inv + seq * NT * BT * BT, do, dh + seq * NWIN * K * V, scale, i_b, i_h, i_v,
-                     NWIN, T, NT, H, W, K, V, BT, LOG2_BT, BK, BV, d == 1, PREC, INV_PREC, LP_DOT, LOAD_INV, TAIL)
+            _dh_walk(q, k, p, g, beta, inv + seq * BT * BT, do, dh + seq * K * V, scale, i_b, i_h, i_v, T, NT, H, K, V,
+                     BT, LOG2_BT, BK, BV, d == 1, PREC, LP_DOT, LOAD_INV, TAIL)

@@ -23,16 +23,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
+def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr):
     """(I + A)^{-1} for a [BT, BT] tile A that is strictly triangular (lower or upper: every step only uses which
     block an entry lies in).
 
     Built up by blocks: within 2-token blocks (I + N)^{-1} = I − N, since N² = 0 there; then pairs of blocks are
     merged, 2 → 4 → … → BT, with (I + D + O)^{-1} = D^{-1} − D^{-1} O D^{-1} (D the block-diagonal part, O the entries
     between the two halves of a merged block, (D^{-1} O)² = 0). Two small products per level, 2·log2(BT) − 2 in all.
-    Every intermediate is a block of the true inverse, so nothing large cancels: a power series (I − A + A² − …)
-    with the same number of products builds terms in the 10⁵–10⁶ range when neighbouring keys align and the
-    feedback gain βp·k approaches 2 (the iplr transition), losing fp32 accuracy."""
+    Every intermediate is a block of the true inverse, so nothing large cancels and one TF32 pass per product is
+    enough for 16-bit inputs (emulated: it adds < 1e-3 to the output's error from the other TF32 products). A power
+    series (I − A + A² − …) with the same number of products builds terms in the 10⁵–10⁶ range when neighbouring
+    keys align and the feedback gain βp·k approaches 2 (the iplr transition): 8% output error even in fp32."""
     rows = tl.arange(0, BT)
     block = rows // 2
     inv = (rows[:, None] == rows[None, :]).to(tl.float32) - tl.where(block[:, None] == block[None, :], A, 0.0)
@@ -41,7 +42,7 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl
         whole = rows // (2 << level)
         between = (whole[:, None] == whole[None, :]) & (half[:, None] != half[None, :])
         off = tl.where(between, A, 0.0)
-        inv -= tl.dot(tl.dot(inv, off, input_precision=INV_PREC), inv, input_precision=INV_PREC)
+        inv -= tl.dot(tl.dot(inv, off, input_precision=PREC), inv, input_precision=PREC)
     return inv
 
 

@@ -30,7 +30,7 @@ from .kernel_common import (
 @triton.jit
 def comba_inv_kernel(k, p, g, beta, inv, w, u0, v, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
-                     N_DIR: tl.constexpr, SAVE_WY: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
+                     N_DIR: tl.constexpr, SAVE_WY: tl.constexpr, PREC: tl.constexpr,
                      LP_DOT: tl.constexpr):
     """Chunk-parallel pass (grid: chunk, batch·head): every direction's (I + A)^{-1} of one chunk, from one load of
     its keys and gates; with ``SAVE_WY`` also W = inv·pw and U0 = inv·(βv) (the walk then only does the
@@ -49,7 +49,7 @@ def comba_inv_kernel(k, p, g, beta, inv, w, u0, v, T, NT, B, H, K: tl.constexpr,
     for d in tl.static_range(N_DIR):
         b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, k.dtype.element_ty, d == 1, BT,
                                                            PREC, LP_DOT)
-        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, INV_PREC)
+        b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
         base = (d * B * H + i_bh).to(tl.int64) * NT + i_c
         tl.store(inv + base * BT * BT + o_t[:, None] * BT + o_t[None, :], b_inv)
         if SAVE_WY:
@@ -75,8 +75,7 @@ def _fwd_token(q, k, p, v, g, beta, o_base, b_h, t, scale, i_b, i_h, o_k, o_v, T
 @triton.jit
 def _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0, p_o, m_tv, p_inv, m_inv, scale, lp_ty,
                REV: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
-               INV_PREC: tl.constexpr, LP_DOT: tl.constexpr, INV_IN: tl.constexpr, LOAD_WY: tl.constexpr,
-               SAVE_INV: tl.constexpr):
+               LP_DOT: tl.constexpr, INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, SAVE_INV: tl.constexpr):
     """One chunk of the walk: writes (or adds) its output and returns the state leaving it."""
     b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
     b_g, b_beta = r_g.to(tl.float32), r_beta.to(tl.float32)
@@ -87,7 +86,7 @@ def _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0, p_o, m_tv
     else:
         b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV, BT, PREC, LP_DOT)
         if not INV_IN:
-            b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, INV_PREC)
+            b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
             if SAVE_INV:
                 tl.store(p_inv, b_inv, mask=m_inv)
         # u = U0 − W h = inv (βv − pw h): one product with the inverse instead of W and U0
@@ -104,7 +103,7 @@ def _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0, p_o, m_tv
 def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, scale, i_b, i_h, i_v, T, NT, H,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, REV: tl.constexpr, ACC: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
-              INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
+              INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
               LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     """One direction's walk over the chunks. With ``TAIL`` (T % BT == 1) the last chunk holds one token: the
     forward direction ends with it as a rank-1 step, the reversed one starts with it (from the zero state)."""
@@ -148,7 +147,7 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
             b_inv = tl.load(p_inv)
         b_h = _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0,
                          o_base + row[:, None] * V + o_v[None, :], m_t[:, None] & (o_v < V)[None, :], p_inv, m_inv,
-                         scale, lp_ty, REV, ACC, BT, LOG2_BT, PREC, INV_PREC, LP_DOT, INV_IN, LOAD_WY, SAVE_INV)
+                         scale, lp_ty, REV, ACC, BT, LOG2_BT, PREC, LP_DOT, INV_IN, LOAD_WY, SAVE_INV)
     if TAIL and not REV:
         if SAVE_H:
             tl.store(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
@@ -159,7 +158,7 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
 def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
-                     INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr, INV_PREC: tl.constexpr,
+                     INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
                      LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     """The state walk (grid: value block, batch·head, directions on the grid). ``DIR_LOOP``: this program runs
     both directions, the reversed one adding onto its own forward output; otherwise program_id(2) is the direction
@@ -176,6 +175,6 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
         if (tl.program_id(2) == d) | (DIR_LOOP or N_DIR == 1):
             _fwd_walk(q, k, v, p, g, beta, o_base, h0 + state * K * V, inv + state * BT * BT, w + state * BT * K,
                       u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT, LOG2_BT, BK, BV, d == 1,
-                      DIR_LOOP and d == 1, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, INV_PREC, LP_DOT, PREFETCH, TAIL)
+                      DIR_LOOP and d == 1, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction reads back what other threads of this program stored

@@ -2,25 +2,21 @@
 
 Layout heuristics (:func:`launch_config`), fitted to H100/H200 measurements (``benchmarks/comba_launch_sweep.py``
 prints the variants side by side; its logs are in ``benchmarks/results/``). Every setting can be forced through
-:mod:`visionssm.kernels.tuning` under the op name ``"comba"``, e.g. ``launch_overrides("comba", chunk=32)``:
+:mod:`visionssm.kernels.tuning` under the op name ``"comba"``, e.g. ``launch_overrides("comba", split_bwd=False)``:
 
 ============== ==========================================================================================
 setting        meaning
 ============== ==========================================================================================
-chunk          tokens per chunk, 16 or 32 (16: larger chunks hold more at once and spill at 64-wide heads)
 value_block    value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
-num_warps      warps of the forward walk
-bwd_num_warps  warps of the backward's gradient programs
-dh_num_warps   warps of the backward's state-gradient walk
+num_warps      warps of every kernel but the chunk-parallel inverse pass (one or two)
+dh_num_warps   warps of the split backward's state-gradient walk
 dir_loop       non-causal: one program runs both directions (else one per program, fp32 partial outputs)
 inv_pass       compute every chunk's inverse in a chunk-parallel pass before the forward walk
-pre_wy         also W = inv·pw and U0 = inv·βv in that pass (few, long sequences: latency-bound walks)
+pre_wy         also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
 prefetch       the forward walk loads chunk i+1 while chunk i is computed
-bwd_prefetch   the same in the backward's gradient programs
-bwd_window     chunks per backward gradient program (0: the whole sequence, one pass; W ≥ 1: a state-gradient
-               walk first stores the gradient every W-th chunk, then the windows run in parallel)
+bwd_prefetch   the same in the one-pass backward
+split_bwd      backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
 store_inv      the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
-inv_prec       products of the chunk inverse for 16-bit inputs: "tf32" (one tensor-core pass) or "tf32x3"
 ============== ==========================================================================================
 
 Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (layout,
@@ -39,8 +35,11 @@ from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
-SETTINGS = ("chunk", "value_block", "num_warps", "bwd_num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy",
-            "prefetch", "bwd_prefetch", "bwd_window", "store_inv", "inv_prec")
+SETTINGS = ("value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch", "bwd_prefetch",
+            "split_bwd", "store_inv")
+#: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
+#: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
+CHUNK = 16
 
 
 def _next_pow2(n: int) -> int:
@@ -48,55 +47,52 @@ def _next_pow2(n: int) -> int:
 
 
 def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
-    """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions."""
+    """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions. The
+    measurements behind each choice are H100 ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
     BK = max(16, _next_pow2(K))
     BV = max(16, _next_pow2(V))
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
-    area = BK * BV
+    NV = cdiv(V, BV)
+    programs = BH * ND * NV
     # one warp per 16×16 state block, four from 32×32 up (H200: one warp 0.77× the time of two at 16-wide heads;
-    # at eight the chunk-parallel backward does not spill but fits one program per SM: 1.27–1.33×)
-    num_warps = 1 if area <= 256 else 2 if area < 1024 else 4
+    # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
+    num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
-    cfg = {"chunk": 16, "value_block": BV, "num_warps": num_warps, "bwd_num_warps": num_warps,
-           "dh_num_warps": num_warps,
-           "dir_loop": ND == 2 and BH * cdiv(V, BV) >= 1024,
-           "inv_pass": False,
-           # few, long sequences: the walk is latency-bound and repeats the K-side work per value block
-           "pre_wy": BH * ND * cdiv(V, BV) < 1024 and T > 64,
-           # H200: prefetching forward walks won at every measured shape (16-wide: 0.84–0.93×; 64/128-wide fwd+bwd
-           # 0.96–0.97×); in the one-pass backward it lost 4–5% causal and won 1–2% non-causal at 16-wide heads
-           "prefetch": True,
-           "bwd_prefetch": wide,
-           # 64-wide and larger states: a program carrying everything through several chunks spills (H200: the
-           # one-pass backward took 1.08× / 1.42× the per-chunk split's fwd+bwd time at B64 T1024 D64 / B4 T2048
-           # D128, 0.98× at B256 T197 H6 D64); small states: one pass (per-chunk split 1.3–1.5× slower)
-           "bwd_window": 1 if wide else 0,
-           "store_inv": True,
-           # the inverse is built from exact 2-token blocks by merges whose intermediates are blocks of the result,
-           # so one TF32 pass stays within ~1e-3 of it even for nearly parallel keys (a power series needed three)
-           "inv_prec": "tf32"}
+    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
+           "dir_loop": ND == 2 and BH * NV >= 1024,
+           # off the walk's sequential path: B256 T197 H6 D64 non-causal forward 0.88×; 16-wide 1.30–1.36× slower
+           "inv_pass": wide,
+           # W and U0 stored up front pay off only when the value dimension is split over programs (the walk would
+           # repeat the K-side work per block): B64 T1024 H4 D64 (one block) forward 0.82× without
+           "pre_wy": NV > 1 and programs < 1024 and T > 64,
+           # 16-wide non-causal forward 0.93× without (two directions in one program), causal 1.04×
+           "prefetch": wide or ND == 1,
+           # 16-wide one-pass backward: 0.89× causal, 0.90× non-causal (B256 T196 H10 D16)
+           "bwd_prefetch": True,
+           # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64;
+           # 1.06× at B4 T2048 H8 D128); one pass when one wave of 64-wide programs covers the problem (0.85× at
+           # B64 T1024 H4 D64) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
+           "split_bwd": wide and not (BK == 64 and programs <= 512),
+           # 16-wide: recomputing the inverse in the backward beats storing and reloading it (0.92–0.93×)
+           "store_inv": wide}
     forced = tuning.overrides(OP)
     if forced:
         tuning.check_names(OP, forced, SETTINGS)
         cfg.update(forced)
-    if cfg["chunk"] not in (16, 32):
-        raise ValueError(f"comba launch setting chunk must be 16 or 32, got {cfg['chunk']!r}")
-    if cfg["inv_prec"] not in ("tf32", "tf32x3"):
-        raise ValueError(f"comba launch setting inv_prec must be 'tf32' or 'tf32x3', got {cfg['inv_prec']!r}")
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
     return cfg
 
 
-def _precision(cfg: dict, dtype: torch.dtype, device_type: str) -> dict:
-    """PREC, INV_PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside
-    their tolerance) and the products of two input tiles on 16-bit tensor cores. Triton's interpreter multiplies
-    16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
+def _precision(dtype: torch.dtype, device_type: str) -> dict:
+    """PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside their
+    tolerance; three-pass TF32 for the inverse was 1.12–1.81× slower in the forward) and the products of two input
+    tiles on 16-bit tensor cores. Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path
+    (covered by cuda tests)."""
     low = dtype in (torch.float16, torch.bfloat16)
-    return {"PREC": "tf32" if low else "ieee", "INV_PREC": cfg["inv_prec"] if low else "ieee",
-            "LP_DOT": low and device_type == "cuda"}
+    return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
 
 
 def _tail(T: int, BT: int) -> int:
@@ -120,7 +116,7 @@ class BwdPlan:
 
 def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
               device: torch.device, save_state: bool) -> FwdPlan:
-    BT, BV = cfg["chunk"], cfg["BV"]
+    BT, BV = CHUNK, cfg["BV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
     grid_dirs, _ = _directions(cfg, ND)
@@ -138,7 +134,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     plan.u0_shape = (ND, B * H, NT, BT, V) if wy else None
     # one never-read fp32 word for the pointer arguments a launch does not use (no placeholder allocation per call)
     plan.dummy = torch.empty(1, device=device, dtype=torch.float32)
-    precision = _precision(cfg, dtype, device.type)
+    precision = _precision(dtype, device.type)
     dims = (T, NT, B, H)
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], **precision}
     plan.pre = None
@@ -179,26 +175,25 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     BV, NV = cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
-    NF = NT - TAIL
-    W = cfg["bwd_window"] if 0 < cfg["bwd_window"] < NF else 0  # 0: one window, the whole sequence
-    NWIN = cdiv(NF, W) if W else 1
+    # split: one program per full chunk (the single-token chunk goes with the last), and the dh walk when there is
+    # more than one of them
+    split = cfg["split_bwd"]
+    programs = max(1, NT - TAIL) if split else 1
     grid_dirs, _ = _directions(cfg, ND)
     plan = BwdPlan()
     plan.cached = False
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
-              **_precision(cfg, dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
-    dims = (T, NT, B, H, NWIN)
-    common["W"] = W
-    # the state gradient each window starts from, stored by the dh walk (none with a single window)
-    plan.dh_shape = (ND, B * H, NWIN, K, V) if NWIN > 1 else None
-    plan.dh_walk = None if NWIN == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
-                                                       {"num_warps": cfg["dh_num_warps"]})
+              **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
+    dims = (T, NT, B, H)
+    plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
+    plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
+                                                           {"num_warps": cfg["dh_num_warps"]})
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
-    plan.main = DirectLaunch(comba_bwd_kernel, (NWIN, B * H, NV * grid_dirs), dims,
-                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"],
-                              "PREFETCH": cfg["bwd_prefetch"] and W != 1},
-                             {"num_warps": cfg["bwd_num_warps"]})
+    plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
+                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
+                              "PREFETCH": cfg["bwd_prefetch"] and not split},
+                             {"num_warps": cfg["num_warps"]})
     return plan
 
 
@@ -219,7 +214,7 @@ def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
         dq, dk, dp, dg, dbeta = (_partials(NP, t) for t in (q, k, p, g, beta))
         dv = _partials(grid_dirs, v)
     inv = h0 if inv is None else inv  # an unread pointer when the inverses are recomputed
-    dh = h0  # an unread pointer with a single window
+    dh = h0  # an unread pointer without the dh walk
     if plan.dh_walk is not None:
         dh = empty_output(plan.dh_shape, device=h0.device, dtype=torch.float32)
         plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
