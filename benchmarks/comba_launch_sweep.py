@@ -1,12 +1,12 @@
 """Launch variants of the Comba kernels, timed side by side (GPU time, CUDA graphs).
 
-    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|lm|all] [--warm]
+    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|lm|all] [--rounds N] [--warm]
 
 Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
 settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
 are first checked against the default's, then forward+backward and the forward alone (no autograd) are timed in
-two interleaved rounds (best of the two), bf16. ``--warm`` only compiles. Re-run on a new GPU before changing the
-defaults in ``launch_config``.
+interleaved rounds (best of them; two unless ``--rounds``), bf16. ``--warm`` only compiles. Re-run on a new GPU
+before changing the defaults in ``launch_config``.
 """
 
 import sys
@@ -70,12 +70,12 @@ def _check(name, shape, results, reference):
         print(f"  {name} {shape}: output/gradients differ from the default's by {err:.2e}", flush=True)
 
 
-def sweep_shape(B, T, H, D, causal, names, warm):
+def sweep_shape(B, T, H, D, causal, names, warm, rounds):
     shape = f"B{B} T{T} H{H} D{D} {'causal' if causal else 'noncausal'}"
     leaves, do = inputs(B, T, H, D)
     reference = [t.float() for t in fwd_bwd(leaves, do, causal, {})()]
     timings = {}
-    for round_ in range(1 if warm else 2):
+    for round_ in range(1 if warm else rounds):
         for name in names:
             try:
                 if round_ == 0:
@@ -101,10 +101,11 @@ def main():
     warm = "--warm" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     which = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--shapes"), "all")
+    rounds = int(next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--rounds"), 2))
     names = [a for a in args if a in VARIANTS] or list(VARIANTS)
     shapes = SHAPES["d16"] + SHAPES["d64"] + SHAPES["lm"] if which == "all" else SHAPES[which]
     for B, T, H, D, causal in shapes:
-        sweep_shape(B, T, H, D, causal, names, warm)
+        sweep_shape(B, T, H, D, causal, names, warm, rounds)
         torch.cuda.empty_cache()
 
 

@@ -53,19 +53,23 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
 
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
-    """Traffic of our kernels' design: bf16 q,k,p,v,o (+ do and 4 gradients), gates, the fp32 per-chunk states
-    and chunk inverses written by the forward and read by the backward, and (64-wide heads and up: split backward)
-    the per-chunk state gradients written and read back within the backward. (The floor of the op itself, inputs
-    read once and outputs written once, is the first and last terms alone.)"""
+    """Traffic of our kernels' design at this shape: bf16 q,k,p,v,o (+ do and 4 gradients) and the gates, plus what
+    the launch layout stores and reads back: the fp32 state entering every chunk, the chunk inverses (64-wide heads)
+    and, for the split backward, the state gradient leaving every chunk. (The op's own floor, inputs read once and
+    outputs written once, is the first and last terms alone.)"""
+    from visionssm.kernels.comba.launch import CHUNK, launch_config
+
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
         return fwd
-    bt = 16
-    chunks = (1 if causal else 2) * B * H * (-(-T // bt))
-    states = chunks * (D * D + bt * bt) * 4
-    state_grads = chunks * D * D * 4 if D >= 64 else 0
-    return fwd + 2 * states + 2 * state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
+    directions = 1 if causal else 2
+    cfg = launch_config(D, D, T, B * H, directions)
+    chunks = directions * B * H * (-(-T // CHUNK))
+    states = 2 * chunks * D * D * 4
+    inverses = 2 * chunks * CHUNK * CHUNK * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
+    state_grads = 2 * chunks * D * D * 4 if cfg["split_bwd"] else 0
+    return fwd + states + inverses + state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
