@@ -4,8 +4,9 @@ The walk (``comba_fwd_kernel``): one program carries the state h ∈ R^{K×BV} o
 registers (fp32) through the chunks of the sequence, one direction after the other (or one direction per program
 along grid axis 2, each writing its own fp32 partial output). When a backward follows it stores the state entering
 every chunk (``h0``). Per chunk it needs (I + A)^{-1}: computed in the walk, or loaded from a chunk-parallel pass
-that ran first (``comba_inv_kernel``; off the walk's sequential path, both directions from one load), or — for few,
-long sequences, where the walk is latency-bound — replaced by W = inv·pw and U0 = inv·(βv) from ``comba_wy_kernel``.
+that ran first (``comba_inv_kernel``; off the walk's sequential path, both directions from one load), or — when the
+value dimension is split over programs, which would each repeat the K-side work — replaced by W = inv·pw and
+U0 = inv·(βv) from that pass.
 """
 
 from __future__ import annotations

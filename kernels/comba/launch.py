@@ -111,7 +111,7 @@ class FwdPlan:
 
 
 class BwdPlan:
-    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "dh_shape", "cached")
+    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "dh_shape")
 
 
 def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
@@ -181,7 +181,6 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     programs = max(1, NT - TAIL) if split else 1
     grid_dirs, _ = _directions(cfg, ND)
     plan = BwdPlan()
-    plan.cached = False
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
               **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
     dims = (T, NT, B, H)
@@ -265,6 +264,5 @@ def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool) -> BwdPlan
         ND = 1 if causal else 2
         cfg = launch_config(K, V, T, B * H, ND)
         plan = build_bwd(cfg, B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv)
-        plan.cached = True
         plans[key] = plan
     return plan
