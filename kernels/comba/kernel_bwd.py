@@ -1,7 +1,7 @@
 """Triton backward kernels of Comba.
 
 Every chunk's gradients follow from the state entering it (``h0``, stored by the forward), the gradient of the
-state leaving it (``dh``) and its stored inverse. Two ways to get ``dh``:
+state leaving it (``dh``) and its inverse (stored by the forward, or recomputed). Two ways to get ``dh``:
 
 * one pass (``comba_bwd_kernel``): a program walks a sequence's chunks in reverse, carrying ``dh`` in registers and
   computing each chunk's gradients on the way (small states: 16–32 wide; 64-wide with few sequences);
