@@ -1,13 +1,12 @@
 """Launch variants of the Comba kernels, timed side by side (GPU time, CUDA graphs).
 
-    python benchmarks/comba_launch_sweep.py [variant ...] [--warm]
+    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|lm|all] [--rounds N] [--warm]
 
-Each variant overrides a few keys of the launch config (``visionssm.kernels.comba.fused``'s ``CONFIG_OVERRIDES``;
-see ``_launch_config`` there); every forward+backward is first checked against the default's output and gradients,
-then timed in two interleaved rounds (best of the two), bf16, at a vision shape with 16-wide heads, the mixer of
-``comba_vision_S`` and the two LM shapes of the kernel suite. ``--warm`` only compiles. The default of a large
-small-head problem includes its timed launch choice (``_choose``); forced variants are not timed that way. Re-run on
-a new GPU before changing the defaults in ``_launch_config``.
+Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
+settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
+are first checked against the default's, then forward+backward and the forward alone (no autograd) are timed in
+interleaved rounds (best of them; two unless ``--rounds``), bf16. ``--warm`` only compiles. Re-run on a new GPU
+before changing the defaults in ``launch_config``.
 """
 
 import sys
@@ -15,27 +14,32 @@ import sys
 import torch
 
 from visionssm.kernels import comba
-from visionssm.kernels.comba import fused
 from visionssm.kernels.comba.benchmark import make_inputs
+from visionssm.kernels.tuning import launch_overrides
 from visionssm.utils.benchmark import time_fn
 
 VARIANTS = {
     "default": {},
     "one_pass_bwd": {"split_bwd": False},
     "split_bwd": {"split_bwd": True},
-    "bt32": {"BT": 32},
-    "one_pass_bt32": {"split_bwd": False, "BT": 32},
-    "bwd_warps8": {"bwd_num_warps": 8},
-    "dh_warps2": {"dh_num_warps": 2},
-    "dh_warps8": {"dh_num_warps": 8},
-    "bv32": {"BV": 32},
-    "pre_wy": {"pre_wy": True},
-    "directions_in_grid": {"dir_loop": False},
+    "inv_pass": {"inv_pass": True},
+    "no_inv_pass": {"inv_pass": False},
+    "store_inverse": {"store_inv": True},
+    "recompute_inverse": {"store_inv": False},
+    "dirs_in_grid": {"dir_loop": False},
+    "dirs_in_program": {"dir_loop": True},
     "prefetch": {"prefetch": True},
+    "no_prefetch": {"prefetch": False},
+    "bwd_prefetch": {"bwd_prefetch": True},
+    "no_bwd_prefetch": {"bwd_prefetch": False},
+    "dh_warps2": {"dh_num_warps": 2},
+    "pre_wy": {"pre_wy": True},
+    "no_pre_wy": {"pre_wy": False},
 }
-# (B, T, H, D, causal)
-SHAPES = [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, False), (256, 197, 6, 64, False),
-          (64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]
+# (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S mixer, two LM shapes
+SHAPES = {"d16": [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True)],
+          "d64": [(256, 197, 6, 64, False), (256, 197, 6, 64, True)], "d64nc": [(256, 197, 6, 64, False)],
+          "lm": [(64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]}
 
 
 def inputs(B, T, H, D):
@@ -45,46 +49,63 @@ def inputs(B, T, H, D):
 
 def fwd_bwd(leaves, do, causal, overrides):
     def run():
-        fused.CONFIG_OVERRIDES = overrides
-        try:
+        with launch_overrides("comba", **overrides):
             out = comba(*leaves, causal=causal)
             # detached: a result holding the autograd graph would keep the leaves' gradient nodes (made on this
             # stream) alive into the CUDA graph capture on another stream, which invalidates the capture
             return (out.detach(), *torch.autograd.grad(out, leaves, do))
-        finally:
-            fused.CONFIG_OVERRIDES = {}
     return run
+
+
+def fwd_only(leaves, causal, overrides):
+    def run():
+        with launch_overrides("comba", **overrides), torch.no_grad():
+            return comba(*leaves, causal=causal)
+    return run
+
+
+def _check(name, shape, results, reference):
+    err = max(((a.float() - r).norm() / r.norm().clamp_min(1e-30)).item() for a, r in zip(results, reference))
+    if not err <= 2e-2:
+        print(f"  {name} {shape}: output/gradients differ from the default's by {err:.2e}", flush=True)
+
+
+def sweep_shape(B, T, H, D, causal, names, warm, rounds):
+    shape = f"B{B} T{T} H{H} D{D} {'causal' if causal else 'noncausal'}"
+    leaves, do = inputs(B, T, H, D)
+    reference = [t.float() for t in fwd_bwd(leaves, do, causal, {})()]
+    timings = {}
+    for round_ in range(1 if warm else rounds):
+        for name in names:
+            try:
+                if round_ == 0:
+                    _check(name, shape, fwd_bwd(leaves, do, causal, VARIANTS[name])(), reference)
+                    fwd_only(leaves, causal, VARIANTS[name])()  # compiles the forward without saved state
+                if not warm:
+                    both = time_fn(fwd_bwd(leaves, do, causal, VARIANTS[name]), warmup=3, repeats=20, cuda_graph=True)
+                    fwd = time_fn(fwd_only(leaves, causal, VARIANTS[name]), warmup=3, repeats=20, cuda_graph=True)
+                    timings.setdefault(name, []).append((both.median_ms, fwd.median_ms))
+                    print(f"  {shape} {name} round {round_}: fwd+bwd {both.median_ms:.4f} fwd {fwd.median_ms:.4f} ms",
+                          flush=True)
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile/launch is reported, not fatal
+                print(f"  {name} {shape}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    if timings:
+        best = {name: (min(t[0] for t in ts), min(t[1] for t in ts)) for name, ts in timings.items()}
+        ref = best.get("default", (float("nan"), float("nan")))
+        print(f"SWEEP {shape} ms fwd+bwd / fwd (ratio to default): "
+              + "  ".join(f"{k} {b:.4f}/{f:.4f} ({b / ref[0]:.2f}/{f / ref[1]:.2f})" for k, (b, f) in best.items()),
+              flush=True)
 
 
 def main():
     warm = "--warm" in sys.argv
-    names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(VARIANTS)
-    for B, T, H, D, causal in SHAPES:
-        shape = f"B{B} T{T} H{H} D{D} {'causal' if causal else 'noncausal'}"
-        leaves, do = inputs(B, T, H, D)
-        reference = [t.float() for t in fwd_bwd(leaves, do, causal, {})()]
-        timings = {}
-        for round_ in range(1 if warm else 2):
-            for name in names:
-                run = fwd_bwd(leaves, do, causal, VARIANTS[name])
-                try:
-                    if round_ == 0:
-                        results = run()
-                        err = max(((a.float() - r).norm() / r.norm().clamp_min(1e-30)).item()
-                                  for a, r in zip(results, reference))
-                        if not err <= 2e-2:
-                            print(f"  {name} {shape}: output/gradients differ from the default's by {err:.2e}",
-                                  flush=True)
-                    if not warm:
-                        ms = time_fn(run, warmup=3, repeats=20, cuda_graph=True).median_ms
-                        timings.setdefault(name, []).append(ms)
-                except Exception as exc:  # noqa: BLE001 - a variant that fails to compile/launch is reported, not fatal
-                    print(f"  {name} {shape}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        if timings:
-            ref = min(timings.get("default", [float("nan")]))
-            print(f"SWEEP {shape} fwd+bwd ms (ratio to default): "
-                  + "  ".join(f"{k} {min(v):.4f} ({min(v) / ref:.2f})" for k, v in timings.items()), flush=True)
-        del leaves, do, reference
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    which = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--shapes"), "all")
+    rounds = int(next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--rounds"), 2))
+    names = [a for a in args if a in VARIANTS] or list(VARIANTS)
+    shapes = SHAPES["d16"] + SHAPES["d64"] + SHAPES["lm"] if which == "all" else SHAPES[which]
+    for B, T, H, D, causal in shapes:
+        sweep_shape(B, T, H, D, causal, names, warm, rounds)
         torch.cuda.empty_cache()
 
 

@@ -1,4 +1,4 @@
-"""Comba mixer op: ``comba(q, k, v, p, g, beta, *, scale=None, causal=True) -> o`` (issue 4).
+"""Comba mixer op: ``comba(q, k, v, p, g, beta, *, scale=None, causal=True) -> o``.
 
 Causal recurrence (state ``h ∈ R^{K×V}``, read before decay)::
 
@@ -128,7 +128,7 @@ def _fused_comba():
     """The Triton entry point, imported on first use (importing visionssm never imports Triton)."""
     global _FUSED
     if _FUSED is None:
-        from .fused import fused_comba
+        from .autograd import fused_comba
 
         _FUSED = fused_comba
     return _FUSED

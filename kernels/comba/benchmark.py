@@ -1,9 +1,8 @@
 """Comba kernel suite: visionssm.kernels.comba next to SDPA (same causality) and flash-linear-attention's
 ``chunk_comba`` (causal only; its non-causal form would be two calls), bf16, forward and forward+backward.
 
-Shapes are the GKA issue's: three vision shapes and one LM shape, then the mixer of ``comba_vision_S`` (batch 256,
-197 tokens, 6 heads of 64). Targets (issue 4): vision forward+backward ≤ 1.0× SDPA; at (B4, T2048, H8, D128)
-≤ 1.0× chunk_comba. FLA's backward is wrong with Triton < 3.7.1 on Hopper,
+Shapes: three vision shapes with 16-wide heads and one LM shape, two with 64-wide heads, the last the mixer of
+``comba_vision_S`` (batch 256, 197 tokens, 6 heads of 64). FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
 
 Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or forward
@@ -54,18 +53,23 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
 
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
-    """Compulsory traffic of our kernels: bf16 q,k,p,v,o (+ do and 4 gradients), gates, the fp32 per-chunk states
-    and chunk inverses written by the forward and read by the backward, and (64-wide heads and up: split backward)
-    the per-chunk state gradients written and read back within the backward."""
+    """Traffic of our kernels' design at this shape: bf16 q,k,p,v,o (+ do and 4 gradients) and the gates, plus what
+    the launch layout stores and reads back: the fp32 state entering every chunk, the chunk inverses (64-wide heads)
+    and, for the split backward, the state gradient leaving every chunk. (The op's own floor, inputs read once and
+    outputs written once, is the first and last terms alone.)"""
+    from visionssm.kernels.comba.launch import CHUNK, launch_config
+
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
         return fwd
-    bt = 16
-    chunks = (1 if causal else 2) * B * H * (-(-T // bt))
-    states = chunks * (D * D + bt * bt) * 4
-    state_grads = chunks * D * D * 4 if D >= 64 else 0
-    return fwd + 2 * states + 2 * state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
+    directions = 1 if causal else 2
+    cfg = launch_config(D, D, T, B * H, directions)
+    chunks = directions * B * H * (-(-T // CHUNK))
+    states = 2 * chunks * D * D * 4
+    inverses = 2 * chunks * CHUNK * CHUNK * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
+    state_grads = 2 * chunks * D * D * 4 if cfg["split_bwd"] else 0
+    return fwd + states + inverses + state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
@@ -119,10 +123,6 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)
     _print_graph_ratios(rows)
-    from visionssm.kernels.comba import fused
-
-    for key, timings in fused.TUNING_LOG.items():
-        print("# launch tuning", key, " ".join(f"{cfg}: {ms:.4f} ms" for cfg, ms in timings))
     return rows
 
 

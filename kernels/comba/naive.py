@@ -1,7 +1,7 @@
-"""PyTorch references for the Comba mixer (shared/papers/comba.md §3, issue 4).
+"""PyTorch references for the Comba mixer (the Comba paper, §3).
 
 State ``h ∈ R^{K×V}`` per (batch, head), read *before* the decay (the order FLA's Triton kernels use; FLA's own
-``naive_recurrent_comba`` decays first and is a different recurrence, see shared/reference/kernels.md §1):
+``naive_recurrent_comba`` decays first and is a different recurrence):
 
     u_t = β_t (v_t − h_{t−1}ᵀ p_t)
     h_t = e^{g_t} h_{t−1} + k_t u_tᵀ

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from visionssm.kernels import comba as comba_op
 from visionssm.kernels.comba import comba_chunked, comba_recurrent
+from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 
 GRAD_NAMES = ("q", "k", "v", "p", "g", "beta")
@@ -153,41 +154,54 @@ def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison
 
 
 @pytest.mark.parametrize("overrides", [
-    {"dir_loop": True}, {"dir_loop": False, "BT": 32}, {"dir_loop": True, "BV": 16},
-    {"pre_wy": True, "dir_loop": False, "BV": 16}, {"pre_wy": True, "dir_loop": True, "store_inv": False},
-    {"pre_wy": False, "store_inv": False, "dir_loop": False}, {"prefetch": True, "dir_loop": True},
-    {"prefetch": True, "dir_loop": False, "BV": 16, "store_inv": False}, {"prefetch": True, "pre_wy": True},
-    {"split_bwd": True, "BV": 16}, {"split_bwd": True, "store_inv": False, "BT": 32}],
-    ids=["directions-in-program", "directions-in-grid-BT32", "directions-in-program-split-V",
-         "chunk-parallel-wy-grid-split-V", "chunk-parallel-wy-no-stored-inverse", "recomputed-inverse",
-         "prefetch-directions-in-program", "prefetch-grid-split-V-recomputed-inverse", "prefetch-chunk-parallel-wy",
-         "split-backward-split-V", "split-backward-recomputed-inverse-BT32"])
-def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poison_outputs, monkeypatch):
+    {"dir_loop": True}, {"dir_loop": False, "store_inv": True}, {"dir_loop": True, "value_block": 16},
+    {"pre_wy": True, "dir_loop": False, "value_block": 16}, {"pre_wy": True, "dir_loop": True},
+    {"inv_pass": True, "dir_loop": True, "store_inv": False}, {"inv_pass": True, "dir_loop": False, "value_block": 16},
+    {"prefetch": True, "bwd_prefetch": False, "dir_loop": True},
+    {"bwd_prefetch": False, "dir_loop": False, "value_block": 16},
+    {"split_bwd": True, "value_block": 16, "store_inv": True}, {"split_bwd": True, "store_inv": False},
+    {"split_bwd": True, "dir_loop": False, "inv_pass": True}],
+    ids=["directions-in-program", "directions-in-grid-stored-inverse", "directions-in-program-split-V",
+         "chunk-parallel-wy-grid-split-V", "chunk-parallel-wy", "inverse-pass", "inverse-pass-grid-split-V",
+         "prefetch-swapped", "no-backward-prefetch-grid-split-V", "split-backward-split-V-stored-inverse",
+         "split-backward-recomputed-inverse", "split-backward-grid-inverse-pass"])
+def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poison_outputs):
     """Every launch layout the heuristics can pick computes the same thing (forced here on small shapes): directions
-    in one program or over the grid, split value blocks, the chunk-parallel W/U0 pre-pass, the backward with the
-    forward's stored inverses or recomputing them, in one pass or split (state-gradient walk, then chunk-parallel
-    gradients)."""
-    from visionssm.kernels.comba import fused
-
-    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", overrides)
+    in one program or over the grid, split value blocks, the chunk-parallel inverse and W/U0 passes, the backward
+    with the forward's stored inverses or recomputing them, in one pass or split (a state-gradient walk, then one
+    program per chunk)."""
     x = make_inputs(B=1, T=45, H=2, K=16, V=32)
+    with launch_overrides("comba", **overrides):
+        check_against_reference(comba_op, x, causal=False)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"dir_loop": False, "value_block": 16, "store_inv": True},
+                                       {"inv_pass": True}, {"pre_wy": True, "bwd_prefetch": False},
+                                       {"split_bwd": True, "value_block": 16}, {"split_bwd": True, "inv_pass": True}],
+                         ids=["default", "grid-split-V-stored-inverse", "inverse-pass", "chunk-parallel-wy",
+                              "split-backward", "split-backward-inverse-pass"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_interpreter_single_token_tail(overrides, causal, triton_interpreter, poison_outputs):
+    """T = 49 = 3·16 + 1: the last chunk holds one token, a rank-1 step at the end of the forward walk and at the
+    start of the reversed one (from the zero state)."""
+    x = make_inputs(B=1, T=49, H=2, K=16, V=32)
+    with launch_overrides("comba", **overrides):
+        check_against_reference(comba_op, x, causal=causal, scale=0.8)
+
+
+@pytest.mark.parametrize("T", [1, 17])
+def test_triton_interpreter_single_token_edge_cases(T, triton_interpreter, poison_outputs):
+    """One token in all (no chunk at all), and one full chunk before the single-token one."""
+    x = make_inputs(B=2, T=T, H=1, K=16, V=16)
+    with launch_overrides("comba", split_bwd=True, inv_pass=True):
+        check_against_reference(comba_op, x, causal=False)
     check_against_reference(comba_op, x, causal=False)
 
 
-@pytest.mark.parametrize("overrides", [{"pre_wy": False}, {"pre_wy": False, "prefetch": True, "dir_loop": True},
-                                       {"pre_wy": False, "dir_loop": False, "BV": 16, "store_inv": False},
-                                       {"pre_wy": True, "prefetch": True}, {"token_tail": False},
-                                       {"split_bwd": True, "BV": 16}],
-                         ids=["fused", "fused-prefetch", "fused-grid-split-V", "chunk-parallel-wy", "no-token-tail",
-                              "split-backward"])
-@pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_single_token_tail(overrides, causal, triton_interpreter, poison_outputs, monkeypatch):
-    """T = 49 = 3·16 + 1: the last token runs as a rank-1 step after the chunks (or, forced off, as a chunk)."""
-    from visionssm.kernels.comba import fused
-
-    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", overrides)
-    x = make_inputs(B=1, T=49, H=2, K=16, V=32)
-    check_against_reference(comba_op, x, causal=causal, scale=0.8)
+def test_unknown_launch_setting_is_rejected(triton_interpreter):
+    x = make_inputs(B=1, T=5, H=1)
+    with launch_overrides("comba", chunk=32), pytest.raises(ValueError, match="chunk"):
+        comba_op(*x)
 
 
 def test_float64_takes_the_reference_path_under_triton(triton_interpreter):
@@ -211,21 +225,20 @@ def test_cuda_forward_and_gradients(B, T, H, K, V, causal, dtype, poison_outputs
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("overrides", [{"pre_wy": True}, {"pre_wy": False, "store_inv": False, "lp_dot": False},
-                                       {"pre_wy": False, "dir_loop": False, "inv_prec": "ieee"},
-                                       {"pre_wy": False, "prefetch": True}, {"split_bwd": False, "BT": 32},
-                                       {"split_bwd": True, "store_inv": False}],
-                         ids=["chunk-parallel-wy", "recomputed-inverse-fp32-dots", "directions-in-grid-ieee",
-                              "prefetch", "one-pass-backward-BT32", "split-backward-recomputed-inverse"])
+@pytest.mark.parametrize("overrides", [{"pre_wy": True}, {"store_inv": True, "inv_pass": False},
+                                       {"dir_loop": False, "inv_pass": True, "store_inv": False},
+                                       {"prefetch": False, "bwd_prefetch": False},
+                                       {"split_bwd": False}, {"split_bwd": True, "store_inv": False}],
+                         ids=["chunk-parallel-wy", "stored-inverse", "directions-in-grid-inverse-pass",
+                              "no-prefetch", "one-pass-backward", "split-backward-recomputed-inverse"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_launch_variants(overrides, causal, poison_outputs, monkeypatch):
-    """The layouts the heuristics pick for other shapes, forced on a small-head and a large-head shape in bf16."""
-    from visionssm.kernels.comba import fused
-
-    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", overrides)
-    for B, T, H, K, V in ((4, 196, 3, 16, 16), (1, 150, 2, 128, 64)):
+def test_cuda_launch_variants(overrides, causal, poison_outputs):
+    """The layouts the heuristics pick for other shapes, forced on a small-head and a large-head shape in bf16 (the
+    second with a single-token last chunk)."""
+    for B, T, H, K, V in ((4, 196, 3, 16, 16), (1, 161, 2, 128, 64)):
         x = make_inputs(B=B, T=T, H=H, K=K, V=V, dtype=torch.bfloat16, device="cuda")
-        check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
+        with launch_overrides("comba", **overrides):
+            check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
 
 def make_aligned_inputs(B, T, H, D, device, dtype=torch.bfloat16):
@@ -248,34 +261,66 @@ def test_aligned_keys_reference_paths_agree():
     assert_close(comba_chunked(*x, chunk_size=16), comba_recurrent(*x), tol=1e-10)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_aligned_keys_32_token_chunks(causal, triton_interpreter, poison_outputs, monkeypatch):
-    """32-token chunks (a launch option; 16 is the default) merge their inverse from two 16-token blocks, because
-    the 32-term series lost ~12% of the output to cancellation here even in exact fp32."""
-    from visionssm.kernels.comba import fused
+def make_iplr_inputs(B, T, H, D, device, dtype=torch.bfloat16, seed=4):
+    """Comba-iplr through the kernel's per-token p: the transition α(I − 2β̃ k kᵀ) with write gate β is
+    e^g I − β k pᵀ for p = 2 e^g β̃ k / β. Aligned keys and β̃ near 1 put the chunk matrix A's entries near 2 (the
+    transition's eigenvalue along k near −1), where a power series for (I + A)^{-1} cancels terms of ~10⁶."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(B, 1, H, D, generator=gen, dtype=torch.float64)
+    k = F.normalize(base + 0.05 * torch.randn(B, T, H, D, generator=gen, dtype=torch.float64), dim=-1)
+    q = F.normalize(torch.randn(B, T, H, D, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    g = -0.02 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64))
+    beta_tilde = 0.9 + 0.1 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    p = k * (2 * g.exp() * beta_tilde / beta)[..., None]
+    return [t.to(device=device, dtype=dtype if i < 4 else torch.float32) for i, t in enumerate((q, k, v, p, g, beta))]
 
-    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", {"BT": 32})
-    x = make_aligned_inputs(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
-    check_against_reference(comba_op, x, causal=causal)
+
+@pytest.mark.parametrize("T", [40, 65])
+def test_iplr_transition_through_p(T, reference_path):
+    """The iplr reading of p is the same recurrence: the reference loop with p = 2e^gβ̃k/β equals the loop over
+    h ← α(I − 2β̃ k kᵀ) h + β k vᵀ."""
+    q, k, v, p, g, beta = (t.double() for t in make_iplr_inputs(1, T, 2, 8, "cpu", torch.float64))
+    beta_tilde = (p / k).mean(-1) * beta / (2 * g.exp())
+    h = torch.zeros(1, 2, 8, 8, dtype=torch.float64)
+    eye = torch.eye(8, dtype=torch.float64)
+    outputs = []
+    for t in range(T):
+        kt = k[:, t]
+        transition = g[:, t].exp()[..., None, None] * (eye - 2 * beta_tilde[:, t, :, None, None]
+                                                       * kt[..., :, None] * kt[..., None, :])
+        h = transition @ h + beta[:, t, :, None, None] * kt[..., :, None] * v[:, t, :, None, :]
+        outputs.append(8 ** -0.5 * torch.einsum("bhkv,bhk->bhv", h, q[:, t]))
+    assert_close(comba_recurrent(q, k, v, p, g, beta), torch.stack(outputs, 1), tol=1e-10)
+
+
+@pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
+@pytest.mark.parametrize("split_bwd,causal", [(False, False), (True, True)])
+def test_triton_interpreter_hard_chunks(make, split_bwd, causal, triton_interpreter, poison_outputs):
+    """Nearly parallel keys, fp32: the chunk inverse must stay accurate as A's entries approach 1 (splr) or 2
+    (iplr; a power series for the inverse loses 8% of the output here)."""
+    x = make(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
+    with launch_overrides("comba", split_bwd=split_bwd):
+        check_against_reference(comba_op, x, causal=causal)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("D,BT", [(16, 16), (64, 16), (64, 32)])
+@pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
+@pytest.mark.parametrize("D", [16, 64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_aligned_keys_bf16(D, BT, causal, poison_outputs, monkeypatch):
-    from visionssm.kernels.comba import fused
-
-    monkeypatch.setattr(fused, "CONFIG_OVERRIDES", {"BT": BT} if BT != 16 else {})
-    x = make_aligned_inputs(B=2, T=196, H=2, D=D, device="cuda")
+def test_cuda_hard_chunks_bf16(make, D, causal, poison_outputs):
+    """bf16 with TF32 products (the inverse's included) on nearly parallel keys, splr and iplr gains."""
+    x = make(B=2, T=196, H=2, D=D, device="cuda")
     check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("T", [196, 49])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_vision_shape_with_tuned_launch(T, causal, poison_outputs):
-    """B·H = 1024 small heads: the measured launch choice (prefetch, register cap), (non-causal) both directions in
-    one program, and for T = 49 the single-token tail."""
+def test_cuda_vision_shape(T, causal, poison_outputs):
+    """B·H = 1024 small heads: (non-causal) both directions in one program, and for T = 49 the single-token
+    tail."""
     x = make_inputs(B=128, T=T, H=8, K=16, V=16, dtype=torch.bfloat16, device="cuda")
     check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
@@ -284,33 +329,31 @@ def test_cuda_vision_shape_with_tuned_launch(T, causal, poison_outputs):
 # Host side: cached launch plans, launch choice under CUDA graph capture, direct relaunch
 
 
-def test_triton_interpreter_repeated_calls_reuse_the_launch_plan(triton_interpreter, monkeypatch):
-    """Without NaN poisoning (outputs from empty_like), a second call of a shape reuses the first call's cached
-    plan and gives the same result."""
-    from visionssm.kernels.comba import fused
+def _reset_plans():
+    from visionssm.kernels.comba import launch
 
-    monkeypatch.setattr(fused, "_FWD_PLANS", {})
-    monkeypatch.setattr(fused, "_BWD_PLANS", {})
+    launch._FWD_PLANS.clear()
+    launch._BWD_PLANS.clear()
+    return launch
+
+
+def test_triton_interpreter_repeated_calls_reuse_the_launch_plan(triton_interpreter):
+    """Without NaN poisoning (outputs from empty_like), a second call of a shape reuses the first call's cached
+    plan and gives the same result; a launch override starts from fresh plans and leaves the cached ones behind."""
+    launch = _reset_plans()
     x = make_inputs(B=1, T=20, H=2, K=16, V=16)
     first = check_against_reference(comba_op, x, causal=False)
-    plans = dict(fused._FWD_PLANS)
-    assert len(plans) == 1 and len(fused._BWD_PLANS) == 1
+    plans = dict(launch._FWD_PLANS)
+    assert len(plans) == 1 and len(launch._BWD_PLANS) == 1
     again = check_against_reference(comba_op, x, causal=False)
-    assert plans == fused._FWD_PLANS
+    assert plans == launch._FWD_PLANS
     for a, b in zip(first, again):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_launch_choice_is_not_timed_under_capture(monkeypatch):
-    """Timing a launch layout synchronizes the device, which a CUDA graph capture forbids: under capture an
-    untimed shape gets the heuristic's layout, untimed and uncached, and is timed on a later eager call."""
-    fused = pytest.importorskip("visionssm.kernels.comba.fused")
-
-    monkeypatch.setattr(fused, "_TUNED", {})
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    ran = []
-    plan, final = fused._choose(("fwd", "key"), [{"layout": 0}, {"layout": 1}], lambda cfg: cfg, ran.append)
-    assert plan == {"layout": 0} and not final and not ran and not fused._TUNED
+    with launch_overrides("comba", inv_pass=True):
+        check_against_reference(comba_op, x, causal=False)
+        assert all(plan.pre is not None for plan in launch._FWD_PLANS.values())
+    check_against_reference(comba_op, x, causal=False)
+    assert all(plan.pre is None for plan in launch._FWD_PLANS.values())
 
 
 def _fwd_bwd(leaves, do, causal):
@@ -321,18 +364,14 @@ def _fwd_bwd(leaves, do, causal):
 @pytest.mark.cuda
 @pytest.mark.parametrize("B,T,H", [(64, 196, 10), (64, 49, 20)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_graph_capture_forward_and_backward(B, T, H, causal, monkeypatch):
+def test_cuda_graph_capture_forward_and_backward(B, T, H, causal):
     """Forward + autograd backward captured in one CUDA graph (as torch.compile(mode="reduce-overhead") and
-    time_fn(cuda_graph=True) do) and replayed on new inputs equals eager, at small-head vision shapes whose launch
-    layout is timed once per shape: once after an eager warm-up (layout timed before the capture) and once with
-    nothing timed when the capture begins (the capture must not time: heuristic layout)."""
-    from visionssm.kernels.comba import fused
-
+    time_fn(cuda_graph=True) do) and replayed on new inputs equals eager, at small-head vision shapes: once after an
+    eager warm-up (plans built and kernels compiled before the capture) and once with nothing cached when the capture
+    begins."""
     shape = {"B": B, "T": T, "H": H, "K": 16, "V": 16, "dtype": torch.bfloat16, "device": "cuda"}
     for warm_up in (True, False):
-        monkeypatch.setattr(fused, "_TUNED", {})
-        monkeypatch.setattr(fused, "_FWD_PLANS", {})
-        monkeypatch.setattr(fused, "_BWD_PLANS", {})
+        _reset_plans()
         leaves = [t.requires_grad_() for t in make_inputs(**shape, seed=0)]
         do = torch.randn(B, T, H, 16, device="cuda", dtype=torch.bfloat16)
         if warm_up:
@@ -365,7 +404,7 @@ def test_cuda_repeated_calls_and_unaligned_inputs(poison_outputs):
     data pointers are not 16-byte aligned need another compiled specialization, which the direct path must not
     reuse."""
     from visionssm.kernels import utils
-    from visionssm.kernels.comba import fused
+    from visionssm.kernels.comba import launch
 
     x = make_inputs(B=4, T=65, H=3, K=16, V=32, dtype=torch.bfloat16, device="cuda")
     do = torch.randn(4, 65, 3, 32, generator=torch.Generator().manual_seed(1)).to(x[2])
@@ -373,9 +412,9 @@ def test_cuda_repeated_calls_and_unaligned_inputs(poison_outputs):
     for _ in range(2):
         for a, b in zip(first, run_with_grads(comba_op, x, do, causal=False)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
-    plans = [plan for key, plan in fused._FWD_PLANS.items() if key[0] == x[0].shape]
+    plans = [plan for key, plan in launch._FWD_PLANS.items() if key[0] == x[0].shape]
     assert utils.DIRECT_LAUNCH and plans
-    assert all(plan.main.runner is not None and (plan.wy is None or plan.wy.runner is not None) for plan in plans)
+    assert all(plan.main.runner is not None and (plan.pre is None or plan.pre.runner is not None) for plan in plans)
 
     def unaligned(t):
         view = torch.empty(t.numel() + 1, device=t.device, dtype=t.dtype)[1:].view(t.shape)

@@ -1,0 +1,268 @@
+"""Launch layout and launch plans of the Comba kernels.
+
+Layout heuristics (:func:`launch_config`), fitted to H100/H200 measurements (``benchmarks/comba_launch_sweep.py``
+prints the variants side by side; its logs are in ``benchmarks/results/``). Every setting can be forced through
+:mod:`visionssm.kernels.tuning` under the op name ``"comba"``, e.g. ``launch_overrides("comba", split_bwd=False)``:
+
+============== ==========================================================================================
+setting        meaning
+============== ==========================================================================================
+value_block    value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
+num_warps      warps of every kernel but the chunk-parallel inverse pass (one or two)
+dh_num_warps   warps of the split backward's state-gradient walk
+dir_loop       non-causal: one program runs both directions (else one per program, fp32 partial outputs)
+inv_pass       compute every chunk's inverse in a chunk-parallel pass before the forward walk
+pre_wy         also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
+prefetch       the forward walk loads chunk i+1 while chunk i is computed
+bwd_prefetch   the same in the one-pass backward
+split_bwd      backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
+store_inv      the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
+============== ==========================================================================================
+
+Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (layout,
+buffer shapes, grids, the kernels' scalar and constexpr arguments) is worked out once per such key and cached, so
+a call only allocates its outputs and launches; after a plan's first launch the compiled kernels are called
+directly (:class:`visionssm.kernels.utils.DirectLaunch`). Vision workloads are host-bound in eager mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import tuning
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
+from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
+
+OP = "comba"
+SETTINGS = ("value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch", "bwd_prefetch",
+            "split_bwd", "store_inv")
+#: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
+#: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
+CHUNK = 16
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
+    """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions. The
+    measurements behind each choice are H100 ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
+    BK = max(16, _next_pow2(K))
+    BV = max(16, _next_pow2(V))
+    # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
+    while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
+        BV //= 2
+    NV = cdiv(V, BV)
+    programs = BH * ND * NV
+    # one warp per 16×16 state block, four from 32×32 up (H200: one warp 0.77× the time of two at 16-wide heads;
+    # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
+    num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
+    wide = max(BK, BV) >= 64
+    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
+           "dir_loop": ND == 2 and BH * NV >= 1024,
+           # off the walk's sequential path: B256 T197 H6 D64 non-causal forward 0.88×; 16-wide 1.30–1.36× slower
+           "inv_pass": wide,
+           # W and U0 stored up front pay off only when the value dimension is split over programs (the walk would
+           # repeat the K-side work per block): B64 T1024 H4 D64 (one block) forward 0.82× without
+           "pre_wy": NV > 1 and programs < 1024 and T > 64,
+           # 16-wide non-causal forward 0.93× without (two directions in one program), causal 1.04×
+           "prefetch": wide or ND == 1,
+           # 16-wide one-pass backward: 0.89× causal, 0.90× non-causal (B256 T196 H10 D16)
+           "bwd_prefetch": True,
+           # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64;
+           # 1.06× at B4 T2048 H8 D128); one pass when one wave of 64-wide programs covers the problem (0.85× at
+           # B64 T1024 H4 D64) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
+           "split_bwd": wide and not (BK == 64 and programs <= 512),
+           # 16-wide: recomputing the inverse in the backward beats storing and reloading it (0.92–0.93×)
+           "store_inv": wide}
+    forced = tuning.overrides(OP)
+    if forced:
+        tuning.check_names(OP, forced, SETTINGS)
+        cfg.update(forced)
+    cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
+    cfg["NV"] = cdiv(V, cfg["BV"])
+    return cfg
+
+
+def _precision(dtype: torch.dtype, device_type: str) -> dict:
+    """PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside their
+    tolerance; three-pass TF32 for the inverse was 1.12–1.81× slower in the forward) and the products of two input
+    tiles on 16-bit tensor cores. Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path
+    (covered by cuda tests)."""
+    low = dtype in (torch.float16, torch.bfloat16)
+    return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
+
+
+def _tail(T: int, BT: int) -> int:
+    """1 when the last chunk holds a single token (T = 49 = 3·16 + 1): a rank-1 step instead of a padded chunk."""
+    return int(T % BT == 1)
+
+
+def _directions(cfg: dict, ND: int) -> tuple[int, int]:
+    """(programs along grid axis 2, directions each program runs)."""
+    return (1, ND) if cfg["dir_loop"] else (ND, 1)
+
+
+class FwdPlan:
+    __slots__ = ("BT", "save_state", "save_inv", "partial", "o_shape", "h0_shape", "inv_shape", "w_shape",
+                 "u0_shape", "pre", "main", "dummy", "bwd", "cached")
+
+
+class BwdPlan:
+    __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "dh_shape")
+
+
+def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
+              device: torch.device, save_state: bool) -> FwdPlan:
+    BT, BV = CHUNK, cfg["BV"]
+    NT = cdiv(T, BT)
+    TAIL = _tail(T, BT)
+    grid_dirs, _ = _directions(cfg, ND)
+    pre = (cfg["inv_pass"] or cfg["pre_wy"]) and NT > TAIL  # (a single token has no chunk to invert)
+    plan = FwdPlan()
+    plan.BT, plan.save_state, plan.bwd, plan.cached = BT, save_state, None, False
+    plan.save_inv = save_state and (cfg["store_inv"] or pre)
+    # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed after
+    plan.partial = grid_dirs > 1
+    plan.o_shape = (grid_dirs, B, T, H, V)
+    plan.h0_shape = (ND, B * H, NT, K, V) if save_state else None
+    plan.inv_shape = (ND, B * H, NT, BT, BT) if plan.save_inv or pre else None
+    wy = pre and cfg["pre_wy"]
+    plan.w_shape = (ND, B * H, NT, BT, K) if wy else None
+    plan.u0_shape = (ND, B * H, NT, BT, V) if wy else None
+    # one never-read fp32 word for the pointer arguments a launch does not use (no placeholder allocation per call)
+    plan.dummy = torch.empty(1, device=device, dtype=torch.float32)
+    precision = _precision(dtype, device.type)
+    dims = (T, NT, B, H)
+    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], **precision}
+    plan.pre = None
+    if pre:
+        BVF = max(16, _next_pow2(V))
+        warps = (4 if cfg["BK"] * BVF >= 64 * 64 else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
+        plan.pre = DirectLaunch(comba_inv_kernel, (NT - TAIL, B * H), dims,
+                                {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
+    plan.main = DirectLaunch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
+                             {**common, "BV": BV, "N_DIR": ND, "DIR_LOOP": cfg["dir_loop"], "SAVE_H": save_state,
+                              "SAVE_INV": plan.save_inv and not pre, "INV_IN": pre and not wy, "LOAD_WY": wy,
+                              "PREFETCH": cfg["prefetch"], "TAIL": TAIL},
+                             {"num_warps": cfg["num_warps"]})
+    return plan
+
+
+def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
+    """Returns (o, h0, inv): h0 / inv (None unless the plan saves state) are what the backward reads back."""
+    device = q.device
+    aligned = aligned16(q, k, v, p, g, beta)
+    # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
+    o = empty_output(plan.o_shape, device=device, dtype=torch.float32) if plan.partial else empty_output_like(v)
+    dummy = plan.dummy
+    h0 = dummy if plan.h0_shape is None else empty_output(plan.h0_shape, device=device, dtype=torch.float32)
+    inv = dummy if plan.inv_shape is None else empty_output(plan.inv_shape, device=device, dtype=torch.float32)
+    w = dummy if plan.w_shape is None else empty_output(plan.w_shape, device=device, dtype=torch.float32)
+    u0 = dummy if plan.u0_shape is None else empty_output(plan.u0_shape, device=device, dtype=torch.float32)
+    if plan.pre is not None:
+        plan.pre(aligned, k, p, g, beta, inv, w, u0, v)
+    plan.main(aligned, q, k, v, p, g, beta, o, h0, inv, w, u0, scale)
+    if plan.partial:
+        o = o.sum(0).to(v.dtype)
+    return o, (h0 if plan.save_state else None), (inv if plan.save_inv else None)
+
+
+def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: int, dtype: torch.dtype,
+              device: torch.device, has_inv: bool) -> BwdPlan:
+    BV, NV = cfg["BV"], cfg["NV"]
+    NT = cdiv(T, BT)
+    TAIL = _tail(T, BT)
+    # split: one program per full chunk (the single-token chunk goes with the last), and the dh walk when there is
+    # more than one of them
+    split = cfg["split_bwd"]
+    programs = max(1, NT - TAIL) if split else 1
+    grid_dirs, _ = _directions(cfg, ND)
+    plan = BwdPlan()
+    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
+              **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
+    dims = (T, NT, B, H)
+    plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
+    plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
+                                                           {"num_warps": cfg["dh_num_warps"]})
+    # partial gradients per value block and grid direction (usually one: the gradients themselves)
+    plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
+    plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
+                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
+                              "PREFETCH": cfg["bwd_prefetch"] and not split},
+                             {"num_warps": cfg["num_warps"]})
+    return plan
+
+
+def _partials(count: int, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``like`` (one partial: in its own dtype) or ``count`` fp32 partials, summed afterwards."""
+    if count == 1:
+        return empty_output_like(like)
+    return empty_output((count, *like.shape), device=like.device, dtype=torch.float32)
+
+
+def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
+    aligned = aligned16(q, k, v, p, g, beta, do)
+    NP, grid_dirs = plan.NP, plan.grid_dirs
+    if NP == 1 and grid_dirs == 1:  # the usual case: each gradient shaped like its (contiguous) input
+        dq, dk, dv, dp = empty_output_like(q), empty_output_like(k), empty_output_like(v), empty_output_like(p)
+        dg, dbeta = empty_output_like(g), empty_output_like(beta)
+    else:
+        dq, dk, dp, dg, dbeta = (_partials(NP, t) for t in (q, k, p, g, beta))
+        dv = _partials(grid_dirs, v)
+    inv = h0 if inv is None else inv  # an unread pointer when the inverses are recomputed
+    dh = h0  # an unread pointer without the dh walk
+    if plan.dh_walk is not None:
+        dh = empty_output(plan.dh_shape, device=h0.device, dtype=torch.float32)
+        plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
+    plan.main(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
+    if NP > 1:
+        dq, dk, dp = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dp.sum(0).to(p.dtype)
+        dg, dbeta = dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype)
+    if grid_dirs > 1:
+        dv = dv.sum(0).to(v.dtype)
+    return dq, dk, dv, dp, dg, dbeta
+
+
+# Plan caches, emptied whenever a launch override starts or ends (tuning.generation() changes).
+_FWD_PLANS: dict = {}
+_BWD_PLANS: dict = {}
+_GENERATION = [tuning.generation()]
+
+
+def _caches() -> tuple[dict, dict]:
+    if _GENERATION[0] != tuning.generation():
+        _FWD_PLANS.clear()
+        _BWD_PLANS.clear()
+        _GENERATION[0] = tuning.generation()
+    return _FWD_PLANS, _BWD_PLANS
+
+
+def fwd_plan(q, v, g, beta, causal: bool, save_state: bool) -> FwdPlan:
+    plans = _caches()[0]
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, q.device, causal, save_state)
+    plan = plans.get(key)
+    if plan is None:
+        B, T, H, K = q.shape
+        V = v.shape[3]
+        ND = 1 if causal else 2
+        plan = build_fwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, q.dtype, q.device, save_state)
+        plan.cached = True
+        plans[key] = plan
+    return plan
+
+
+def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool) -> BwdPlan:
+    plans = _caches()[1]
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv)
+    plan = plans.get(key)
+    if plan is None:
+        B, T, H, K = q.shape
+        V = v.shape[3]
+        ND = 1 if causal else 2
+        cfg = launch_config(K, V, T, B * H, ND)
+        plan = build_bwd(cfg, B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv)
+        plans[key] = plan
+    return plan
