@@ -36,7 +36,8 @@ _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
     """Launch settings by head width and input dtype, chosen from sm_90a compiles (registers, spills, shared memory
-    per program) and, for bf16 at the vision shapes, the H100 launch sweep (benchmarks/gka_global_timing.py).
+    per program) and, for bf16 at the vision shapes, the H100 launch sweep of benchmarks/gka_global_timing.py
+    (64-wide heads: 32-token tiles, reload or 8 warps were all slower than the settings below).
 
     ``prec`` / ``sprec``: the precision of the per-token fp32 products (non-bf16 inputs) and of the per-(batch, head)
     K×K products. fp32 inputs get exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3
@@ -46,6 +47,11 @@ def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prec": "tf32x3", "sprec": "tf32x3"}
+    if width <= 16 and not full:
+        # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
+        # take 0.141 / 0.091 ms at B256 T196 H10 / B256 T49 H20 against 0.187 / 0.149 for 64 tokens and two warps
+        # (more programs resident per SM to hide the per-program latency); 4 warps or 128 tokens are slower still
+        cfg.update(block_t=32, num_warps=1)
     if full and width <= 32:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
