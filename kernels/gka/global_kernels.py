@@ -20,9 +20,10 @@ G₁ = Σ_t α_t do_t q_tᵀ (V×K) accumulated over the tokens:
 Every per-token product has one operand that is exact in the input dtype (q, k, v, do) and one fp32 matrix. For
 bf16 inputs (``LP``) the fp32 matrix is split into a bf16 high and low part and both multiply the exact operand on
 bf16 tensor cores (2 passes, ~2⁻¹⁷ relative per product); ``PASSES=1`` keeps the high part only (~2⁻⁹, the size of
-the bf16 output's own rounding). Other inputs run fp32 dots in ``PREC`` (tf32x3 on the GPU, exact in the
-interpreter). The statistics H and Uᵀ always use both halves of β_t k_t (a single pass would put 2⁻⁹ into H, which
-the solve amplifies by up to κ ≈ 1/ridge). The per-(batch, head) K×K products run in ``SPREC``.
+the bf16 output's own rounding). Other inputs run fp32 dots in ``PREC`` (the launch plan picks exact fp32 or
+tf32x3; the interpreter is exact). The statistics H and Uᵀ always use both halves of β_t k_t (a single pass would put
+2⁻⁹ into H, which the solve amplifies by up to κ ≈ 1/ridge). The per-(batch, head) K×K products run in ``SPREC``
+(tf32x3, exact fp32, or bf16x3: see :func:`_state_dot`).
 
 ``EMU``: Triton's CPU interpreter multiplies 16-bit dots wrongly, so there the bf16 dots run on the same bf16
 values converted to fp32 (exact products, fp32 accumulation: what the tensor cores compute).
