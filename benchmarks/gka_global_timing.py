@@ -1,0 +1,145 @@
+"""Non-causal GKA (closed form, kernels/gka/global_kernels.py) next to SDPA on the same data, bf16, same run.
+
+For each vision shape: forward (inputs requiring grad, as in training), inference forward (no grad) and
+forward+backward (gradients of q, k, v, β, α for GKA; q, k, v for SDPA), each eager and replayed from a CUDA graph
+(GPU time without launch gaps); ratios GKA / SDPA against the targets. ``--sweep`` then times fwd+bwd for a few
+launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names).
+
+    python benchmarks/gka_global_timing.py [--sweep] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from visionssm.kernels.gka import gka
+from visionssm.kernels.tuning import launch_overrides
+from visionssm.utils.benchmark import environment, save_results, slug, time_fn
+
+DEVICE = "cuda"
+# (name, B, T, H, D, target fwd+bwd ratio to SDPA)
+SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
+SWEEP = {
+    16: [{}, {"global_block_t": 32}, {"global_block_t": 32, "global_num_warps": 1, "global_num_warps_bwd": 1},
+         {"global_num_warps": 4, "global_num_warps_bwd": 4}, {"global_block_t": 128, "global_num_warps": 4,
+                                                               "global_num_warps_bwd": 4},
+         {"global_passes": 1}, {"global_num_stages": 1}],
+    64: [{}, {"global_block_t": 32}, {"global_reload": True}, {"global_passes": 1},
+         {"global_num_warps": 8, "global_num_warps_bwd": 8}],
+}
+
+
+def make_inputs(B, T, H, D, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, device=DEVICE, generator=gen)
+    q = F.normalize(rand(B, T, H, D), dim=-1).bfloat16()
+    k = F.normalize(rand(B, T, H, D), dim=-1).bfloat16()
+    v = rand(B, T, H, D).bfloat16()
+    beta = torch.sigmoid(rand(B, T, H)).bfloat16()
+    alpha = torch.sigmoid(rand(B, T, H)).bfloat16()
+    return [t.requires_grad_(True) for t in (q, k, v, beta, alpha)]
+
+
+def steps(B, T, H, D):
+    """{impl: {mode: callable}} on shared data."""
+    q, k, v, beta, alpha = make_inputs(B, T, H, D)
+    do = torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16)
+    sq, sk, sv = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
+    sdo = do.transpose(1, 2).contiguous()
+    ours = lambda: gka(q, k, v, None, beta, alpha, causal=False)
+    sdpa = lambda: F.scaled_dot_product_attention(sq, sk, sv)
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                return fn()
+        return run
+
+    # the Triton entry without gka()'s argument checks and dispatch: how much of an eager call they take
+    from visionssm.kernels.gka.autograd import gka_triton
+
+    entry = lambda: gka_triton(q, k, v, None, beta, alpha, causal=False, ridge=0.02, num_iters=30, solver="direct")
+    out = ours()
+    assert torch.isfinite(out).all(), "GKA output has NaN/inf"
+    return {
+        "gka": {"fwd": ours, "inference": no_grad(ours),
+                "fwd+bwd": lambda: torch.autograd.grad(ours(), (q, k, v, beta, alpha), do),
+                "fwd+bwd entry": lambda: torch.autograd.grad(entry(), (q, k, v, beta, alpha), do)},
+        "sdpa": {"fwd": sdpa, "inference": no_grad(sdpa),
+                 "fwd+bwd": lambda: torch.autograd.grad(sdpa(), (sq, sk, sv), sdo)},
+    }
+
+
+def timed(fn, graph: bool) -> float:
+    return time_fn(fn, warmup=10, repeats=50, cuda_graph=graph).median_ms
+
+
+def main_table(rows: list[dict]) -> None:
+    for name, B, T, H, D, target in SHAPES:
+        shape = f"B{B} T{T} H{H} D{D}"
+        impls = steps(B, T, H, D)
+        for mode in ("fwd", "inference", "fwd+bwd", "fwd+bwd entry"):
+            for graph in (False, True):
+                if mode == "fwd+bwd entry" and graph:
+                    continue
+                ms = {impl: timed(fns[mode if mode in fns else "fwd+bwd"], graph) for impl, fns in impls.items()}
+                ratio = ms["gka"] / ms["sdpa"]
+                row = {"shape": shape, "id": name, "mode": mode, "timing": "cuda-graph" if graph else "eager",
+                       "gka_ms": round(ms["gka"], 5), "sdpa_ms": round(ms["sdpa"], 5), "ratio": round(ratio, 4)}
+                if mode.startswith("fwd+bwd"):
+                    row["target"] = target
+                    row["meets"] = ratio <= target
+                rows.append(row)
+                print(f"{name} {shape:>20} {mode:>13} {row['timing']:>10}  gka {ms['gka']:8.4f} ms  "
+                      f"sdpa {ms['sdpa']:8.4f} ms  ratio {ratio:6.3f}" + (f"  target {target}" if "target" in row
+                                                                           else ""), flush=True)
+        del impls
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def sweep(rows: list[dict], deadline: float) -> None:
+    for name, B, T, H, D, _ in SHAPES:
+        shape = f"B{B} T{T} H{H} D{D}"
+        for cfg in SWEEP[D]:
+            if time.time() > deadline:
+                print("# sweep stopped: time budget", flush=True)
+                return
+            with launch_overrides("gka", **cfg):
+                fns = steps(B, T, H, D)["gka"]
+                graph_ms = timed(fns["fwd+bwd"], True)
+                fwd_ms = timed(fns["fwd"], True)
+            label = ",".join(f"{k[len('global_'):]}={v}" for k, v in cfg.items()) or "default"
+            rows.append({"shape": shape, "id": name, "mode": "sweep", "config": label,
+                         "fwd_graph_ms": round(fwd_ms, 5), "fwdbwd_graph_ms": round(graph_ms, 5)})
+            print(f"sweep {name} {shape:>20} {label:>44}  fwd {fwd_ms:8.4f} ms  fwd+bwd {graph_ms:8.4f} ms",
+                  flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--out", default=None, help="folder for the JSON/CSV results (default benchmarks/results)")
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
+    args = parser.parse_args()
+    start = time.time()
+    env = environment()
+    print(json.dumps(env), flush=True)
+    rows: list[dict] = []
+    main_table(rows)
+    save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
+    if args.sweep:
+        sweep(rows, start + args.budget)
+        save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
+    print(f"# results: {Path(args.out or 'benchmarks/results')}/kernels-gka-global-{slug(env['device'])}-"
+          f"{env['date']}.json", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Launch plans and host functions of the non-causal GKA kernels (:mod:`.global_kernels`).
+
+Vision calls are small (T = 49–197) and many, so eager calls are bound by host work: everything that depends only
+on the problem's shape, dtypes, device, solver and flags (launch settings, constexprs, buffer shapes) is worked out
+once into a cached plan, and a plan's later launches call the kernel Triton compiled for it directly
+(:class:`visionssm.kernels.utils.DirectLaunch`). A call then allocates its outputs and launches one kernel: one for
+the forward, one for the backward, no torch operation in between.
+
+Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`, op ``"gka"``, names prefixed
+``global_`` (the causal kernels read the op's other names):
+
+* ``global_block_t`` — tokens per tile (16, 32, 64 or 128);
+* ``global_num_warps`` / ``global_num_warps_bwd`` — warps of the forward / backward program;
+* ``global_num_stages`` — software pipelining depth of the token loops;
+* ``global_passes`` — bf16 inputs: 2 (default) multiplies the exact operand by both bf16 halves of the fp32
+  matrix, 1 by the high half only (see :mod:`.global_kernels`);
+* ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import tuning
+from ..utils import DirectLaunch, aligned16, empty_output_like
+from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel
+from .naive import EPS
+
+__all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
+
+_PREFIX = "global_"
+_KNOWN = ("global_block_t", "global_num_warps", "global_num_warps_bwd", "global_num_stages", "global_passes",
+          "global_reload")
+_SOLVER_IDS = {"direct": 0, "chebyshev": 1}
+
+
+def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
+    """Launch settings by head width and input dtype, chosen from sm_90a compiles (registers, spills, shared memory
+    per program) and, for bf16 at the vision shapes, the H100 launch sweep of benchmarks/gka_global_timing.py
+    (64-wide heads: 32-token tiles, reload or 8 warps were all slower than the settings below).
+
+    ``prec`` / ``sprec``: the precision of the per-token fp32 products (non-bf16 inputs) and of the per-(batch, head)
+    K×K products. fp32 inputs get exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3
+    otherwise; 128-wide heads re-read their operands per token tile (``reload``) and, for bf16 inputs, use bf16x3
+    state products (tf32x3's operands alone would need 256 KB of shared memory)."""
+    width = max(K, V)
+    full = dtype == torch.float32
+    cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
+           "prec": "tf32x3", "sprec": "tf32x3"}
+    if width <= 16 and not full:
+        # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
+        # take 0.141 / 0.091 ms at B256 T196 H10 / B256 T49 H20 against 0.187 / 0.149 for 64 tokens and two warps
+        # (more programs resident per SM to hide the per-program latency); 4 warps or 128 tokens are slower still
+        cfg.update(block_t=32, num_warps=1)
+    if full and width <= 32:
+        cfg.update(block_t=32, prec="ieee", sprec="ieee")
+    elif full and width <= 64:
+        cfg.update(block_t=32)
+    if width >= 128:
+        cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
+                   num_stages=1 if full else 2)
+    cfg["num_warps_bwd"] = cfg["num_warps"]
+    forced = {name: value for name, value in tuning.overrides("gka").items() if name.startswith(_PREFIX)}
+    if forced:
+        tuning.check_names("gka", forced, _KNOWN)
+        cfg.update({name[len(_PREFIX):]: value for name, value in forced.items()})
+    if cfg["block_t"] not in (16, 32, 64, 128):
+        raise ValueError(f"gka launch setting global_block_t must be 16, 32, 64 or 128, got {cfg['block_t']}")
+    if cfg["passes"] not in (1, 2):
+        raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
+    return cfg
+
+
+class GlobalPlan:
+    """Everything about one problem's launches that does not change from call to call."""
+
+    __slots__ = ("fwd", "bwd", "states_shape", "scratch_shape", "dummy", "save")
+
+    def __init__(self, B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype, v_dtype: torch.dtype,
+                 device: torch.device, has_beta: bool, has_alpha: bool, solver: str, num_iters: int, save: bool):
+        full = dtype == torch.float32 or v_dtype == torch.float32
+        cfg = _launch_config(K, V, torch.float32 if full else dtype)
+        interpreted = device.type != "cuda"
+        # bf16 inputs: split products on bf16 tensor cores; fp32 inputs: exact fp32 FMAs where they fit (tf32x3's
+        # 2⁻²¹ per product costs part of the 1e-4 gradient accuracy they are held to); fp16: tf32x3 (no room for a
+        # low half in fp16); the interpreter: exact fp32 (bf16x3 state products emulated like the bf16 dots)
+        low = dtype == torch.bfloat16 and v_dtype == torch.bfloat16
+        prec = "ieee" if interpreted else cfg["prec"]
+        sprec = "ieee" if interpreted and cfg["sprec"] != "bf16x3" else cfg["sprec"]
+        reload = bool(cfg["reload"])
+        common = {"K": K, "V": V, "BT": cfg["block_t"], "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
+                  "RELOAD": reload, "LP": low, "PASSES": cfg["passes"], "PREC": prec, "SPREC": sprec,
+                  "EMU": interpreted}
+        # the forward writes the state when a backward follows, or as the read-out's operands (RELOAD)
+        self.save = save
+        self.states_shape = (B * H, 2 * K * K + 2 * K * V) if save or reload else None
+        self.scratch_shape = (B * H, K * K + V * K) if reload else None
+        # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
+        self.dummy = torch.empty(1, device=device, dtype=torch.float32)
+        self.fwd = DirectLaunch(
+            gka_global_fwd_kernel, (B * H,), (T, H),
+            {**{n: c for n, c in common.items() if n != "RELOAD"}, "SOLVER": _SOLVER_IDS[solver],
+             "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS},
+            {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), common,
+                                {"num_warps": cfg["num_warps_bwd"], "num_stages": cfg["num_stages"]}) if save else None
+
+
+_PLANS: dict = {}
+
+
+def global_plan(q, v, beta, alpha, solver: str, num_iters: int, save: bool) -> GlobalPlan:
+    """The cached plan for this call (built on first use of its shape, dtypes, device, flags and overrides)."""
+    key = (q.shape, v.shape[3], q.dtype, v.dtype, None if beta is None else beta.dtype,
+           None if alpha is None else alpha.dtype, q.device, solver, num_iters, save, tuning.generation())
+    plan = _PLANS.get(key)
+    if plan is None:
+        B, T, H, K = q.shape
+        if T * H * max(K, v.shape[3]) >= 2**31:
+            raise ValueError(f"q: one sequence of T·H·K elements must stay below 2**31 for the Triton kernels, got "
+                             f"shape {tuple(q.shape)} with V = {v.shape[3]}")
+        plan = GlobalPlan(B, T, H, K, v.shape[3], dtype=q.dtype, v_dtype=v.dtype, device=q.device,
+                          has_beta=beta is not None,
+                          has_alpha=alpha is not None, solver=solver, num_iters=num_iters if solver == "chebyshev"
+                          else 0, save=save)
+        _PLANS[key] = plan
+    return plan
+
+
+def global_fwd(plan: GlobalPlan, q, k, v, beta, alpha, ridge: float):
+    """``o`` and, when the plan saves them, the per-(batch, head) H, M, Uᵀ for the backward (contiguous inputs)."""
+    dummy = plan.dummy
+    o = empty_output_like(v)
+    shape = plan.states_shape
+    states = dummy if shape is None else torch.empty(shape, device=q.device, dtype=torch.float32)
+    plan.fwd(aligned16(q, k, v, beta, alpha), q, k, v, dummy if beta is None else beta,
+             dummy if alpha is None else alpha, o, states, ridge)
+    return o, (states if plan.save else None)
+
+
+def global_bwd(plan: GlobalPlan, q, k, v, beta, alpha, states, do, ridge: float):
+    """(dq, dk, dv, dβ, dα) in the dtypes of their inputs (dβ / dα None where β / α are); contiguous inputs."""
+    dummy = plan.dummy
+    dq, dk, dv = empty_output_like(q), empty_output_like(k), empty_output_like(v)
+    dbeta = None if beta is None else empty_output_like(beta)
+    dalpha = None if alpha is None else empty_output_like(alpha)
+    shape = plan.scratch_shape
+    scratch = dummy if shape is None else torch.empty(shape, device=q.device, dtype=torch.float32)
+    plan.bwd(aligned16(q, k, v, beta, alpha, do), q, k, v, dummy if beta is None else beta,
+             dummy if alpha is None else alpha, do, states, scratch, dq, dk, dv, dummy if dbeta is None else dbeta,
+             dummy if dalpha is None else dalpha, ridge)
+    return dq, dk, dv, dbeta, dalpha
