@@ -16,11 +16,12 @@ backward  ``dz_kernel``          dz_t = U_tᵀ do_t:                            
                                  over the whole sequence)
           ``grad_kernel``        dk, dv, dβ and dg of one chunk (in-chunk reverse cumsum of dG_t = dgp_t − β_t dβ_t)
 
-Matmul precision (``PREC``): "ieee" (fp32 inputs: exact fp32 products), "split" (16-bit inputs: every fp32
-operand is split into bf16 hi + lo parts and the partial products run on bf16 tensor cores — hi·hi + hi·lo + lo·hi
-for two fp32 operands, two products when one side is exact in bf16, i.e. a bf16 input tile; ≈ 2⁻¹⁶ relative, against
-tf32x3's six bf16-pass equivalents) and "split_emulated" (the same splits with the partial products in fp32: Triton's
-interpreter multiplies 16-bit dots wrongly, so the CPU tests check the splitting this way).
+Matmul precision (``PREC``): "ieee" / "tf32x3" (fp32 inputs: exact fp32 products, or 3-pass TF32 where exact
+fp32 tiles would not fit registers), "split" (16-bit inputs: every fp32 operand is split into bf16 hi + lo parts and
+the partial products run on bf16 tensor cores — hi·hi + hi·lo + lo·hi for two fp32 operands, two products when one
+side is exact in bf16, i.e. a bf16 input tile; ≈ 2⁻¹⁶ relative, against tf32x3's six bf16-pass equivalents) and
+"split_emulated" (the same splits with the partial products in fp32: Triton's interpreter multiplies 16-bit dots
+wrongly, so the CPU tests check the splitting this way).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def _lo(a, a_hi):
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr):
     """a @ b with fp32 accuracy. ``*_EXACT``: that operand holds bf16 values (a bf16 input tile), one part."""
-    if PREC == "ieee":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if PREC == "ieee" or PREC == "tf32x3":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     a_hi = _hi(a)
     b_hi = _hi(b)
     acc = _lp(a_hi, b_hi, PREC)
@@ -137,43 +138,46 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
 
 @triton.jit
 def readout_kernel(q, k, v, g, beta, alpha, x, s0, o, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr,
-                   HAS_ALPHA: tl.constexpr):
-    """o = e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V for one chunk."""
+                   BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+                   HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """o = e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V for one chunk, BC output columns at a time (wide heads: fewer live tiles)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     base = (i_bh * NT + i_c).to(tl.int64)
     Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
-    S0 = tl.load(s0 + base * K * V + o_k[:, None] * V + o_v[None, :])
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-    kc = load_tile(k, row, m_t, K, 0, K)
-    O = mm(Z, S0, PREC, False, False) * tl.exp(G)[:, None]
-    S = (Ad * b[None, :]) * mm(Z, tl.trans(kc), PREC, False, IN_EXACT)
-    O += mm(S, load_tile(v, row, m_t, V, 0, V), PREC, False, IN_EXACT)
-    o_ptr = o + row[:, None] * V + o_v[None, :]
-    tl.store(o_ptr, O.to(o.dtype.element_ty), mask=m_t[:, None])
+    S = (Ad * b[None, :]) * mm(Z, tl.trans(load_tile(k, row, m_t, K, 0, K)), PREC, False, IN_EXACT)
+    eG = tl.exp(G)
+    for c0 in range(0, V, BC):
+        o_c = c0 + tl.arange(0, BC)
+        S0 = tl.load(s0 + base * K * V + o_k[:, None] * V + o_c[None, :])
+        O = mm(Z, S0, PREC, False, False) * eG[:, None]
+        O += mm(S, load_tile(v, row, m_t, V, c0, BC), PREC, False, IN_EXACT)
+        tl.store(o + row[:, None] * V + o_c[None, :], O.to(o.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
 def dz_kernel(k, v, g, beta, do, s0, dz, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr):
-    """dz = U_tᵀ do_t = e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K for one chunk (fp32)."""
+              BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+              HAS_BETA: tl.constexpr):
+    """dz = U_tᵀ do_t = e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K for one chunk (fp32), BC columns at a time."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-    o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
     base = (i_bh * NT + i_c).to(tl.int64)
     dO = load_tile(do, row, m_t, V, 0, V)
-    S0 = tl.load(s0 + base * K * V + o_k[:, None] * V + o_v[None, :])
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-    dZ = mm(dO, tl.trans(S0), PREC, IN_EXACT, False) * tl.exp(G)[:, None]
     S = (Ad * b[None, :]) * mm(dO, tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC, IN_EXACT, IN_EXACT)
-    dZ += mm(S, load_tile(k, row, m_t, K, 0, K), PREC, False, IN_EXACT)
-    tl.store(dz + row[:, None] * K + o_k[None, :], dZ, mask=m_t[:, None])
+    eG = tl.exp(G)
+    for c0 in range(0, K, BC):
+        o_c = c0 + tl.arange(0, BC)
+        S0 = tl.load(s0 + base * K * V + o_c[:, None] * V + o_v[None, :])
+        dZ = mm(dO, tl.trans(S0), PREC, IN_EXACT, False) * eG[:, None]
+        dZ += mm(S, load_tile(k, row, m_t, K, c0, BC), PREC, False, IN_EXACT)
+        tl.store(dz + row[:, None] * K + o_c[None, :], dZ, mask=m_t[:, None])
 
 
 @triton.jit
@@ -238,60 +242,64 @@ def adjoint_scan_kernel(q, k, g, beta, alpha, do, x, y, c, h0, s0, dend, eend, o
 
 
 @triton.jit
-def _grad_dk(k, y, x, c, h0, dend, kc, Ad, A, e, w_end, row, m_t, base, K: tl.constexpr, PREC: tl.constexpr,
-             IN_EXACT: tl.constexpr):
-    """R_s = D_s k_s (D symmetric): the end state decayed back, −Σ_t Ã[t,s] (x_t (y_t·k_s) + y_t (x_t·k_s)) and the
-    λ path 2 Σ_t Ã[t,s] c_t H_t k_s = 2 a_s H0 k_s + 2 ((Ãᵀ diag(c) A) ∘ K Kᵀ) K."""
-    o_k = tl.arange(0, K)
-    kT = tl.trans(kc)
-    Dm = tl.load(dend + base * K * K + o_k[:, None] * K + o_k[None, :])
-    R = mm(kc, Dm, PREC, IN_EXACT, False) * w_end[:, None]
-    X = load_tile(x, row, m_t, K, 0, K)
-    Y = load_tile(y, row, m_t, K, 0, K)
-    R -= mm(tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT)), X, PREC, False, False)
-    R -= mm(tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT)), Y, PREC, False, False)
-    ct = tl.load(c + row, mask=m_t, other=0.0)
-    W = mm(tl.trans(Ad * ct[:, None]), A, PREC, False, False)
-    R += 2.0 * mm(W * mm(kc, kT, PREC, IN_EXACT, IN_EXACT), kc, PREC, False, IN_EXACT)
-    Hm = tl.load(h0 + base * K * K + o_k[:, None] * K + o_k[None, :])
-    a_s = tl.sum(Ad * (ct * e)[:, None], 0)
-    R += (2.0 * a_s)[:, None] * mm(kc, Hm, PREC, IN_EXACT, False)
-    return R
-
-
-@triton.jit
 def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs, dk, dv, dbeta, dg, T, NT,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, NKR: tl.constexpr,
-                PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
-    """dk = β (R + Q), dv = β P, dβ = ½ k·R + v·P and dg of one chunk, with R_s = D_s k_s, Q_s = E_sᵀ v_s,
-    P_s = E_s k_s (E as K×V: Σ z doᵀ); dg = (reverse cumsum of dgp − β dβ inside the chunk) + the later chunks'
-    share from the adjoint scan."""
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                NKR: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr,
+                HAS_ALPHA: tl.constexpr):
+    """dk = β (R + Q), dv = β P, dβ = ½ k·R + v·P and dg of one chunk, with R_s = D_s k_s (D symmetric), Q_s = E_sᵀ v_s,
+    P_s = E_s k_s (E as K×V: Σ z doᵀ):
+
+        R = w ⊙ (K D_end) − (Ã ∘ Y Kᵀ)ᵀ X − (Ã ∘ X Kᵀ)ᵀ Y + 2 ((Ãᵀ diag(c) A) ∘ K Kᵀ) K + 2 a ⊙ (K H0)
+        Q = w ⊙ (V E_endᵀ) + (Ã ∘ dO Vᵀ)ᵀ Z,    P = w ⊙ (K E_end) + (Ã ∘ Z Kᵀ)ᵀ dO
+
+    (w_s = e^{G_end − G_s}, a_s = Σ_t Ã[t,s] c_t e^{G_t}; the c terms are the λ = ridge ‖H‖_F path). The chunk's
+    BT×BT products come first, then BC output columns at a time. dg = (reverse cumsum of dgp − β dβ inside the
+    chunk) + the later chunks' share from the adjoint scan."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-    o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     base = (i_bh * NT + i_c).to(tl.int64)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-    A = Ad * b[None, :]
     e = tl.exp(G)
     w_end = tl.exp(g_end - G)
+    ct = tl.load(c + row, mask=m_t, other=0.0)
     kc = load_tile(k, row, m_t, K, 0, K)
-    vc = load_tile(v, row, m_t, V, 0, V)
-    dO = load_tile(do, row, m_t, V, 0, V)
+    kT = tl.trans(kc)
+    X = load_tile(x, row, m_t, K, 0, K)
+    Y = load_tile(y, row, m_t, K, 0, K)
     Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
-    Em = tl.load(eend + base * K * V + o_k[:, None] * V + o_v[None, :])
-    # the three parts one after the other, each stored (or reduced) before the next, to bound what is live
-    Pk = mm(kc, Em, PREC, IN_EXACT, False) * w_end[:, None]
-    Pk += mm(tl.trans(Ad * mm(Z, tl.trans(kc), PREC, False, IN_EXACT)), dO, PREC, False, IN_EXACT)
-    tl.store(dv + row[:, None] * V + o_v[None, :], (b[:, None] * Pk).to(dv.dtype.element_ty), mask=m_t[:, None])
-    db = tl.sum(vc.to(tl.float32) * Pk, 1)
-    Qv = mm(vc, tl.trans(Em), PREC, IN_EXACT, False) * w_end[:, None]
-    Qv += mm(tl.trans(Ad * mm(dO, tl.trans(vc), PREC, IN_EXACT, IN_EXACT)), Z, PREC, False, False)
-    R = _grad_dk(k, y, x, c, h0, dend, kc, Ad, A, e, w_end, row, m_t, base, K, PREC, IN_EXACT)
-    db += 0.5 * tl.sum(kc.to(tl.float32) * R, 1)
-    tl.store(dk + row[:, None] * K + o_k[None, :], (b[:, None] * (R + Qv)).to(dk.dtype.element_ty),
-             mask=m_t[:, None])
+    M_y = tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT))
+    M_x = tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT))
+    M_z = tl.trans(Ad * mm(Z, kT, PREC, False, IN_EXACT))
+    W = mm(tl.trans(Ad * ct[:, None]), Ad * b[None, :], PREC, False, False) * mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
+    two_a = 2.0 * tl.sum(Ad * (ct * e)[:, None], 0)
+    M_v = tl.trans(Ad * mm(load_tile(do, row, m_t, V, 0, V), tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC,
+                           IN_EXACT, IN_EXACT))
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    db = tl.zeros([BT], tl.float32)
+    for c0 in range(0, K, BC):
+        o_c = c0 + tl.arange(0, BC)
+        Dm = tl.load(dend + base * K * K + o_k[:, None] * K + o_c[None, :])
+        R = mm(kc, Dm, PREC, IN_EXACT, False) * w_end[:, None]
+        R -= mm(M_y, load_tile(x, row, m_t, K, c0, BC), PREC, False, False)
+        R -= mm(M_x, load_tile(y, row, m_t, K, c0, BC), PREC, False, False)
+        kb = load_tile(k, row, m_t, K, c0, BC)
+        R += 2.0 * mm(W, kb, PREC, False, IN_EXACT)
+        Hm = tl.load(h0 + base * K * K + o_k[:, None] * K + o_c[None, :])
+        R += two_a[:, None] * mm(kc, Hm, PREC, IN_EXACT, False)
+        db += 0.5 * tl.sum(kb.to(tl.float32) * R, 1)
+        Em = tl.load(eend + base * K * V + o_c[:, None] * V + o_v[None, :])
+        R += mm(load_tile(v, row, m_t, V, 0, V), tl.trans(Em), PREC, IN_EXACT, False) * w_end[:, None]
+        R += mm(M_v, mix_z(q, alpha, x, row, m_t, K, c0, BC, HAS_ALPHA), PREC, False, False)
+        tl.store(dk + row[:, None] * K + o_c[None, :], (b[:, None] * R).to(dk.dtype.element_ty), mask=m_t[:, None])
+    for c0 in range(0, V, BC):
+        o_c = c0 + tl.arange(0, BC)
+        Em = tl.load(eend + base * K * V + o_k[:, None] * V + o_c[None, :])
+        P = mm(kc, Em, PREC, IN_EXACT, False) * w_end[:, None]
+        P += mm(M_z, load_tile(do, row, m_t, V, c0, BC), PREC, False, IN_EXACT)
+        db += tl.sum(load_tile(v, row, m_t, V, c0, BC).to(tl.float32) * P, 1)
+        tl.store(dv + row[:, None] * V + o_c[None, :], (b[:, None] * P).to(dv.dtype.element_ty), mask=m_t[:, None])
     if HAS_BETA:
         tl.store(dbeta + row, db.to(dbeta.dtype.element_ty), mask=m_t)
     dG = tl.load(dgp + row, mask=m_t, other=0.0) - b * db

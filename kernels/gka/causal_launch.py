@@ -14,7 +14,8 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
 * ``lane_warps``: warps per program of the per-token solve (32 tokens each);
 * ``solve_warps``, ``tile_warps``, ``scan_warps``: warps of the Chebyshev solve, of the chunk-parallel read-out / dz /
   gradient kernels and of the two scans over the chunks;
-* ``state_rows``: rows of the K-wide states one scan program carries (divides K).
+* ``state_rows``: rows of the K-wide states one scan program carries (divides K);
+* ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .naive import EPS
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
-SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "tile_warps", "scan_warps", "state_rows")
+SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
+            "scan_warps", "state_rows", "columns")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 
@@ -44,29 +46,36 @@ def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
     return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
 
 
-def launch_config(K: int, V: int, per_token: bool) -> dict:
-    """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve."""
+def launch_config(K: int, V: int, per_token: bool, fp32: bool = False) -> dict:
+    """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve;
+    ``fp32``: fp32 inputs (exact products need more shared memory: 64-token chunks of 128-wide heads exceed it)."""
     width = max(K, V)
     if per_token:
-        cfg = {"chunk": 16, "positions": 16, "lane_warps": 4}
-    elif width <= 32:
-        cfg = {"chunk": 16}
+        cfg = {"chunk": 16, "lane_warps": 4}
     else:
-        cfg = {"chunk": 32 if width <= 64 else 64}
-    cfg.setdefault("positions", cfg["chunk"])
-    cfg.setdefault("lane_warps", 4)
-    cfg["solve_warps"] = 1 if width <= 16 else 2 if width <= 32 else 4 if cfg["chunk"] <= 32 else 8
-    cfg["tile_warps"] = 1 if width <= 16 else 2 if width <= 32 else 4
-    cfg["scan_warps"] = 1 if width <= 16 else 2 if width <= 32 else 4
-    cfg["state_rows"] = min(K, 32)
+        cfg = {"chunk": 16 if width <= 32 else 32 if width <= 64 or fp32 else 64, "lane_warps": 4}
+    # warps by width, chosen so that no kernel spills registers on sm_90 up to 64-wide heads (the backward solve
+    # and the gradient kernel hold more tiles than the forward's)
+    small = 1 if width <= 16 else 2
+    cfg["solve_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["adjoint_warps"] = small if width <= 32 else 8
+    cfg["tile_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["grad_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["scan_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["state_rows"] = min(K, 16 if K == 64 else 32)
+    cfg["columns"] = min(K, V, 16 if width == 64 else 32)
     forced = tuning.overrides("gka")
     if forced:
         tuning.check_names("gka", forced, SETTINGS)
         cfg.update(forced)
+    cfg.setdefault("positions", cfg["chunk"])
     if cfg["chunk"] not in (16, 32, 64) or cfg["chunk"] % cfg["positions"]:
         raise ValueError(f"gka launch settings: chunk must be 16, 32 or 64 and a multiple of positions, got {cfg}")
     if K % cfg["state_rows"] or cfg["state_rows"] < 16:
         raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
+    if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
+        raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
+                         f"{cfg['columns']}")
     return cfg
 
 
@@ -89,7 +98,7 @@ class _BwdPlan:
 
 def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alpha: bool) -> dict:
     B, T, H, K = q.shape
-    prec, exact = _precision(q.dtype, q.device)
+    prec, exact = _precision(q.dtype, q.device, max(K, v.shape[3]))
     return {"H": H, "K": K, "V": v.shape[3], "BT": cfg["chunk"], "PREC": prec, "IN_EXACT": exact,
             "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha}
 
@@ -110,15 +119,15 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
 
     plan.state = DirectLaunch(state_fwd_kernel, (NKR, B * H), (T, NT),
                               {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
-                              | {"BKR": cfg["state_rows"]}, {"num_warps": cfg["scan_warps"]})
+                              | {"BKR": cfg["state_rows"]}, {"num_warps": cfg["scan_warps"], "num_stages": 2})
     if per_token:
         from .direct_kernels import direct_fwd_kernel
 
         block = 32 * cfg["lane_warps"]
         n_inst = B * H * NT
         plan.solve = DirectLaunch(direct_fwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
-                                  (T, NT, n_inst), {"H": H, "BT": BT, "P": cfg["positions"], "BLOCK": block,
-                                                    "HAS_BETA": has_beta, "USE_PTX": not interpreter_enabled()},
+                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
+                                                       "HAS_BETA": has_beta, "USE_PTX": not interpreter_enabled()},
                                   {"num_warps": cfg["lane_warps"], "num_stages": 1})
     else:
         from .chebyshev_kernels import chebyshev_fwd_kernel
@@ -126,7 +135,8 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
         plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, T, NT),
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")},
                                   {"num_warps": cfg["solve_warps"], "num_stages": 1})
-    plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c, {"num_warps": cfg["tile_warps"]})
+    plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
+                                {"num_warps": cfg["tile_warps"], "num_stages": 1})
     return plan
 
 
@@ -139,28 +149,30 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
 
     plan = _BwdPlan()
     plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
-    tile = {"num_warps": cfg["tile_warps"]}
     plan.dz = DirectLaunch(dz_kernel, (NT, B * H), (T, NT),
-                           {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}, tile)
+                           {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
+                           | {"BC": cfg["columns"]}, {"num_warps": cfg["tile_warps"], "num_stages": 1})
     if fwd.per_token:
         from .direct_kernels import direct_bwd_kernel
 
         block = 32 * cfg["lane_warps"]
         n_inst = B * H * NT
         plan.solve = DirectLaunch(direct_bwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
-                                  (T, NT, n_inst), {"H": H, "BT": BT, "P": cfg["positions"], "BLOCK": block,
-                                                    "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
-                                                    "USE_PTX": not interpreter_enabled()},
+                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
+                                                       "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
+                                                       "USE_PTX": not interpreter_enabled()},
                                   {"num_warps": cfg["lane_warps"], "num_stages": 1})
     else:
         from .chebyshev_kernels import chebyshev_bwd_kernel
 
         plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, T, NT),
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
-                                  {"num_warps": cfg["solve_warps"], "num_stages": 1})
+                                  {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
-                             c | {"BKR": cfg["state_rows"], "NKR": NKR}, {"num_warps": cfg["scan_warps"]})
-    plan.grad = DirectLaunch(grad_kernel, (NT, B * H), (T, NT), c | {"NKR": NKR}, tile)
+                             c | {"BKR": cfg["state_rows"], "NKR": NKR},
+                             {"num_warps": cfg["scan_warps"], "num_stages": 2})
+    plan.grad = DirectLaunch(grad_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"], "NKR": NKR},
+                             {"num_warps": cfg["grad_warps"], "num_stages": 1})
     return plan
 
 
@@ -178,8 +190,8 @@ def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float)
     K, V = q.shape[3], v.shape[3]
     per_token = solver == "direct" and K == 16
     iters = num_iters if solver == "chebyshev" else converged_iters(ridge)
-    plan = _build_fwd(key, launch_config(K, V, per_token), q, v, beta is not None, alpha is not None, per_token,
-                      iters)
+    cfg = launch_config(K, V, per_token, q.dtype == torch.float32)
+    plan = _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
     _FWD_PLANS[key] = plan
     return plan
 

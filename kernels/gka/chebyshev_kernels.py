@@ -24,8 +24,8 @@ __all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
 @triton.jit
 def _mm_pre(a, b, b_hi, b_lo, PREC: tl.constexpr, B_EXACT: tl.constexpr):
     """a (fp32) @ b with b's bf16 parts split beforehand (``b_lo`` unused when b is exact in bf16)."""
-    if PREC == "ieee":
-        return tl.dot(a, b, input_precision="ieee")
+    if PREC == "ieee" or PREC == "tf32x3":
+        return tl.dot(a, b, input_precision=PREC)
     a_hi = _hi(a)
     acc = _lp(a_hi, b_hi, PREC) + _lp(_lo(a, a_hi), b_hi, PREC)
     if not B_EXACT:

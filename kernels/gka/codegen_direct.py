@@ -302,8 +302,8 @@ def _dot(name: str, a: str, b: str) -> list[str]:
 def _forward() -> str:
     body = _prologue() + _build_h() + _shift() + _load_vec("v", "q", "tok_ok")
     body += _solve("v", "x") + _store_vec("x_out", "x", "tok_ok")
-    return ("\n\n@triton.jit(do_not_specialize=[\"T\", \"NT\", \"n_inst\"])\n"
-            "def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, NT, n_inst, H: tl.constexpr,\n"
+    return ("\n\n@triton.jit(do_not_specialize=[\"T\", \"H\", \"NT\", \"n_inst\"])\n"
+            "def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,\n"
             "                      BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr,\n"
             "                      USE_PTX: tl.constexpr):\n"
             '    """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""\n'
@@ -328,9 +328,9 @@ def _backward() -> str:
              "    tl.store(dalpha + row, dx - dq_, mask=tok_ok)"]
     body += _store_vec("y_out", "y", "tok_ok")
     body += [f"d{i} = d{i} * (1.0 - at) + y{i}" for i in range(K)] + _store_vec("dq", "d", "tok_ok")
-    return ("\n\n@triton.jit(do_not_specialize=[\"T\", \"NT\", \"n_inst\"])\n"
+    return ("\n\n@triton.jit(do_not_specialize=[\"T\", \"H\", \"NT\", \"n_inst\"])\n"
             "def direct_bwd_kernel(q, k, g, beta, alpha, h0, x_in, dz, dq, dalpha, y_out, c_out, dgp, ridge, eps,\n"
-            "                      T, NT, n_inst, H: tl.constexpr, BT: tl.constexpr, P: tl.constexpr,\n"
+            "                      T, H, NT, n_inst, BT: tl.constexpr, P: tl.constexpr,\n"
             "                      BLOCK: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,\n"
             "                      USE_PTX: tl.constexpr):\n"
             '    """Adjoint solve y_t = (H_t + λ_t I)⁻¹ α_t dz_t (re-factored), dq, dα, c_t = −ridge x·y / F_t and\n'

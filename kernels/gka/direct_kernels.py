@@ -39,8 +39,8 @@ def _st4(ptr, e0, e1, e2, e3, mask):
     tl.store(ptr[:, None] + tl.arange(0, 4)[None, :], v.to(ptr.dtype.element_ty), mask=mask[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "NT", "n_inst"])
-def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, NT, n_inst, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "H", "NT", "n_inst"])
+def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,
                       BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr,
                       USE_PTX: tl.constexpr):
     """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""
@@ -2282,9 +2282,9 @@ def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, NT, n_inst, H: tl
     _st4(x_out + row * 16 + 12, x12, x13, x14, x15, tok_ok)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "n_inst"])
+@triton.jit(do_not_specialize=["T", "H", "NT", "n_inst"])
 def direct_bwd_kernel(q, k, g, beta, alpha, h0, x_in, dz, dq, dalpha, y_out, c_out, dgp, ridge, eps,
-                      T, NT, n_inst, H: tl.constexpr, BT: tl.constexpr, P: tl.constexpr,
+                      T, H, NT, n_inst, BT: tl.constexpr, P: tl.constexpr,
                       BLOCK: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,
                       USE_PTX: tl.constexpr):
     """Adjoint solve y_t = (H_t + λ_t I)⁻¹ α_t dz_t (re-factored), dq, dα, c_t = −ridge x·y / F_t and
