@@ -79,11 +79,12 @@ def launch_config(K: int, V: int, per_token: bool, fp32: bool = False) -> dict:
     return cfg
 
 
-def _precision(dtype: torch.dtype, device: torch.device) -> tuple[str, bool]:
-    """(PREC, IN_EXACT): exact fp32 products for fp32 inputs; bf16 hi/lo splits for 16-bit ones (bf16 input tiles
-    need no low part); on CPU (Triton's interpreter) the split products are emulated in fp32."""
+def _precision(dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
+    """(PREC, IN_EXACT): fp32 inputs get exact fp32 products (tf32x3 on the GPU for heads of 64 and more, where
+    fp32 FMA tiles would not fit registers); 16-bit inputs bf16 hi/lo splits (bf16 input tiles need no low part); on
+    CPU (Triton's interpreter) the split products are emulated in fp32."""
     if dtype == torch.float32:
-        return "ieee", False
+        return ("tf32x3" if device.type == "cuda" and width >= 64 else "ieee"), False
     return ("split" if device.type == "cuda" else "split_emulated"), dtype == torch.bfloat16
 
 
