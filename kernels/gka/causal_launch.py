@@ -8,12 +8,13 @@ Backward: dz → adjoint solve → adjoint-state scan → gradients.
 
 Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tuning`, op ``"gka"``):
 
-* ``chunk``: tokens per chunk (16, 32 or 64) for every stage;
+* ``chunk``: tokens per chunk (16 or 32) for every stage;
 * ``positions``: chunk positions per program of the per-token solve (divides ``chunk``; fewer means shorter loops
   over the chunk's keys, more programs reading the same chunk state);
 * ``lane_warps``: warps per program of the per-token solve (32 tokens each);
-* ``solve_warps``, ``tile_warps``, ``scan_warps``: warps of the Chebyshev solve, of the chunk-parallel read-out / dz /
-  gradient kernels and of the two scans over the chunks;
+* ``solve_warps``, ``adjoint_warps``: warps of the Chebyshev forward and backward (adjoint) solves;
+* ``tile_warps``, ``grad_warps``, ``scan_warps``: warps of the chunk-parallel read-out and dz kernels, of the gradient
+  kernel and of the two scans over the chunks;
 * ``state_rows``: rows of the K-wide states one scan program carries (divides K);
 * ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V).
 """
@@ -46,14 +47,20 @@ def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
     return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
 
 
-def launch_config(K: int, V: int, per_token: bool, fp32: bool = False) -> dict:
-    """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve;
-    ``fp32``: fp32 inputs (exact products need more shared memory: 64-token chunks of 128-wide heads exceed it)."""
+def launch_config(K: int, V: int, per_token: bool) -> dict:
+    """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve.
+
+    Measured on an H100 (2026-11-23, benchmarks/results/kernels-gka-causal-nvidia-h100-2026-11-23.log): the per-token
+    solve with 4 positions per program (programs loop over at most 4, 8, 12 or 16 keys of their chunk) took
+    158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
+    the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms). 64-token chunks ended
+    in an illegal memory access on that machine (Triton 3.6; cause not established: 64- and 128-wide heads, in the
+    Chebyshev or tile kernels), so chunks are at most 32 tokens."""
     width = max(K, V)
     if per_token:
-        cfg = {"chunk": 16, "lane_warps": 4}
+        cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
     else:
-        cfg = {"chunk": 16 if width <= 32 else 32 if width <= 64 or fp32 else 64, "lane_warps": 4}
+        cfg = {"chunk": 16 if width <= 32 else 32, "lane_warps": 4}
     # warps by width, chosen so that no kernel spills registers on sm_90 up to 64-wide heads (the backward solve
     # and the gradient kernel hold more tiles than the forward's)
     small = 1 if width <= 16 else 2
@@ -69,8 +76,8 @@ def launch_config(K: int, V: int, per_token: bool, fp32: bool = False) -> dict:
         tuning.check_names("gka", forced, SETTINGS)
         cfg.update(forced)
     cfg.setdefault("positions", cfg["chunk"])
-    if cfg["chunk"] not in (16, 32, 64) or cfg["chunk"] % cfg["positions"]:
-        raise ValueError(f"gka launch settings: chunk must be 16, 32 or 64 and a multiple of positions, got {cfg}")
+    if cfg["chunk"] not in (16, 32) or cfg["chunk"] % cfg["positions"]:
+        raise ValueError(f"gka launch settings: chunk must be 16 or 32 and a multiple of positions, got {cfg}")
     if K % cfg["state_rows"] or cfg["state_rows"] < 16:
         raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
@@ -191,7 +198,7 @@ def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float)
     K, V = q.shape[3], v.shape[3]
     per_token = solver == "direct" and K == 16
     iters = num_iters if solver == "chebyshev" else converged_iters(ridge)
-    cfg = launch_config(K, V, per_token, q.dtype == torch.float32)
+    cfg = launch_config(K, V, per_token)
     plan = _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
     _FWD_PLANS[key] = plan
     return plan
