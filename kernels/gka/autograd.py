@@ -1,34 +1,74 @@
-"""The Triton entry of the GKA op: picks the kernels for (causal, solver) and wraps them for autograd."""
+"""The Triton entry of the GKA op: picks the kernels for (causal, solver) and wraps them for autograd.
+
+Causal calls run the stage-split kernels of :mod:`.causal_launch` (per-token direct solve or chunked Chebyshev);
+non-causal calls the closed form of :mod:`.global_launch` (one solve per (batch, head)). Calls with nothing to
+differentiate skip autograd and save nothing.
+
+The Functions are not wrapped in input_guard / custom_fwd / custom_bwd: eager vision calls are bound by host time,
+so the inputs are made contiguous and the device set here, and autocast has no PyTorch op inside to act on."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from ..utils import device_guard
 
-__all__ = ["GlobalGKAFunction", "gka_triton"]
+__all__ = ["CausalGKAFunction", "GlobalGKAFunction", "gka_triton"]
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+def _contiguous(*tensors):
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+def _on_device(tensor):
+    """The tensor's device as the current one for launches (nothing to switch on a one-GPU machine)."""
+    guard = device_guard(tensor)
+    return _NO_GUARD if guard is None else guard
+
+
+class CausalGKAFunction(torch.autograd.Function):
+    """Causal GKA: the forward keeps x_t, the chunk-start states (and ‖H_t‖_F for Chebyshev); the backward is the
+    implicit-differentiation gradient (exact for the direct solve)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, alpha, ridge: float, solver: str, num_iters: int):
+        from .causal_launch import causal_fwd, fwd_plan
+
+        q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
+        with _on_device(q):
+            plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
+            o, saved = causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=True)
+        x, fro, h0, s0 = saved
+        ctx.save_for_backward(q, k, v, g, beta, alpha, x, fro, h0, s0)
+        ctx.plan, ctx.ridge = plan, ridge
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from .causal_launch import causal_bwd
+
+        q, k, v, g, beta, alpha, x, fro, h0, s0 = ctx.saved_tensors
+        do = do.to(v.dtype).contiguous()
+        with _on_device(do):
+            grads = causal_bwd(ctx.plan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ctx.ridge)
+        return (*grads, None, None, None)
 
 
 class GlobalGKAFunction(torch.autograd.Function):
-    """Non-causal GKA in closed form (:mod:`.global_kernels`): one forward and one backward kernel launch.
-
-    Not wrapped in input_guard / custom_fwd / custom_bwd (host time: eager vision calls are launch-bound): the inputs
-    are made contiguous and the device set here, and there is no PyTorch op inside for autocast to act on."""
+    """Non-causal GKA in closed form (:mod:`.global_kernels`): one forward and one backward kernel launch."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str):
         from .global_launch import global_fwd, global_plan
 
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        beta = None if beta is None else beta.contiguous()
-        alpha = None if alpha is None else alpha.contiguous()
+        q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
         plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)
-        guard = device_guard(q)
-        if guard is None:
+        with _on_device(q):
             o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
-        else:
-            with guard:
-                o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
         ctx.save_for_backward(q, k, v, beta, alpha, states)
         ctx.plan, ctx.ridge = plan, ridge
         return o
@@ -39,38 +79,41 @@ class GlobalGKAFunction(torch.autograd.Function):
 
         q, k, v, beta, alpha, states = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
-        guard = device_guard(do)
-        if guard is None:
+        with _on_device(do):
             grads = global_bwd(ctx.plan, q, k, v, beta, alpha, states, do, ctx.ridge)
-        else:
-            with guard:
-                grads = global_bwd(ctx.plan, q, k, v, beta, alpha, states, do, ctx.ridge)
         return (*grads, None, None, None)
 
 
-def _gka_global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, beta, alpha)):
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
+    if _needs_grad(q, k, v, g, beta, alpha):
+        return CausalGKAFunction.apply(q, k, v, g, beta, alpha, ridge, solver, num_iters)
+    from .causal_launch import causal_fwd, fwd_plan
+
+    q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
+    with _on_device(q):
+        plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
+        return causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=False)[0]
+
+
+def _global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
+    if _needs_grad(q, k, v, beta, alpha):
         return GlobalGKAFunction.apply(q, k, v, beta, alpha, ridge, num_iters, solver)
-    # nothing to differentiate: no autograd node, nothing saved
     from .global_launch import global_fwd, global_plan
 
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    beta = None if beta is None else beta.contiguous()
-    alpha = None if alpha is None else alpha.contiguous()
+    q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
     plan = global_plan(q, v, beta, alpha, solver, num_iters, save=False)
-    guard = device_guard(q)
-    if guard is None:
-        return global_fwd(plan, q, k, v, beta, alpha, ridge)[0]
-    with guard:
+    with _on_device(q):
         return global_fwd(plan, q, k, v, beta, alpha, ridge)[0]
 
 
 @torch.compiler.disable
 def gka_triton(q, k, v, g, beta, alpha, *, causal: bool, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
     """Triton GKA (arguments validated, ``solver`` resolved by :func:`visionssm.kernels.gka.gka`). Non-causal calls
-    take the closed form (``g`` unused); causal ones the chunked kernels."""
-    if not causal:
-        return _gka_global(q, k, v, beta, alpha, ridge, num_iters, solver)
-    from .chunk import chunk_gka
-
-    return chunk_gka(q, k, v, g, beta, alpha, causal=causal, ridge=ridge, num_iters=num_iters)
+    take the closed form (``g`` unused); causal ones the stage-split chunk kernels."""
+    if causal:
+        return _causal(q, k, v, g, beta, alpha, ridge, num_iters, solver)
+    return _global(q, k, v, beta, alpha, ridge, num_iters, solver)

@@ -1,18 +1,20 @@
-"""GKA kernel suite: visionssm.kernels.gka next to SDPA (same causality) and flash-linear-attention's
-``chunk_gated_delta_rule`` (causal; the linear-attention anchor), bf16, forward and forward+backward.
+"""GKA kernel suite: visionssm.kernels.gka next to SDPA (same (B, H, T, D) data, same causality) and, at the LM
+shape, flash-linear-attention's ``chunk_gated_delta_rule`` forward (the linear-attention anchor), bf16, forward and
+forward+backward.
 
-Shapes and targets (issue 3): at the three vision shapes GKA forward+backward ≤ 1.0× SDPA; at (B4, T2048, H8, D128)
-≤ 1.5× chunk_gated_delta_rule. FLA's gated backward computes wrong gradients with Triton < 3.7.1 on Hopper; its
-forward+backward time is still a valid time, so it is kept, and the row's ``note`` says so.
+Shapes and targets (forward+backward against SDPA unless said): B256 T196 H10 D16 causal ≤ 0.6× (non-causal
+≤ 0.25×); B256 T49 H20 D16 causal ≤ 0.6× in GPU time (CUDA graph) and ≤ 1.0× eager (non-causal ≤ 0.3×); B256 T197
+H6 D64 causal ≤ 2.5× (non-causal ≤ 0.3×); B4 T2048 H8 D128 causal forward ≤ 1.5× ``chunk_gated_delta_rule`` forward
+and forward+backward ≤ 4 ms. FLA's gated backward refuses Triton < 3.7.1 on Hopper, so FLA is timed forward only.
 
-``GB/s`` counts the compulsory traffic of our kernels (inputs read, outputs written, the fp32 per-chunk states and
-the saved solution x̂ written by the forward and read by the backward); ``%copy`` relates it to the measured
-device-to-device copy ceiling.
+Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` rows: forward, or forward +
+autograd backward): GPU time without the host's per-call work, which the plain rows include wherever the host is the
+slower side. ``solver`` is ``"auto"`` (the per-token direct solve for causal 16-wide heads, Chebyshev-30 for wider
+causal heads; non-causal rows run whatever the non-causal kernels are). ``GB/s`` counts the minimal traffic
+(inputs read once, outputs written once), so ``%copy`` is a lower bound of the bandwidth the kernels use.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,13 @@ import torch.nn.functional as F
 from visionssm.utils.benchmark import time_fn
 
 ANCHOR = "sdpa"
-SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128)]
+OURS_GRAPH = "visionssm (CUDA graph)"
+SDPA_GRAPH = "sdpa (CUDA graph)"
+GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+FLA = "fla_gated_delta_rule"
+#: (B, T, H, D, causal modes)
+SHAPES = [(256, 196, 10, 16, (True, False)), (256, 49, 20, 16, (True, False)), (256, 197, 6, 64, (True, False)),
+          (4, 2048, 8, 128, (True,))]
 
 
 def _fla():
@@ -28,96 +36,167 @@ def _fla():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except Exception as exc:  # noqa: BLE001 - any import failure only drops the column
         print(f"# flash-linear-attention not usable ({type(exc).__name__}: {exc}); its column is skipped", flush=True)
-        return None, ""
-    import triton
-
-    version = tuple(int(x) for x in triton.__version__.split(".")[:3] if x.isdigit())
-    note = ""
-    if version < (3, 7, 1) and torch.cuda.get_device_capability()[0] == 9:
-        note = f"FLA gated backward is numerically wrong on Triton {triton.__version__} < 3.7.1 on Hopper (time valid)"
-        print("# " + note, flush=True)
-    return chunk_gated_delta_rule, note
+        return None
+    return chunk_gated_delta_rule
 
 
-def _inputs(B, T, H, D, dtype=torch.bfloat16):
+def make_inputs(B, T, H, D, dtype=torch.bfloat16):
     dev = "cuda"
     q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dtype)
     k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dtype)
     v = torch.randn(B, T, H, D, device=dev, dtype=dtype)
-    g = (F.logsigmoid(torch.randn(B, T, H, device=dev) + 4.0)).to(dtype)
+    g = F.logsigmoid(torch.randn(B, T, H, device=dev) + 4.0).to(dtype)
     beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(dtype)
     alpha = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(dtype)
     return q, k, v, g, beta, alpha
 
 
-def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
+def _bytes(B, T, H, D, backward: bool, elem: int = 2) -> int:
+    """Minimal traffic: q, k, v and three gates read, o written; backward: those and do read again, dq, dk, dv and
+    three gate gradients written."""
     tokens = B * T * H
-    bt = 16 if D >= 128 else 32
-    nstates = B * H * ((-(-T // bt)) if causal else 1)
-    states = nstates * 2 * D * D * 4                                # H0 and U0, fp32
-    fwd = tokens * (4 * D * elem + 3 * elem) + tokens * (D * 4 + 4) + states
-    if not backward:
-        return fwd
-    bwd = tokens * (5 * D * elem + 3 * elem) + tokens * (D * 4 + 4) + 2 * states   # inputs, do, x̂, ‖H‖, states
-    bwd += tokens * (3 * D * elem + 3 * 4) + tokens * (D * 4 + 4) * 2 + 2 * nstates * 2 * D * D * 4  # grads, y, dG
-    return fwd + bwd
+    fwd = tokens * elem * (4 * D + 3)
+    return fwd + (tokens * elem * (4 * D + 3 + 3 * D + 3) if backward else 0)
 
 
-def _timed(fn, args, do, backward):
-    if not backward:
-        return time_fn(lambda: fn(args), warmup=5, repeats=30).median_ms
-    leaves = [a for a in args if a is not None and a.requires_grad]
+def _time(fn, args, grad_out, backward: bool, graph: bool) -> float:
+    leaves = [None if a is None else a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
+    present = [x for x in leaves if x is not None]
+    if backward:
+        call = lambda: torch.autograd.grad(fn(leaves), present, grad_out)
+    else:
+        call = lambda: fn(leaves)
+    with torch.no_grad() if not backward else torch.enable_grad():
+        return time_fn(call, warmup=5, repeats=30, cuda_graph=graph).median_ms
 
-    def step():
-        out = fn(args)
-        torch.autograd.grad(out, leaves, do)
 
-    return time_fn(step, warmup=5, repeats=30).median_ms
+def _impls(B, T, H, D, causal: bool, fla):
+    from visionssm.kernels.gka import gka
+
+    q, k, v, g, beta, alpha = make_inputs(B, T, H, D)
+    sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    do = torch.randn_like(v)
+    sdo = do.transpose(1, 2).contiguous()
+    ours = ((q, k, v, g if causal else None, beta, alpha), lambda a, c=causal: gka(*a, causal=c), do, True)
+    sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo, True)
+    impls = {"visionssm": ours, "sdpa": sdpa, OURS_GRAPH: ours, SDPA_GRAPH: sdpa}
+    if causal and fla is not None and D >= 64:
+        gdn_g = g.float()
+        impls[FLA] = ((q, k, v, gdn_g, beta), lambda a, d=D: fla(q=a[0], k=a[1], v=a[2], g=a[3], beta=a[4],
+                                                                 scale=d ** -0.5)[0], do, False)
+    return impls
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
-    from visionssm.kernels.gka import gka
-
     if not torch.cuda.is_available():
         print("# gka suite needs CUDA; skipped")
         return []
-    fla_gdn, fla_note = _fla()
-    modes = os.environ.get("GKA_BENCH_MODES", "fwd,fwdbwd").split(",")
+    fla = _fla()
     rows = []
-    for B, T, H, D in SHAPES[:1] if quick else SHAPES:
+    for B, T, H, D, modes in SHAPES[:1] if quick else SHAPES:
         shape = f"B{B} T{T} H{H} D{D}"
-        q, k, v, g, beta, alpha = (t.requires_grad_(True) for t in _inputs(B, T, H, D))
-        sq, sk, sv = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
-        do = torch.randn_like(v)
-        sdo = do.transpose(1, 2).contiguous()
-        for causal in (True, False):
+        for causal in modes:
             tag = "causal" if causal else "noncausal"
-            impls = {
-                "gka": ((q, k, v, g if causal else None, beta, alpha), lambda a, c=causal: gka(*a, causal=c), do, ""),
-                "sdpa": ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo, ""),
-            }
-            if causal and fla_gdn is not None:
-                gdn_g = g.detach().float().requires_grad_(True)
-                impls["fla_gdn"] = ((q, k, v, gdn_g, beta), lambda a, d=D: fla_gdn(
-                    q=a[0], k=a[1], v=a[2], g=a[3], beta=a[4], scale=d ** -0.5)[0], do, fla_note)
-            for mode in modes:
-                backward = mode == "fwdbwd"
-                for impl, (args, fn, grad_out, note) in impls.items():
+            for impl, (args, fn, grad_out, with_backward) in _impls(B, T, H, D, causal, fla).items():
+                for backward in (False, True) if with_backward else (False,):
+                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
                     try:
-                        ms = _timed(fn, args, grad_out, backward)
-                    except Exception as exc:  # noqa: BLE001 - report and continue with the other rows
-                        print(f"# {impl} {shape} {tag} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+                        ms = _time(fn, args, grad_out, backward, impl in GRAPHED)
+                    except Exception as exc:  # noqa: BLE001 - report and keep going
+                        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
                         continue
-                    row = {"op": "gka", "shape": shape, "mode": f"{mode} {tag}", "impl": impl, "ms": ms}
-                    if impl == "gka":
-                        gbps = _bytes(B, T, H, D, causal, backward) / (ms * 1e-3) / 1e9
-                        row["GB/s"] = gbps
+                    row = {"op": "gka", "shape": shape, "mode": mode, "impl": impl, "ms": ms}
+                    if impl in ("visionssm", OURS_GRAPH):
+                        gbps = _bytes(B, T, H, D, backward) / (ms * 1e-3) / 1e9
+                        row["GB/s"] = round(gbps, 1)
                         if copy_gbps:
-                            row["%copy"] = 100.0 * gbps / copy_gbps
-                    if note and backward:
-                        row["note"] = note
+                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
                     rows.append(row)
-                    print(f"{shape:>22} {mode + ' ' + tag:>18} {impl:>8} {ms:8.3f} ms", flush=True)
-        del q, k, v, g, beta, alpha, sq, sk, sv
-        torch.cuda.empty_cache()
+                    print(f"{shape:>22} {mode:>18} {impl:>24} {ms:8.4f} ms", flush=True)
+            torch.cuda.empty_cache()
+    _print_ratios(rows)
     return rows
+
+
+def _print_ratios(rows: list[dict]) -> None:
+    """GPU time against GPU time (both CUDA graphs), and the LM shape's forward against FLA's."""
+    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
+    for (shape, mode, impl), ms in by_key.items():
+        sdpa = by_key.get((shape, mode, SDPA_GRAPH))
+        if impl == OURS_GRAPH and sdpa:
+            print(f"# visionssm / sdpa, both CUDA graph  {shape} {mode}: {ms / sdpa:.2f}x")
+        fla = by_key.get((shape, mode, FLA))
+        if impl == "visionssm" and fla:
+            print(f"# visionssm / {FLA}  {shape} {mode}: {ms / fla:.2f}x")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Diagnostics (not part of the suite): GPU time per kernel of the causal path, and launch-setting variants
+#
+#     python -m visionssm.kernels.gka.benchmark --stages            # per-kernel times at the suite's causal shapes
+#     python -m visionssm.kernels.gka.benchmark --sweep             # the same for a few launch-setting variants
+
+SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"positions": 8}), ((256, 196, 10, 16), {"positions": 16}),
+         ((256, 196, 10, 16), {"lane_warps": 2}), ((256, 49, 20, 16), {}), ((256, 49, 20, 16), {"positions": 8}),
+         ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
+
+
+def _device_us(event) -> float:
+    for name in ("device_time_total", "cuda_time_total"):
+        value = getattr(event, name, None)
+        if value:
+            return float(value)
+    return 0.0
+
+
+def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None, reps: int = 10) -> dict:
+    """GPU µs per kernel of one causal forward+backward (torch.profiler), and the CUDA-graph fwd and fwd+bwd ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from visionssm.kernels.gka import gka
+    from visionssm.kernels.tuning import launch_overrides
+
+    with launch_overrides("gka", **(overrides or {})):
+        q, k, v, g, beta, alpha = (t.requires_grad_(True) for t in make_inputs(B, T, H, D))
+        leaves = [q, k, v, g, beta, alpha]
+        do = torch.randn_like(v)
+        step = lambda: torch.autograd.grad(gka(q, k, v, g, beta, alpha), leaves, do)
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                step()
+            torch.cuda.synchronize()
+        kernels = {e.key: _device_us(e) / reps for e in prof.key_averages() if _device_us(e) > 0}
+        fwd = time_fn(lambda: gka(q, k, v, g, beta, alpha), warmup=3, repeats=20, cuda_graph=True).median_ms
+        both = time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms
+    return {"kernels": kernels, "fwd_ms": fwd, "fwdbwd_ms": both}
+
+
+def _report(shape, overrides, result) -> None:
+    B, T, H, D = shape
+    print(f"## B{B} T{T} H{H} D{D} {overrides or 'defaults'}: CUDA graph fwd {result['fwd_ms']:.4f} ms, "
+          f"fwd+bwd {result['fwdbwd_ms']:.4f} ms", flush=True)
+    for name, us in sorted(result["kernels"].items(), key=lambda kv: -kv[1]):
+        print(f"#   {us:9.1f} us  {name[:90]}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="GKA causal-path diagnostics (GPU)")
+    parser.add_argument("--stages", action="store_true", help="per-kernel times at the suite's causal shapes")
+    parser.add_argument("--sweep", action="store_true", help="per-kernel times for launch-setting variants")
+    args = parser.parse_args(argv)
+    cases = SWEEP if args.sweep else [((B, T, H, D), {}) for B, T, H, D, _ in SHAPES] if args.stages else []
+    for shape, overrides in cases:
+        try:
+            _report(shape, overrides, profile_stages(*shape, overrides=overrides))
+        except Exception as exc:  # noqa: BLE001 - report and keep going
+            print(f"# {shape} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

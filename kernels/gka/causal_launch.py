@@ -1,0 +1,259 @@
+"""Launch plans of causal GKA: everything a call does that depends only on the problem's shape, dtypes, flags and
+device (layout choice, buffer sizes, grids, constexprs) is worked out once per such key and cached, and a plan's
+later launches call the kernels Triton compiled for it directly (:class:`visionssm.kernels.utils.DirectLaunch`).
+Between launches nothing but output allocation runs on the host: no reductions, flips or casts.
+
+Forward: state scan → solve (per-token direct solve for 16-wide heads, chunked Chebyshev otherwise) → read-out.
+Backward: dz → adjoint solve → adjoint-state scan → gradients.
+
+Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tuning`, op ``"gka"``):
+
+* ``chunk``: tokens per chunk (16 or 32) for every stage;
+* ``positions``: chunk positions per program of the per-token solve (divides ``chunk``; fewer means shorter loops
+  over the chunk's keys, more programs reading the same chunk state);
+* ``lane_warps``: warps per program of the per-token solve (32 tokens each);
+* ``solve_warps``, ``adjoint_warps``: warps of the Chebyshev forward and backward (adjoint) solves;
+* ``tile_warps``, ``grad_warps``, ``scan_warps``: warps of the chunk-parallel read-out and dz kernels, of the gradient
+  kernel and of the two scans over the chunks;
+* ``state_rows``: rows of the K-wide states one scan program carries (divides K);
+* ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import tuning
+from ..dispatch import interpreter_enabled
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from .naive import EPS
+
+__all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
+
+SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
+            "scan_warps", "state_rows", "columns")
+#: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
+DIRECT_ITER_TOL = 1e-7
+
+
+def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
+    """Chebyshev steps after which the iterate is within ``tol`` (relative) of the exact ridge solution for every
+    H_t: with μ = λ = ridge (F + eps) and L = F + λ the condition number is at most κ = 1 + 1/ridge and the error
+    after r steps at most 2 R^r / (1 + R^{2r}), R = (√κ − 1)/(√κ + 1) (60 steps at ridge 0.02)."""
+    root = math.sqrt(1.0 + 1.0 / ridge)
+    rate = (root - 1.0) / (root + 1.0)
+    return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
+
+
+def launch_config(K: int, V: int, per_token: bool) -> dict:
+    """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve.
+
+    Measured on an H100 (2026-11-23, benchmarks/results/kernels-gka-causal-nvidia-h100-2026-11-23.log): the per-token
+    solve with 4 positions per program (programs loop over at most 4, 8, 12 or 16 keys of their chunk) took
+    158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
+    the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms). 64-token chunks ended
+    in an illegal memory access on that machine (Triton 3.6; cause not established: 64- and 128-wide heads, in the
+    Chebyshev or tile kernels), so chunks are at most 32 tokens."""
+    width = max(K, V)
+    if per_token:
+        cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
+    else:
+        cfg = {"chunk": 16 if width <= 32 else 32, "lane_warps": 4}
+    # warps by width, chosen so that no kernel spills registers on sm_90 up to 64-wide heads (the backward solve
+    # and the gradient kernel hold more tiles than the forward's)
+    small = 1 if width <= 16 else 2
+    cfg["solve_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["adjoint_warps"] = small if width <= 32 else 8
+    cfg["tile_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["grad_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["scan_warps"] = small if width <= 32 else 4 if width <= 64 else 8
+    cfg["state_rows"] = min(K, 16 if K == 64 else 32)
+    cfg["columns"] = min(K, V, 16 if width == 64 else 32)
+    # "global_*" settings belong to the non-causal plans (global_launch), which check them
+    forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
+    if forced:
+        tuning.check_names("gka", forced, SETTINGS)
+        cfg.update(forced)
+    cfg.setdefault("positions", cfg["chunk"])
+    if cfg["chunk"] not in (16, 32) or cfg["chunk"] % cfg["positions"]:
+        raise ValueError(f"gka launch settings: chunk must be 16 or 32 and a multiple of positions, got {cfg}")
+    if K % cfg["state_rows"] or cfg["state_rows"] < 16:
+        raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
+    if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
+        raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
+                         f"{cfg['columns']}")
+    return cfg
+
+
+def _precision(dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
+    """(PREC, IN_EXACT): fp32 inputs get exact fp32 products (tf32x3 on the GPU for heads of 64 and more, where
+    fp32 FMA tiles would not fit registers); 16-bit inputs bf16 hi/lo splits (bf16 input tiles need no low part); on
+    CPU (Triton's interpreter) the split products are emulated in fp32."""
+    if dtype == torch.float32:
+        return ("tf32x3" if device.type == "cuda" and width >= 64 else "ieee"), False
+    return ("split" if device.type == "cuda" else "split_emulated"), dtype == torch.bfloat16
+
+
+class _FwdPlan:
+    __slots__ = ("BT", "NT", "NKR", "per_token", "num_iters", "state", "solve", "readout", "h0_shape", "s0_shape",
+                 "dummy", "bwd", "key", "cfg")
+
+
+class _BwdPlan:
+    __slots__ = ("dz", "solve", "scan", "grad", "dend_shape", "eend_shape", "offs_shape")
+
+
+def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alpha: bool) -> dict:
+    B, T, H, K = q.shape
+    prec, exact = _precision(q.dtype, q.device, max(K, v.shape[3]))
+    return {"H": H, "K": K, "V": v.shape[3], "BT": cfg["chunk"], "PREC": prec, "IN_EXACT": exact,
+            "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha}
+
+
+def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token: bool, num_iters: int) -> _FwdPlan:
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    plan = _FwdPlan()
+    plan.key, plan.cfg, plan.bwd = key, cfg, None
+    BT = plan.BT = cfg["chunk"]
+    plan.per_token, plan.num_iters = per_token, num_iters
+    plan.NT = NT = cdiv(T, BT)
+    plan.NKR = NKR = K // cfg["state_rows"]
+    plan.h0_shape, plan.s0_shape = (B * H, NT, K, K), (B * H, NT, K, V)
+    plan.dummy = torch.empty(1, device=q.device, dtype=torch.float32)
+    c = _common(cfg, q, v, has_beta, has_alpha)
+    from .causal_kernels import readout_kernel, state_fwd_kernel
+
+    plan.state = DirectLaunch(state_fwd_kernel, (NKR, B * H), (T, NT),
+                              {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
+                              | {"BKR": cfg["state_rows"]}, {"num_warps": cfg["scan_warps"], "num_stages": 2})
+    if per_token:
+        from .direct_kernels import direct_fwd_kernel
+
+        block = 32 * cfg["lane_warps"]
+        n_inst = B * H * NT
+        plan.solve = DirectLaunch(direct_fwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
+                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
+                                                       "HAS_BETA": has_beta, "USE_PTX": not interpreter_enabled()},
+                                  {"num_warps": cfg["lane_warps"], "num_stages": 1})
+    else:
+        from .chebyshev_kernels import chebyshev_fwd_kernel
+
+        plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, T, NT),
+                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")},
+                                  {"num_warps": cfg["solve_warps"], "num_stages": 1})
+    plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
+                                {"num_warps": cfg["tile_warps"], "num_stages": 1})
+    return plan
+
+
+def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan:
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    cfg, BT, NT, NKR = fwd.cfg, fwd.BT, fwd.NT, fwd.NKR
+    c = _common(cfg, q, v, has_beta, has_alpha)
+    from .causal_kernels import adjoint_scan_kernel, dz_kernel, grad_kernel
+
+    plan = _BwdPlan()
+    plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
+    plan.dz = DirectLaunch(dz_kernel, (NT, B * H), (T, NT),
+                           {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
+                           | {"BC": cfg["columns"]}, {"num_warps": cfg["tile_warps"], "num_stages": 1})
+    if fwd.per_token:
+        from .direct_kernels import direct_bwd_kernel
+
+        block = 32 * cfg["lane_warps"]
+        n_inst = B * H * NT
+        plan.solve = DirectLaunch(direct_bwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
+                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
+                                                       "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
+                                                       "USE_PTX": not interpreter_enabled()},
+                                  {"num_warps": cfg["lane_warps"], "num_stages": 1})
+    else:
+        from .chebyshev_kernels import chebyshev_bwd_kernel
+
+        plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, T, NT),
+                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
+                                  {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
+    plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
+                             c | {"BKR": cfg["state_rows"], "NKR": NKR},
+                             {"num_warps": cfg["scan_warps"], "num_stages": 2})
+    plan.grad = DirectLaunch(grad_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"], "NKR": NKR},
+                             {"num_warps": cfg["grad_warps"], "num_stages": 1})
+    return plan
+
+
+_FWD_PLANS: dict = {}
+
+
+def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
+    """The cached forward plan of this problem (``solver`` resolved: "direct" or "chebyshev")."""
+    key = (q.shape, v.shape[3], q.dtype, v.dtype, g.dtype, None if beta is None else beta.dtype,
+           None if alpha is None else alpha.dtype, q.device, solver, num_iters, ridge if solver == "direct" else None,
+           tuning.generation())
+    plan = _FWD_PLANS.get(key)
+    if plan is not None:
+        return plan
+    K, V = q.shape[3], v.shape[3]
+    per_token = solver == "direct" and K == 16
+    iters = num_iters if solver == "chebyshev" else converged_iters(ridge)
+    cfg = launch_config(K, V, per_token)
+    plan = _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
+    _FWD_PLANS[key] = plan
+    return plan
+
+
+def causal_fwd(plan: _FwdPlan, q, k, v, g, beta, alpha, ridge: float, save: bool):
+    """o, and (x, ‖H_t‖_F or None, H0, S0) for the backward when ``save``. Contiguous inputs expected."""
+    aligned = aligned16(q, k, v, g, beta, alpha)
+    dev = q.device
+    dummy = plan.dummy
+    beta_ = dummy if beta is None else beta
+    alpha_ = dummy if alpha is None else alpha
+    h0 = empty_output(plan.h0_shape, device=dev, dtype=torch.float32)
+    s0 = empty_output(plan.s0_shape, device=dev, dtype=torch.float32)
+    plan.state(aligned, k, v, g, beta_, h0, s0)
+    x = empty_output(q.shape, device=dev, dtype=torch.float32)
+    if plan.per_token:
+        fro = None
+        plan.solve(aligned, q, k, g, beta_, h0, x, ridge, EPS)
+    else:
+        fro = empty_output(q.shape[:3], device=dev, dtype=torch.float32)
+        plan.solve(aligned, q, k, g, beta_, h0, x, fro, ridge, EPS)
+    o = empty_output_like(v)
+    plan.readout(aligned, q, k, v, g, beta_, alpha_, x, s0, o)
+    return o, ((x, fro, h0, s0) if save else None)
+
+
+def causal_bwd(fwd: _FwdPlan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ridge: float):
+    """(dq, dk, dv, dg, dβ or None, dα or None); contiguous inputs expected."""
+    plan = fwd.bwd
+    if plan is None:
+        plan = fwd.bwd = _build_bwd(fwd, q, v, beta is not None, alpha is not None)
+    aligned = aligned16(q, k, v, g, beta, alpha, do)
+    dev = q.device
+    f32 = torch.float32
+    dummy = fwd.dummy
+    beta_ = dummy if beta is None else beta
+    alpha_ = dummy if alpha is None else alpha
+    dz = empty_output(q.shape, device=dev, dtype=f32)
+    plan.dz(aligned, k, v, g, beta_, do, s0, dz)
+    dq, y = empty_output_like(q), empty_output(q.shape, device=dev, dtype=f32)
+    c, dgp = empty_output(q.shape[:3], device=dev, dtype=f32), empty_output(q.shape[:3], device=dev, dtype=f32)
+    dalpha = None if alpha is None else empty_output_like(alpha)
+    dalpha_ = dummy if dalpha is None else dalpha
+    if fwd.per_token:
+        plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
+    else:
+        plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, fro, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
+    dend = empty_output(plan.dend_shape, device=dev, dtype=f32)
+    eend = empty_output(plan.eend_shape, device=dev, dtype=f32)
+    offs = empty_output(plan.offs_shape, device=dev, dtype=f32)
+    plan.scan(aligned, q, k, g, beta_, alpha_, do, x, y, c, h0, s0, dend, eend, offs)
+    dk, dv, dg = empty_output_like(k), empty_output_like(v), empty_output_like(g)
+    dbeta = None if beta is None else empty_output_like(beta)
+    plan.grad(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, dend, eend, offs, dk, dv,
+              dummy if dbeta is None else dbeta, dg)
+    return dq, dk, dv, dg, dbeta, dalpha

@@ -1,0 +1,139 @@
+"""Causal GKA, ridge systems solved by the paper's Chebyshev iteration (Algorithm 1), one chunk per program.
+
+Within a chunk the product H_t x_t of every token is done in chunk form on tensor cores,
+e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t (2K² + 4·BT·K flops per token and iteration), with μ = λ_t, L = ‖H_t‖_F + λ_t;
+‖H_t‖²_F = e^{2G_t}‖H0‖² + 2 e^{G_t} Σ_s A[t,s] k_sᵀH0k_s + Σ_s A[t,s] (A (K Kᵀ)^{∘2})[t,s] comes from the chunk's
+Gram matrix. The forward stores x_t and ‖H_t‖_F; the backward runs the same iteration on α_t dz_t (implicit
+differentiation, appendix D) with the stored norm. Matmul precision as in :mod:`.causal_kernels` (bf16 hi/lo splits
+for 16-bit inputs, with H0's and the keys' parts split once per chunk, outside the iteration).
+
+The same kernels with ``num_iters`` chosen for fp32 convergence serve ``solver="direct"`` for heads wider than 16
+(see causal_launch.converged_iters).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .causal_kernels import _hi, _lo, _lp, chunk_gates, chunk_rows, load_tile, mm
+
+__all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
+
+
+@triton.jit
+def _mm_pre(a, b, b_hi, b_lo, PREC: tl.constexpr, B_EXACT: tl.constexpr):
+    """a (fp32) @ b with b's bf16 parts split beforehand (``b_lo`` unused when b is exact in bf16)."""
+    if PREC == "ieee" or PREC == "tf32x3":
+        return tl.dot(a, b, input_precision=PREC)
+    a_hi = _hi(a)
+    acc = _lp(a_hi, b_hi, PREC) + _lp(_lo(a, a_hi), b_hi, PREC)
+    if not B_EXACT:
+        acc += _lp(a_hi, b_lo, PREC)
+    return acc
+
+
+@triton.jit
+def _matvec(X, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC: tl.constexpr,
+            IN_EXACT: tl.constexpr):
+    """Rows H_t x_t of the chunk: e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t."""
+    HX = _mm_pre(X, Hm, Hm_hi, Hm_lo, PREC, False) * eG[:, None]
+    S = A * _mm_pre(X, kT, kT_hi, kT_lo, PREC, IN_EXACT)
+    return HX + _mm_pre(S, kc, kc_hi, kc_lo, PREC, IN_EXACT)
+
+
+@triton.jit
+def _chebyshev(rhs, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
+               PREC: tl.constexpr, IN_EXACT: tl.constexpr):
+    """Algorithm 1 row-wise: ``num_iters`` steps for (H_t + λ_t I) x = rhs with μ = λ_t, L = ‖H_t‖_F + λ_t."""
+    step = 2.0 / (fro + 2.0 * lam)
+    half = fro * step * 0.5
+    rho2 = half * half
+    x_prev = tl.zeros_like(rhs)
+    x = step[:, None] * rhs
+    omega = tl.full(step.shape, 2.0, tl.float32)
+    for _ in range(num_iters):
+        omega = 4.0 / (4.0 - rho2 * omega)
+        res = _matvec(x, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC, IN_EXACT)
+        res += lam[:, None] * x - rhs
+        x_new = x - (step * omega)[:, None] * res + (omega - 1.0)[:, None] * (x - x_prev)
+        x_prev = x
+        x = x_new
+    return x
+
+
+@triton.jit
+def _chunk_system(k, g, beta, h0, row, m_t, base, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                  IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr):
+    """What the chunk's matvecs need (with the loop-invariant bf16 parts) and the mask A, e^G."""
+    o_k = tl.arange(0, K)
+    kc = load_tile(k, row, m_t, K, 0, K).to(tl.float32)
+    b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+    Hm = tl.load(h0 + base * K * K + o_k[:, None] * K + o_k[None, :])
+    kT = tl.trans(kc)
+    Hm_hi = _hi(Hm)
+    kc_hi = _hi(kc)
+    kT_hi = _hi(kT)
+    return kc, kT, Hm, Hm_hi, _lo(Hm, Hm_hi), kc_hi, _lo(kc, kc_hi), kT_hi, _lo(kT, kT_hi), Ad * b[None, :], tl.exp(G)
+
+
+@triton.jit
+def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iters, T, NT, H: tl.constexpr,
+                         K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+                         HAS_BETA: tl.constexpr):
+    """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    o_k = tl.arange(0, K)
+    base = (i_bh * NT + i_c).to(tl.int64)
+    kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
+        k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
+    khk = tl.sum(mm(kc, Hm, PREC, IN_EXACT, False) * kc, 1)
+    gram = mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
+    h_sq = tl.sum(tl.sum(Hm * Hm, 1), 0)
+    fro2 = eG * eG * h_sq + 2.0 * eG * tl.sum(A * khk[None, :], 1)
+    fro2 += tl.sum(A * mm(A, gram * gram, PREC, False, False), 1)
+    fro = tl.sqrt(tl.maximum(fro2, 0.0))
+    lam = ridge * (fro + eps)
+    rhs = load_tile(q, row, m_t, K, 0, K).to(tl.float32)
+    X = _chebyshev(rhs, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters, PREC,
+                   IN_EXACT)
+    tl.store(x_out + row[:, None] * K + o_k[None, :], X, mask=m_t[:, None])
+    tl.store(fro_out + row, fro, mask=m_t)
+
+
+@triton.jit
+def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha, y_out, c_out, dgp, ridge, eps,
+                         num_iters, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                         IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """Adjoint solve y = CH(H_t + λ_t I, α_t dz_t) with the forward's ‖H_t‖_F, then dq, dα, c_t = −ridge x·y / F_t
+    and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    o_k = tl.arange(0, K)
+    base = (i_bh * NT + i_c).to(tl.int64)
+    kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
+        k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
+    fro = tl.load(fro_in + row, mask=m_t, other=0.0)
+    lam = ridge * (fro + eps)
+    dZ = load_tile(dz, row, m_t, K, 0, K)
+    if HAS_ALPHA:
+        a = tl.load(alpha + row, mask=m_t, other=0.0).to(tl.float32)
+    else:
+        a = tl.where(m_t, 1.0, 0.0)
+    Y = _chebyshev(a[:, None] * dZ, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro,
+                   num_iters, PREC, IN_EXACT)
+    tl.store(y_out + row[:, None] * K + o_k[None, :], Y, mask=m_t[:, None])
+    tl.store(dq + row[:, None] * K + o_k[None, :], ((1.0 - a[:, None]) * dZ + Y).to(dq.dtype.element_ty),
+             mask=m_t[:, None])
+    X = load_tile(x_in, row, m_t, K, 0, K)
+    Q = load_tile(q, row, m_t, K, 0, K).to(tl.float32)
+    if HAS_ALPHA:
+        tl.store(dalpha + row, tl.sum(dZ * (X - Q), 1), mask=m_t)
+    c = tl.where(fro > 0, -ridge * tl.sum(X * Y, 1) / tl.where(fro > 0, fro, 1.0), 0.0)
+    tl.store(c_out + row, c, mask=m_t)
+    HX = _matvec(X, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC, IN_EXACT)
+    Z = a[:, None] * X + (1.0 - a[:, None]) * Q
+    tl.store(dgp + row, tl.sum(Z * dZ, 1) - tl.sum(Y * HX, 1) + c * fro * fro, mask=m_t)
