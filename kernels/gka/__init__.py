@@ -86,7 +86,9 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
         causal: token t sees tokens ≤ t with fading weights; ``False``: every token sees the whole sequence.
         ridge: a in λ_t = a·(‖H_t‖_F + EPS).
         num_iters: Chebyshev iterations (``solver="chebyshev"`` only).
-        solver: ``"direct"``: the exact ridge solution x̂_t = (H_t + λ_t I)⁻¹ q_t (fp32 factorisation);
+        solver: ``"direct"``: the exact ridge solution x̂_t = (H_t + λ_t I)⁻¹ q_t in fp32 (a factorisation per
+            (batch, head) non-causally and per token for causal 16-wide heads; for wider causal heads the Chebyshev
+            iteration run to fp32 convergence);
             ``"chebyshev"``: the paper's Algorithm 1 with ``num_iters`` steps (its numerics, for checkpoints trained
             with them); ``"auto"``: :func:`resolve_solver` — exact for non-causal problems and causal heads ≤ 32
             wide, Chebyshev for wider causal heads.
