@@ -90,7 +90,7 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
             (batch, head) non-causally and per token for causal 16-wide heads; for wider causal heads the Chebyshev
             iteration run to fp32 convergence);
             ``"chebyshev"``: the paper's Algorithm 1 with ``num_iters`` steps (its numerics, for checkpoints trained
-            with them); ``"auto"``: :func:`resolve_solver` — exact for non-causal problems and causal heads ≤ 32
+            with them); ``"auto"``: :func:`resolve_solver` — exact for non-causal problems and causal heads ≤ 16
             wide, Chebyshev for wider causal heads.
 
     Returns:
