@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from gka_inputs import adversarial_keys, make_inputs, run_with_grads
 
 from visionssm.kernels.gka import gka
 from visionssm.kernels.gka.naive import gka_chunked, gka_recurrent
@@ -13,25 +13,6 @@ from visionssm.kernels.utils import assert_close
 
 FWD_TOL, GRAD_TOL = 2e-3, 2e-2
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "alpha")
-
-
-def make_inputs(B, T, H, K, V, *, dtype=torch.float32, device="cpu", use_beta=True, use_alpha=True, gate_scale=1.0,
-                seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
-    g = F.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 3.0) * gate_scale
-    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64) * 0.9 + 0.05 if use_beta else None
-    alpha = torch.rand(B, T, H, generator=gen, dtype=torch.float64) if use_alpha else None
-    return [None if t is None else t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, alpha)]
-
-
-def run_with_grads(fn, tensors, do):
-    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    out.backward(do.to(out.dtype))
-    return out.detach(), [None if t is None else t.grad for t in leaves]
 
 
 def check_against_reference(tensors, *, causal, fwd_tol=FWD_TOL, grad_tol=GRAD_TOL, exact_grads=False, num_iters=30,
@@ -238,22 +219,12 @@ def test_cuda_bf16(poison_outputs, causal, shape):
                             reference=gka_chunked)
 
 
-def _adversarial_keys(T, K, seed=0):
-    """Per head: 0 one repeated key (rank-1 H), 1 keys scaled by 1e3, 2 zero keys for the first half."""
-    gen = torch.Generator().manual_seed(seed)
-    k = F.normalize(torch.randn(1, T, 3, K, generator=gen, dtype=torch.float64), dim=-1)
-    k[:, :, 0] = k[:, :1, 0]
-    k[:, :, 1] *= 1e3
-    k[:, : T // 2, 2] = 0.0
-    return k
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("causal", [True, False])
 def test_cuda_stability_long_bf16(causal):
     T, K = 8192, 64
     q, _, v, g, beta, alpha = make_inputs(1, T, 3, K, K, dtype=torch.float64)
-    k = _adversarial_keys(T, K)
+    k = adversarial_keys(T, K)
     low = [t.to("cuda", torch.bfloat16) for t in (q, k, v, g, beta, alpha)]
     out = gka(*low, causal=causal)
     assert torch.isfinite(out).all()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from gka_inputs import adversarial_keys, make_inputs, run_with_grads
 
 from visionssm.kernels import dispatch
 from visionssm.kernels.gka import gka, resolve_solver
@@ -18,25 +18,6 @@ from visionssm.kernels.utils import assert_close, relative_error
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "alpha")
 # direct: the exact ridge solution in fp32; chebyshev: the paper's iteration (the tolerances of test_gka.py)
 TOL = {"direct": (1e-5, 1e-4), "chebyshev": (2e-3, 2e-2)}
-
-
-def make_inputs(B, T, H, K, V, *, dtype=torch.float32, device="cpu", use_beta=True, use_alpha=True, gate_scale=1.0,
-                seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
-    g = F.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 3.0) * gate_scale
-    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64) * 0.9 + 0.05 if use_beta else None
-    alpha = torch.rand(B, T, H, generator=gen, dtype=torch.float64) if use_alpha else None
-    return [None if t is None else t.to(device=device, dtype=dtype) for t in (q, k, v, g, beta, alpha)]
-
-
-def run_with_grads(fn, tensors, do):
-    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    out.backward(do.to(device=out.device, dtype=out.dtype))
-    return out.detach(), [None if t is None else t.grad for t in leaves]
 
 
 def reference(tensors, do, solver, num_iters=30):
@@ -242,23 +223,13 @@ def test_cuda_bf16_target_shapes(poison_outputs, shape):
         assert_close(grad[:n], expected, tol=3e-2, name=f"d{name}")
 
 
-def _adversarial_keys(T, K, seed=0):
-    """Per head: 0 one repeated key (rank-1 H), 1 keys scaled by 1e3, 2 zero keys for the first half."""
-    gen = torch.Generator().manual_seed(seed)
-    k = F.normalize(torch.randn(1, T, 3, K, generator=gen, dtype=torch.float64), dim=-1)
-    k[:, :, 0] = k[:, :1, 0]
-    k[:, :, 1] *= 1e3
-    k[:, : T // 2, 2] = 0.0
-    return k
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("K", [16, 32, 64])
 def test_cuda_stability_long_bf16(K):
     """T = 8192 with adversarial keys for the solver ``auto`` picks at this width (direct at 16, Chebyshev wider)."""
     T = 8192
     q, _, v, g, beta, alpha = make_inputs(1, T, 3, K, K, dtype=torch.float64)
-    k = _adversarial_keys(T, K)
+    k = adversarial_keys(T, K)
     low = [t.to("cuda", torch.bfloat16) for t in (q, k, v, g, beta, alpha)]
     solver = resolve_solver("auto", True, K)
     leaves = [t.clone().requires_grad_(True) for t in low]

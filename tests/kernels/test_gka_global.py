@@ -8,9 +8,12 @@ ties to the token loop."""
 
 from __future__ import annotations
 
+import functools
+
+import gka_inputs
 import pytest
 import torch
-import torch.nn.functional as F
+from gka_inputs import adversarial_keys, run_with_grads
 
 from visionssm.kernels.gka import gka
 from visionssm.kernels.gka.naive import EPS, gka_chunked, gka_recurrent
@@ -24,17 +27,8 @@ DIRECT_FWD_TOL, DIRECT_GRAD_TOL = 1e-5, 1e-4
 # run when H has rank 1, T = 1); gradients are the implicit (exact-solve) formulas with the iteration's matrix in place
 # of the inverse, held to the tolerance of the chunked kernels
 CHEB_FWD_TOL, CHEB_GRAD_TOL = 5e-5, 2e-2
-
-
-def make_inputs(B, T, H, K, V, *, dtype=torch.float32, device="cpu", use_beta=True, use_alpha=True, seed=0):
-    """q, k (unit rows), v, β ∈ (0.05, 0.95), α ∈ (0, 1); fresh random values (never zeros)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
-    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64) * 0.9 + 0.05 if use_beta else None
-    alpha = torch.rand(B, T, H, generator=gen, dtype=torch.float64) if use_alpha else None
-    return [None if t is None else t.to(device=device, dtype=dtype) for t in (q, k, v, beta, alpha)]
+#: [q, k, v, β, α] (no forgetting gate: non-causal)
+make_inputs = functools.partial(gka_inputs.make_inputs, causal=False)
 
 
 def closed_form_reference(q, k, v, beta=None, alpha=None, *, ridge=0.02):
@@ -51,13 +45,6 @@ def closed_form_reference(q, k, v, beta=None, alpha=None, *, ridge=0.02):
     a = alpha.transpose(1, 2).unsqueeze(-1)
     z = a * x + (1.0 - a) * qh
     return (z @ U.transpose(-1, -2)).transpose(1, 2)
-
-
-def run_with_grads(fn, tensors, do):
-    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    out.backward(do.to(out.dtype))
-    return out.detach(), [None if t is None else t.grad for t in leaves]
 
 
 def random_do(tensors, seed=1):
@@ -282,22 +269,12 @@ def test_cuda_chebyshev(poison_outputs, dtype):
                  else 1e-2, name="chebyshev-30 vs direct")
 
 
-def _adversarial_keys(T, K, seed=0):
-    """Per head: 0 one repeated key (rank-1 H), 1 keys scaled by 1e3, 2 zero keys for the first half."""
-    gen = torch.Generator().manual_seed(seed)
-    k = F.normalize(torch.randn(1, T, 3, K, generator=gen, dtype=torch.float64), dim=-1)
-    k[:, :, 0] = k[:, :1, 0]
-    k[:, :, 1] *= 1e3
-    k[:, : T // 2, 2] = 0.0
-    return k
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("K", [16, 64])
 def test_cuda_stability_long_bf16(poison_outputs, K):
     T = 8192
     q, _, v, beta, alpha = make_inputs(1, T, 3, K, K, dtype=torch.float64)
-    k = _adversarial_keys(T, K)
+    k = adversarial_keys(T, K)
     low = [t.to("cuda", torch.bfloat16) for t in (q, k, v, beta, alpha)]
     leaves = [t.clone().requires_grad_(True) for t in low]
     out = gka(*leaves[:3], None, *leaves[3:], causal=False)
