@@ -3,7 +3,8 @@
 A YAML may only set keys that exist in :data:`DEFAULTS` (a typo fails loudly, as OSTrack's
 ``update_config_from_file`` does); ``data.train`` is a list of datasets, each ``{type, root, split, ratio}``
 (``type`` ``got10k`` or ``lasot``; ``ratio`` is the sampling weight). ``--set a.b=value`` on the command line
-overrides single keys (values parsed as YAML).
+overrides single keys (values parsed as YAML). The file is a path or the name of a recipe shipped in
+``visionssm.configs`` (``configs/tracking/smoke_synthetic.yaml`` or ``smoke_synthetic`` works from any directory).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 
 import yaml
+
+from visionssm.configs import find_config
 
 DEFAULTS: dict = {
     "name": "tracking",
@@ -134,7 +137,7 @@ def parse_overrides(items: list[str] | None) -> dict:
 def load_config(path: str | None = None, overrides: list[str] | dict | None = None) -> dict:
     cfg = copy.deepcopy(DEFAULTS)
     if path:
-        with open(path) as f:
+        with open(find_config(path, "tracking")) as f:
             loaded = yaml.safe_load(f) or {}
         _merge(cfg, loaded)
     if overrides:
