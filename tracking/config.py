@@ -146,6 +146,10 @@ def load_config(path: str | None = None, overrides: list[str] | dict | None = No
     if cfg["output_dir"] is None:
         cfg["output_dir"] = f"output/tracking/{cfg['name']}"
     t = cfg["train"]
+    if t["mixed_precision"] is False:  # YAML reads a bare `no` (--set train.mixed_precision=no) as false
+        t["mixed_precision"] = "no"
+    if t["mixed_precision"] not in ("no", "bf16", "fp16"):
+        raise ValueError(f"train.mixed_precision must be no, bf16 or fp16, got {t['mixed_precision']!r}")
     if t["epochs"] < 1 or t["batch_size"] < 1:
         raise ValueError("train.epochs and train.batch_size must be ≥ 1")
     if not 0 < t["lr_drop_fraction"] <= 1:

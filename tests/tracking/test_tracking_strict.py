@@ -134,3 +134,9 @@ def test_a_failed_start_leaves_no_output_folder(data, tmp_path, monkeypatch):
         train_module.train(load_config(CONFIG, overrides), progress=False)
     assert (out / "notes.txt").read_text() == "mine"
     assert os.path.exists(out / "config.yaml")
+
+
+def test_a_bare_no_on_the_command_line_means_no_mixed_precision():
+    assert load_config(CONFIG, ["train.mixed_precision=no"])["train"]["mixed_precision"] == "no"
+    with pytest.raises(ValueError, match="train.mixed_precision"):
+        load_config(CONFIG, ["train.mixed_precision=fp8"])

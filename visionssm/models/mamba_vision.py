@@ -141,30 +141,14 @@ class MambaVision(nn.Module):
         stages = []
         self.feature_info = []
         prev_dim = dims[0]
+        shared = {"mixer": mixer, "mixer_causal": mixer_causal, "mixer_kwargs": mixer_kwargs, "attn_mixer": attn_mixer,
+                  "attn_mixer_causal": attn_mixer_causal, "attn_mixer_kwargs": attn_mixer_kwargs,
+                  "mlp_ratio": mlp_ratio, "qkv_bias": qkv_bias, "proj_drop": proj_drop_rate,
+                  "attn_drop": attn_drop_rate, "layer_scale": layer_scale, "layer_scale_conv": layer_scale_conv, **dd}
         for i in range(num_stages):
             stages.append(MambaVisionStage(
-                prev_dim,
-                dims[i],
-                depths[i],
-                conv=i < num_conv_stages,
-                downsample=i > 0,
-                num_heads=num_heads[i],
-                window_size=window_size[i],
-                mixer=mixer,
-                mixer_causal=mixer_causal,
-                mixer_kwargs=mixer_kwargs,
-                attn_mixer=attn_mixer,
-                attn_mixer_causal=attn_mixer_causal,
-                attn_mixer_kwargs=attn_mixer_kwargs,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                proj_drop=proj_drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=dpr[sum(depths[:i]):sum(depths[:i + 1])],
-                layer_scale=layer_scale,
-                layer_scale_conv=layer_scale_conv,
-                **dd,
-            ))
+                prev_dim, dims[i], depths[i], conv=i < num_conv_stages, downsample=i > 0, num_heads=num_heads[i],
+                window_size=window_size[i], drop_path=dpr[sum(depths[:i]):sum(depths[:i + 1])], **shared))
             prev_dim = dims[i]
             self.feature_info.append({"num_chs": dims[i], "reduction": 4 * 2 ** i, "module": f"stages.{i}"})
         self.stages = nn.Sequential(*stages)
