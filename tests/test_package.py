@@ -163,8 +163,11 @@ def _make_venv(work: Path, wheel: Path) -> Path:
     python = env_dir / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
+    # Site-packages folders only (CI's venv lives inside the checkout, so its folder is allowed): the checkout's root,
+    # where the source visionssm/ sits, is never among them, and their .pth files (the editable install's finder)
+    # are not run for folders a .pth file adds.
     borrowed = [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"]] + sys.path)
-                if p and ("site-packages" in p or "dist-packages" in p) and not Path(p).resolve().is_relative_to(ROOT)]
+                if p and Path(p).name in ("site-packages", "dist-packages") and Path(p).resolve() != ROOT]
     (Path(purelib) / "_borrowed_dependencies.pth").write_text("\n".join(borrowed) + "\n")
     # --ignore-installed: the suite's own (editable) visionssm is visible through the .pth and must be left alone.
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",

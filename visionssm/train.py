@@ -76,6 +76,8 @@ PROG = "visionssm-train"
 
 @dataclass
 class Run:
+    """A training run as :func:`train_one_epoch` and :func:`end_epoch` see it."""
+
     cfg: dict
     accelerator: Accelerator
     out: Path
