@@ -242,13 +242,15 @@ def test_missing_or_empty_split_is_a_clear_error(tmp_path, tiny_data):
         build_split(tmp_path / "nowhere", "train", None, "replace")
 
 
-def test_missing_split_stops_the_script_with_the_message(tmp_path, tiny_data):
+def test_missing_split_stops_the_trainer_with_the_message(tmp_path, tiny_data):
+    """In process (the trainer fails before its first step, so accelerate's process-wide state is harmless)."""
+    from visionssm.train import main
+
     data = tmp_path / "data"
     shutil.copytree(tiny_data / "train", data / "train")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data), "--output", str(tmp_path / "o"),
-                           *TINY_MODEL, "--workers", "0"], env=_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "split 'val' not found" in proc.stderr
+    with pytest.raises(FileNotFoundError, match="split 'val' not found"):
+        main(["--data-dir", str(data), "--output", str(tmp_path / "o"), *TINY_MODEL, "--workers", "0"])
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
