@@ -2,12 +2,12 @@
 
 A wheel is built from this checkout and installed into a fresh virtual environment whose only link to this
 machine's packages is a ``.pth`` line to the running interpreter's site-packages (torch and the other heavy
-dependencies come from there; the checkout itself is not importable, which the first step checks). From a directory
-outside the checkout every command of the README's bash blocks that needs no GPU then runs, at toy size through the
-commands' own flags; README_COMMANDS says how each command is run, or why it is not. The runs go in three processes
-in two driver processes side by side, each running its commands one after another in-process with ``runpy``, as
-``python FILE``, ``python -m MODULE`` or the installed console script would: the interpreter and its imports then
-start twice instead of once per command.
+dependencies come from there; the checkout itself is not importable, which is checked). From a directory outside
+the checkout every command of the README's bash blocks that needs no GPU then runs, at toy size through the
+commands' own flags; README_COMMANDS says how each command is run, or why it is not. The commands run in two driver
+processes side by side, each running its commands one after another in-process with ``runpy``, as ``python FILE``,
+``python -m MODULE`` or the installed console script would: the interpreter and its imports start twice in all
+instead of once per command.
 """
 
 from __future__ import annotations
