@@ -1,8 +1,10 @@
-"""train_imagenet.py end to end on a tiny generated ImageFolder (CPU), plus its config, data and checkpoint parts.
+"""The ImageNet trainer (visionssm.train, through the checkout's train_imagenet.py) end to end on a tiny generated
+ImageFolder (CPU), plus its config, schedule, data and checkpoint parts.
 
-The runs are subprocesses (accelerate keeps process-wide state): a 2-epoch run, ``--eval-only`` against its
-metrics, a run SIGKILLed while writing a mid-epoch checkpoint and then resumed (which must end with the same
-weights as the uninterrupted run), a 2-process run with ``accelerate launch``, and a missing split.
+The runs are subprocesses (accelerate keeps process-wide state): a 3-epoch run with persistent loader workers, the
+same run resumed from its first epoch's checkpoint (which must reproduce the uninterrupted run's metrics and weights
+exactly), a run SIGKILLed while writing a mid-epoch checkpoint and then resumed (likewise), a 2-process run with
+``accelerate launch`` and ``--eval-only`` against its metrics, and a missing split.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ from safetensors.torch import load_file
 
 from visionssm.data.loader import SafeImageFolder, build_split, collate_skipping
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
-from visionssm.utils.training import CheckpointManager, parse_config, scaled_lr
+from visionssm.utils.train_setup import build_scheduler, fit_schedule
+from visionssm.utils.training import CheckpointManager, TrainState, parse_config, scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_imagenet.py"
 CONFIGS = ROOT / "configs" / "imagenet"
 
 # 3 classes x 16 training images (one of them corrupt) = 6 batches of 8; 3 x 4 validation images + 1 corrupt.
+# One loader worker: persistent workers create their iterators once per process, which a resumed run must not
+# let shift its random streams (a run without workers cannot show that).
 TINY_MODEL = ["--model", "mamba_vision_T", "--model-kwargs",
               "{dims: 8, depths: [1, 1, 1, 1], stem_dim: 8, num_heads: [1, 1, 2, 2], window_size: [8, 8, 2, 2]}"]
-TINY_RUN = [*TINY_MODEL, "--img-size", "16", "--batch-size", "8", "--workers", "0", "--epochs", "2",
+TINY_RUN = [*TINY_MODEL, "--img-size", "16", "--batch-size", "8", "--workers", "1", "--epochs", "3",
             "--warmup-epochs", "0", "--lr", "1e-3", "--seed", "1", "--checkpoint-every-steps", "2", "--keep-last", "2",
             "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25",
             "--model-ema-decay", "0.9", "--log-interval", "1"]
@@ -69,8 +74,9 @@ def tiny_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The uninterrupted reference run, keeping every checkpoint (pruning has its own test)."""
     out = tmp_path_factory.mktemp("runs") / "reference"
-    proc = _run(["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN], cwd=out.parent)
+    proc = _run(["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN, "--keep-last", "20"], cwd=out.parent)
     return out, proc
 
 
@@ -106,8 +112,14 @@ def test_recipes_parse_and_name_registered_models(tmp_path):
         assert cfg["model"] == name and timm.is_model(name)
         assert cfg["model_kwargs"] == {} and cfg["img_size"] == 224
     mv = parse_config(["--config", str(CONFIGS / "mamba_vision_T.yaml")])
-    assert (mv["opt"], mv["lr_base"], mv["lr_base_size"], mv["epochs"] + mv["cooldown_epochs"]) == ("lamb", 5e-3,
-                                                                                                   4096, 320)
+    assert (mv["opt"], mv["lr_base"], mv["lr_base_size"], mv["epochs"], mv["cooldown_epochs"]) == ("lamb", 5e-3,
+                                                                                                   4096, 320, 10)
+    # the shipped recipes are found by name from any directory; a file of the user's own still works
+    for name in ("mamba_vision_T", "mamba_vision_T.yaml", "imagenet/mamba_vision_T.yaml",
+                 "configs/imagenet/mamba_vision_T.yaml"):
+        assert parse_config(["--config", name]) == dict(mv, config=name)
+    with pytest.raises(FileNotFoundError, match="mamba_vision_T"):
+        parse_config(["--config", "mamba_vision_X"])
     assert (mv["model_ema_decay"], mv["clip_grad"], mv["mixup"], mv["cutmix"]) == (0.9998, 5.0, 0.8, 1.0)
     assert parse_config(["--config", str(CONFIGS / "mamba_vision_L.yaml")])["weight_decay"] == 0.12
     gka = parse_config(["--config", str(CONFIGS / "gka_vision_T.yaml")])
@@ -118,6 +130,35 @@ def test_recipes_parse_and_name_registered_models(tmp_path):
     bad.write_text("model: resnet10t\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match="learning_rate"):
         parse_config(["--config", str(bad)])
+
+
+@pytest.mark.parametrize(("epochs", "warmup", "cooldown", "prefix", "fitted"), [
+    (1, 20, 10, False, (0, 0)),  # a 320-epoch recipe run for one epoch: one epoch, the lr decaying in it
+    (5, 20, 10, False, (2, 1)),
+    (5, 20, 10, True, (2, 1)),
+    (320, 20, 10, False, (20, 10)),  # the recipe as written
+    (10, 1, 0, True, (1, 0)),
+])
+def test_epochs_is_the_whole_run(epochs, warmup, cooldown, prefix, fitted):
+    """--epochs N runs N epochs: timm adds the cooldown (and a prefixed warmup) to its cycle, so the trainer gives it
+    what is left, shrinking warmup and cooldown when they do not fit, with a note."""
+    assert fit_schedule(epochs, warmup, cooldown)[:2] == fitted
+    cfg = parse_config(["--epochs", str(epochs), "--warmup-epochs", str(warmup), "--cooldown-epochs", str(cooldown),
+                        "--warmup-prefix" if prefix else "--no-warmup-prefix", "--lr", "0.1", "--min-lr", "0.001"])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    notes = []
+    updates = 3
+    scheduler = build_scheduler(cfg, optimizer, updates_per_epoch=updates, say=notes.append)
+    assert bool(notes) == (fitted != (warmup, cooldown))
+    lrs = []
+    for update in range(1, epochs * updates + 1):
+        scheduler.step_update(num_updates=update)
+        lrs.append(optimizer.param_groups[0]["lr"])
+    peak = lrs.index(max(lrs))
+    assert peak <= max(fitted[0] * updates, 1), "the lr rises no longer than the fitted warmup"
+    assert lrs[-1] == pytest.approx(0.001), "and reaches min_lr by the last update of the run"
+    with pytest.raises(ValueError, match="epochs"):
+        fit_schedule(0, 1, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,13 +242,15 @@ def test_missing_or_empty_split_is_a_clear_error(tmp_path, tiny_data):
         build_split(tmp_path / "nowhere", "train", None, "replace")
 
 
-def test_missing_split_stops_the_script_with_the_message(tmp_path, tiny_data):
+def test_missing_split_stops_the_trainer_with_the_message(tmp_path, tiny_data):
+    """In process (the trainer fails before its first step, so accelerate's process-wide state is harmless)."""
+    from visionssm.train import main
+
     data = tmp_path / "data"
     shutil.copytree(tiny_data / "train", data / "train")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data), "--output", str(tmp_path / "o"),
-                           *TINY_MODEL, "--workers", "0"], env=_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "split 'val' not found" in proc.stderr
+    with pytest.raises(FileNotFoundError, match="split 'val' not found"):
+        main(["--data-dir", str(data), "--output", str(tmp_path / "o"), *TINY_MODEL, "--workers", "0"])
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,46 +261,80 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_epoch_run_writes_metrics_checkpoints_and_curves(trained):
+# Everything a record holds that training decides (timings and memory are left out).
+TRAINED_KEYS = ("epoch", "global_update", "train_loss", "val_top1", "val_top5", "val_loss", "ema_val_top1",
+                "ema_val_top5", "ema_val_loss", "lr", "skipped_images", "val_images")
+
+
+def _assert_same_training(out: Path, reference: Path, epochs: list[int]) -> None:
+    """The records of ``epochs`` and the final weights are bit-for-bit those of the reference run."""
+    got = {r["epoch"]: r for r in _records(out)}
+    expected = {r["epoch"]: r for r in _records(reference)}
+    assert sorted(got) == epochs
+    for epoch in epochs:
+        assert {k: got[epoch][k] for k in TRAINED_KEYS} == {k: expected[epoch][k] for k in TRAINED_KEYS}, epoch
+    last = f"epoch_{epochs[-1]:04d}"
+    for name in ("model.safetensors", "custom_checkpoint_2.pkl"):  # the weights and the EMA
+        load = load_file if name.endswith(".safetensors") else lambda f: torch.load(f, weights_only=True)
+        final = load(str(out / "checkpoints" / last / name))
+        wanted = load(str(reference / "checkpoints" / last / name))
+        assert final.keys() == wanted.keys()
+        for key in wanted:
+            torch.testing.assert_close(final[key], wanted[key], rtol=0, atol=0, msg=f"{name}: {key}")
+
+
+def test_three_epoch_run_writes_metrics_checkpoints_and_curves(trained):
     out, proc = trained
     records = _records(out)
-    assert [r["epoch"] for r in records] == [1, 2]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
     for r in records:
         assert r.keys() >= METRIC_KEYS
         assert r["global_update"] == UPDATES_PER_EPOCH * r["epoch"]
         assert r["skipped_train_images"] == 1 and r["skipped_val_images"] == 1 and r["skipped_images"] == 2
         assert r["val_images"] == 12 and 0 <= r["val_top1"] <= r["val_top5"] <= 100
         assert r["train_img_per_s"] > 0 and r["peak_memory_mib"] > 0 and r["train_loss"] > 0
-    assert records[1]["lr"] < records[0]["lr"], "the cosine schedule is stepped per update"
-    names = {p.name for p in (out / "checkpoints").iterdir()}
-    best = json.loads((out / "checkpoints" / "epoch_0002" / "trainer_state.json").read_text())["best_checkpoint"]
-    # keep_last=2: the two newest (step 10 within epoch 2, end of epoch 2) plus the best epoch end
-    assert names == {"step_00000010", "epoch_0002", best}
+    assert records[2]["lr"] < records[1]["lr"] < records[0]["lr"], "the cosine schedule is stepped per update"
+    # every 2 updates within an epoch, and at each epoch's end
+    assert {p.name for p in (out / "checkpoints").iterdir()} == {
+        "step_00000002", "step_00000004", "epoch_0001", "step_00000008", "step_00000010", "epoch_0002",
+        "step_00000014", "step_00000016", "epoch_0003"}
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "model_best.safetensors").is_file()
     config = (out / "config.yaml").read_text()
-    assert "global_batch: 8" in config and "updates_per_epoch: 6" in config
+    assert "global_batch: 8" in config and "updates_per_epoch: 6" in config and "total_epochs: 3" in config
     assert "skipping unreadable image" in proc.stderr
 
 
-def test_eval_only_reproduces_recorded_top1(trained, tmp_path):
-    out, _ = trained
-    last = _records(out)[-1]
-    proc = _run(["--data-dir", str(_data_dir(out)), "--output", str(tmp_path), *TINY_RUN,
-                 "--eval-only", "--checkpoint", str(out / "checkpoints" / "epoch_0002")], cwd=tmp_path)
-    result = json.loads((tmp_path / "eval.json").read_text())
-    assert result["val_top1"] == pytest.approx(last["val_top1"], abs=1e-9)
-    assert result["val_top5"] == pytest.approx(last["val_top5"], abs=1e-9)
-    assert result["ema_val_top1"] == pytest.approx(last["ema_val_top1"], abs=1e-9)
-    assert result["img_per_s"] > 0 and result["skipped_val_images"] == 1
-    assert '"val_top1"' in proc.stdout
+def test_checkpoint_manager_keeps_the_last_k_and_the_best(tmp_path):
+    class OneProcess:  # what CheckpointManager asks of accelerate
+        is_main_process = True
+
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, path):
+            Path(path).mkdir(parents=True)
+            (Path(path) / "model.safetensors").write_bytes(b"weights")
+
+    manager = CheckpointManager(OneProcess(), tmp_path, keep_last=2)
+    state = TrainState()
+    for update, best in ((1, False), (2, True), (3, False), (4, False), (5, False)):
+        state.global_update = state.batch_in_epoch = update
+        manager.save(f"step_{update:08d}", state, is_best=best)
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"step_00000002", "step_00000004",
+                                                                      "step_00000005"}
+    assert manager.latest().name == "step_00000005"
 
 
-def _data_dir(out: Path) -> Path:
-    for line in (out / "config.yaml").read_text().splitlines():
-        if line.startswith("data_dir:"):
-            return Path(line.split(":", 1)[1].strip())
-    raise AssertionError("data_dir missing from config.yaml")
+def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(trained, tiny_data, tmp_path):
+    """Epochs 2 and 3 again, from the reference's end-of-epoch-1 checkpoint: data order, augmentation, drop path,
+    Mixup, optimizer, schedule and EMA must all continue where they were, to the last bit."""
+    reference, _ = trained
+    out = tmp_path / "resumed"
+    proc = _run(["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN,
+                 "--resume", str(reference / "checkpoints" / "epoch_0001")], cwd=tmp_path)
+    assert "resumed from" in proc.stdout and "epoch 1/3:" not in proc.stdout
+    _assert_same_training(out, reference, epochs=[2, 3])
 
 
 def test_sigkill_while_checkpointing_then_resume_matches_uninterrupted_run(trained, tiny_data, tmp_path):
@@ -296,17 +373,9 @@ def test_sigkill_while_checkpointing_then_resume_matches_uninterrupted_run(train
 
     resumed = _run(args, cwd=tmp_path)
     assert f"resumed from {out / 'checkpoints' / expected_latest}" in resumed.stdout
-    assert "epoch 1/2:" not in resumed.stdout and "epoch 2/2:" in resumed.stdout
-    records = _records(out)
-    assert [r["epoch"] for r in records] == [1, 2]
+    assert "epoch 1/3:" not in resumed.stdout and "epoch 2/3:" in resumed.stdout
     # Same data order, RNG, optimizer, schedule and EMA: the resumed run ends exactly where the uninterrupted did.
-    assert records[-1]["val_top1"] == _records(reference)[-1]["val_top1"]
-    final = load_file(str(out / "checkpoints" / "epoch_0002" / "model.safetensors"))
-    expected = load_file(str(reference / "checkpoints" / "epoch_0002" / "model.safetensors"))
-    assert final.keys() == expected.keys()
-    for key in expected:
-        torch.testing.assert_close(final[key], expected[key], rtol=0, atol=0, msg=key)
-    assert records[-1]["train_loss"] == pytest.approx(_records(reference)[-1]["train_loss"], rel=1e-9)
+    _assert_same_training(out, reference, epochs=[1, 2, 3])
 
 
 def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
@@ -315,7 +384,7 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", "29533"]
     args = ["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN, "--batch-size", "4", "--epochs", "1",
-            "--checkpoint-every-steps", "0"]
+            "--checkpoint-every-steps", "0", "--workers", "0"]
     proc = _run(args, cwd=tmp_path, launcher=launcher)
     assert "2 process(es)" in proc.stdout
     records = _records(out)
@@ -325,9 +394,11 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
     assert records[0]["skipped_val_images"] == 1
     checkpoint = out / "checkpoints" / "epoch_0001"
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.iterdir()}
-    # the DDP-wrapped weights evaluate in one process to the top-1 the two processes recorded
-    _run(["--data-dir", str(tiny_data), "--output", str(tmp_path / "eval"), *TINY_RUN, "--eval-only",
-          "--checkpoint", str(checkpoint)], cwd=tmp_path)
+    # --eval-only: the DDP-wrapped weights (and their EMA) evaluate in one process to what the two processes recorded
+    proc = _run(["--data-dir", str(tiny_data), "--output", str(tmp_path / "eval"), *TINY_RUN, "--eval-only",
+                 "--checkpoint", str(checkpoint)], cwd=tmp_path)
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    assert result["val_top1"] == pytest.approx(records[0]["val_top1"], abs=1e-9)
-    assert result["ema_val_top1"] == pytest.approx(records[0]["ema_val_top1"], abs=1e-9)
+    for key in ("val_top1", "val_top5", "ema_val_top1", "ema_val_top5"):
+        assert result[key] == pytest.approx(records[0][key], abs=1e-9), key
+    assert result["img_per_s"] > 0 and result["skipped_val_images"] == 1 and result["val_images"] == 12
+    assert '"val_top1"' in proc.stdout

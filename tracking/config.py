@@ -3,7 +3,8 @@
 A YAML may only set keys that exist in :data:`DEFAULTS` (a typo fails loudly, as OSTrack's
 ``update_config_from_file`` does); ``data.train`` is a list of datasets, each ``{type, root, split, ratio}``
 (``type`` ``got10k`` or ``lasot``; ``ratio`` is the sampling weight). ``--set a.b=value`` on the command line
-overrides single keys (values parsed as YAML).
+overrides single keys (values parsed as YAML). The file is a path or the name of a recipe shipped in
+``visionssm.configs`` (``configs/tracking/smoke_synthetic.yaml`` or ``smoke_synthetic`` works from any directory).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 
 import yaml
+
+from visionssm.configs import find_config
 
 DEFAULTS: dict = {
     "name": "tracking",
@@ -134,7 +137,7 @@ def parse_overrides(items: list[str] | None) -> dict:
 def load_config(path: str | None = None, overrides: list[str] | dict | None = None) -> dict:
     cfg = copy.deepcopy(DEFAULTS)
     if path:
-        with open(path) as f:
+        with open(find_config(path, "tracking")) as f:
             loaded = yaml.safe_load(f) or {}
         _merge(cfg, loaded)
     if overrides:
@@ -143,6 +146,10 @@ def load_config(path: str | None = None, overrides: list[str] | dict | None = No
     if cfg["output_dir"] is None:
         cfg["output_dir"] = f"output/tracking/{cfg['name']}"
     t = cfg["train"]
+    if t["mixed_precision"] is False:  # YAML reads a bare `no` (--set train.mixed_precision=no) as false
+        t["mixed_precision"] = "no"
+    if t["mixed_precision"] not in ("no", "bf16", "fp16"):
+        raise ValueError(f"train.mixed_precision must be no, bf16 or fp16, got {t['mixed_precision']!r}")
     if t["epochs"] < 1 or t["batch_size"] < 1:
         raise ValueError("train.epochs and train.batch_size must be ≥ 1")
     if not 0 < t["lr_drop_fraction"] <= 1:

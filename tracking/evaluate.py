@@ -8,6 +8,8 @@
 Reads the layout :mod:`visionssm.tracking.run` writes under ``--results-dir``; writes ``performance.json`` and PNG
 plots (GOT-10k: success; LaSOT: success, precision, normalised precision) under ``<report-dir>/<GOT-10k|LaSOT>/``.
 The conventions used are printed with the numbers and stored in the JSON (see :mod:`visionssm.tracking.metrics`).
+Result files are read strictly (:mod:`visionssm.tracking.results`): a malformed, NaN, negative-size or short one
+stops the evaluation with its file and line.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ import os
 import numpy as np
 
 from . import metrics
+from .results import read_result_boxes, read_result_times
 from .run import DATASET_DIRS, open_dataset, result_paths
-
-
-def _read_boxes(path: str) -> np.ndarray:
-    return np.loadtxt(path, delimiter=",", ndmin=2)
 
 
 def evaluate_got10k(root: str, split: str, results_dir: str, trackers: list[str]) -> dict:
@@ -41,12 +40,12 @@ def evaluate_got10k(root: str, split: str, results_dir: str, trackers: list[str]
                 raise FileNotFoundError(f"{name}: no results for {seq.name} in {seq_dir}")
             if "cover" not in seq.meta or "resolution" not in seq.meta:
                 raise ValueError(f"{seq.name}: cover.label and meta_info.ini (resolution) are needed to evaluate")
-            ious = metrics.got10k_sequence_ious([_read_boxes(f) for f in files], seq.boxes, seq.meta["cover"],
-                                                seq.meta["resolution"])
+            runs = [read_result_boxes(f, len(seq.boxes)) for f in files]
+            ious = metrics.got10k_sequence_ious(runs, seq.boxes, seq.meta["cover"], seq.meta["resolution"])
             seq_times = np.zeros(0)
             time_file = result_paths(results_dir, "got10k", name, seq.name)[1]
             if os.path.exists(time_file):
-                seq_times = np.loadtxt(time_file, delimiter=",").reshape(-1)
+                seq_times = read_result_times(time_file, len(seq.boxes))
             pooled.append(ious)
             times.append(seq_times)
             seq_wise[seq.name] = {"ao": float(ious.mean()) if len(ious) else None, "frames": int(len(ious))}
@@ -65,11 +64,12 @@ def evaluate_lasot(root: str, split: str, results_dir: str, trackers: list[str])
             box_file, time_file = result_paths(results_dir, "lasot", name, seq.name)
             if not os.path.exists(box_file):
                 raise FileNotFoundError(f"{name}: no results for {seq.name} ({box_file})")
-            c = metrics.lasot_sequence_curves(_read_boxes(box_file), seq.boxes, seq.visible)
+            boxes = read_result_boxes(box_file, len(seq.boxes), allow_longer=True)  # pytracking cuts longer ones
+            c = metrics.lasot_sequence_curves(boxes, seq.boxes, seq.visible)
             curves.append(c)
             seq_wise[seq.name] = {"auc": float(100 * c["success"].mean())}
             if os.path.exists(time_file):
-                times.append(np.loadtxt(time_file, delimiter=",").reshape(-1))
+                times.append(read_result_times(time_file, len(seq.boxes)))
         summary = metrics.lasot_summary(curves)
         if times:
             t = np.concatenate(times)

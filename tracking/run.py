@@ -31,6 +31,7 @@ from tqdm import tqdm
 from .data.got10k import Got10k
 from .data.lasot import LaSOT
 from .data.sampler import load_rgb
+from .results import check_boxes, read_result_boxes, write_rows
 from .tracker import FirstBoxTracker, load_tracker
 
 DATASET_DIRS = {"got10k": "GOT-10k", "lasot": "LaSOT"}
@@ -59,6 +60,9 @@ def result_paths(results_dir: str, dataset: str, name: str, seq: str, repetition
 def track_sequence(tracker, seq) -> tuple[np.ndarray, np.ndarray]:
     """Boxes (N, 4) and per-frame seconds (N,); frame 1 gets the given box (and the initialisation time)."""
     first = seq.boxes[0]
+    if not (np.isfinite(first).all() and first[2] > 0 and first[3] > 0):
+        raise ValueError(f"{seq.meta.get('groundtruth', seq.name)}:1: the first frame's box {first.tolist()} is "
+                         "not a box to track (NaN, infinite, or not positive in width and height)")
     boxes = np.zeros((len(seq), 4))
     times = np.zeros(len(seq))
     for t, path in enumerate(seq.frames):
@@ -71,13 +75,6 @@ def track_sequence(tracker, seq) -> tuple[np.ndarray, np.ndarray]:
             boxes[t] = tracker.track(image)
         times[t] = time.perf_counter() - start
     return boxes, times
-
-
-def _write_atomic(path: str, array: np.ndarray, fmt: str):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    np.savetxt(tmp, array, fmt=fmt, delimiter=",")
-    os.replace(tmp, path)
 
 
 def run(
@@ -112,12 +109,13 @@ def run(
     total_frames, total_time, inverse_times, per_seq = 0, 0.0, [], {}
     for seq_name in tqdm(names, desc=f"{name} on {dataset}/{split}", disable=not progress):
         box_file, time_file = result_paths(results_dir, dataset, name, seq_name)
-        if os.path.exists(box_file) and not overwrite:
-            continue
         seq = data[seq_name]
+        if os.path.exists(box_file) and not overwrite:
+            _check_kept(box_file, len(seq))
+            continue
         boxes, times = track_sequence(tracker, seq)
-        _write_atomic(box_file, boxes, "%.4f")
-        _write_atomic(time_file, times[:, None], "%.8f")
+        write_rows(box_file, check_boxes(boxes, f"{name} on {seq_name}"), "%.4f")
+        write_rows(time_file, times[:, None], "%.8f")
         tracked = times[1:]
         total_frames += len(tracked)
         total_time += float(tracked.sum())
@@ -137,6 +135,14 @@ def run(
     with open(os.path.join(out_dir, f"{name}_run_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def _check_kept(box_file: str, frames: int) -> None:
+    """A result left by an earlier run is kept only when it is a complete, valid one."""
+    try:
+        read_result_boxes(box_file, frames)
+    except ValueError as error:
+        raise ValueError(f"{error}; rerun with --overwrite to track this sequence again") from None
 
 
 def pack_got10k(results_dir: str, name: str, seq_names: list[str]) -> str:

@@ -24,7 +24,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import time
+from dataclasses import dataclass, field
 
 import torch
 import yaml
@@ -87,18 +89,115 @@ def save_atomic(obj: dict, path: str):
     os.replace(tmp, path)
 
 
-def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
-    """Run (or resume) training; returns the mean statistics of the last epoch worked on."""
-    t = cfg["train"]
-    run_start = time.time()
-    accelerator = Accelerator(mixed_precision=t["mixed_precision"])
-    set_seed(cfg["seed"])
-    out_dir = cfg["output_dir"]
-    if accelerator.is_main_process:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(cfg, f, sort_keys=False)
+@dataclass
+class _Loop:
+    """What the training loop touches; one instance per call of :func:`train`."""
 
+    cfg: dict
+    accelerator: Accelerator
+    dataset: PairDataset
+    loader: DataLoader
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: TrainState
+    checkpoints: CheckpointManager
+    metrics: MetricsLog
+    progress: bool
+    started: float
+    last_stats: dict = field(default_factory=dict)  # the mean statistics of the last epoch this call finished
+
+    def log(self, record: dict) -> None:
+        if self.accelerator.is_main_process:
+            self.metrics.append(record)
+
+    def fold(self, window: dict, window_n: int, sums: dict) -> dict:
+        """Average a window of step statistics over processes and add it into the epoch's sums."""
+        means = {k: float(self.accelerator.reduce(v / window_n, "mean")) for k, v in window.items()}
+        for k, v in means.items():
+            sums[k] = sums.get(k, 0.0) + v * window_n
+        sums["n"] = sums.get("n", 0) + window_n
+        return means
+
+    def stop_reason(self) -> str | None:
+        t = self.cfg["train"]
+        if t["max_steps"] and self.state.global_update >= t["max_steps"]:
+            return "max_steps"
+        if t["time_limit_s"] and time.time() - self.started > t["time_limit_s"]:
+            return "time_limit_s"
+        return None
+
+    def step(self, batch: dict) -> dict:
+        t = self.cfg["train"]
+        weights = (t["loss_weights"]["focal"], t["loss_weights"]["giou"], t["loss_weights"]["l1"])
+        outputs = self.model(batch["template"], batch["search"])
+        loss, stats = tracking_loss(outputs, batch["search_box"], weights)
+        self.accelerator.backward(loss)
+        if t["grad_clip"]:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.global_update += 1
+        self.state.batch_in_epoch += 1
+        return stats
+
+    def run_epoch(self) -> str | None:
+        """Train the current epoch from where the state stands in it; returns why it stopped early, if it did."""
+        t, state, accelerator = self.cfg["train"], self.state, self.accelerator
+        epoch, steps = state.epoch, len(self.loader)
+        self.dataset.set_epoch(epoch)
+        self.model.train()
+        batches = self.loader if state.batch_in_epoch == 0 else accelerator.skip_first_batches(self.loader,
+                                                                                              state.batch_in_epoch)
+        window: dict[str, torch.Tensor] = {}
+        window_n, tic, epoch_tic = 0, time.time(), time.time()
+        sums = state.extra.get("epoch_sums", {})
+        bar = tqdm(batches, total=steps - state.batch_in_epoch, desc=f"epoch {epoch + 1}/{t['epochs']}",
+                   disable=not (self.progress and accelerator.is_main_process), dynamic_ncols=True)
+        stop = None
+        for batch in bar:
+            for k, v in self.step(batch).items():
+                window[k] = window.get(k, 0) + v
+            window_n += 1
+            last = state.batch_in_epoch == steps
+            if state.global_update % t["log_every"] == 0 or last:
+                means = self.fold(window, window_n, sums)
+                if not math.isfinite(means["loss"]):
+                    raise FloatingPointError(f"non-finite loss at step {state.global_update}: {means}")
+                self.log({"epoch": epoch + 1, "step": state.global_update, "lr": self.optimizer.param_groups[-1]["lr"],
+                          **means, "pairs_per_s": window_n * t["batch_size"] * accelerator.num_processes /
+                          max(time.time() - tic, 1e-9)})
+                bar.set_postfix(loss=f"{means['loss']:.3f}", iou=f"{means['iou']:.3f}")
+                window, window_n, tic = {}, 0, time.time()
+            state.extra["epoch_sums"] = sums
+            stop = self.stop_reason()
+            if last:
+                break
+            if stop or (t["checkpoint_every_steps"] and state.global_update % t["checkpoint_every_steps"] == 0):
+                if window_n:  # fold the unlogged window in so that the epoch summary survives a resume
+                    self.fold(window, window_n, sums)
+                    window, window_n = {}, 0
+                self.checkpoints.save(f"step_{state.global_update:08d}", state)
+                if stop:
+                    return stop
+        self.end_epoch(sums, time.time() - epoch_tic)
+        return stop
+
+    def end_epoch(self, sums: dict, seconds: float) -> None:
+        state = self.state
+        n = max(sums.get("n", 0), 1)
+        self.last_stats = {k: v / n for k, v in sums.items() if k != "n"}
+        self.log({"epoch": state.epoch + 1, "step": state.global_update, "epoch_summary": True, "seconds": seconds,
+                  **self.last_stats})
+        self.scheduler.step()
+        state.epoch, state.batch_in_epoch, state.extra = state.epoch + 1, 0, {}
+        self.checkpoints.save(f"epoch_{state.epoch:04d}", state)
+
+
+def _prepare(cfg: dict, accelerator: Accelerator, progress: bool) -> _Loop:
+    """Data, model, optimizer and schedule: everything that can fail on the user's settings, built before any file
+    is written."""
+    t = cfg["train"]
     dataset = build_datasets(cfg)
     loader = DataLoader(dataset, batch_size=t["batch_size"], shuffle=False, drop_last=True,
                         num_workers=cfg["data"]["num_workers"], pin_memory=torch.cuda.is_available(),
@@ -111,13 +210,26 @@ def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
     drop_epoch = max(1, int(round(t["lr_drop_fraction"] * t["epochs"])))
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[drop_epoch], gamma=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if len(loader) == 0:
+        raise ValueError(f"data.pairs_per_epoch ({cfg['data']['pairs_per_epoch']}) is smaller than one batch "
+                         f"({t['batch_size']} x {accelerator.num_processes} processes)")
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler, state)
+    out_dir = cfg["output_dir"]
+    return _Loop(cfg, accelerator, dataset, loader, model, optimizer, scheduler, state,
+                 CheckpointManager(accelerator, out_dir, keep_last=t["keep_last"]),
+                 MetricsLog(os.path.join(out_dir, "metrics.jsonl")), progress, time.time())
 
-    checkpoints = CheckpointManager(accelerator, out_dir, keep_last=t["keep_last"])
-    checkpoints.clean_leftovers()
-    metrics = MetricsLog(os.path.join(out_dir, "metrics.jsonl"))
-    latest = checkpoints.latest() if resume else None
+
+def _start(loop: _Loop, resume: bool) -> None:
+    """Write ``config.yaml``, then continue from the newest complete checkpoint (or start afresh)."""
+    accelerator, state, metrics = loop.accelerator, loop.state, loop.metrics
+    if accelerator.is_main_process:
+        os.makedirs(loop.cfg["output_dir"], exist_ok=True)
+        with open(os.path.join(loop.cfg["output_dir"], "config.yaml"), "w") as f:
+            yaml.safe_dump(loop.cfg, f, sort_keys=False)
+    loop.checkpoints.clean_leftovers()
+    latest = loop.checkpoints.latest() if resume else None
     if latest is not None:
         accelerator.load_state(str(latest))
         accelerator.print(f"resumed from {latest} (epoch {state.epoch + 1}, batch {state.batch_in_epoch}, "
@@ -131,94 +243,40 @@ def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
     elif accelerator.is_main_process and metrics.path.exists():
         metrics.path.unlink()
 
-    weights = (t["loss_weights"]["focal"], t["loss_weights"]["giou"], t["loss_weights"]["l1"])
-    steps_per_epoch = len(loader)
-    if steps_per_epoch == 0:
-        raise ValueError("data.pairs_per_epoch is smaller than one batch")
-    last_stats: dict = {}
-    stop_reason = None
 
-    def log(record: dict):
-        if accelerator.is_main_process:
-            metrics.append(record)
+def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
+    """Run (or resume) training; returns the mean statistics of the last epoch worked on.
 
-    def save(name: str):
-        checkpoints.save(name, state)
-
-    while state.epoch < t["epochs"] and stop_reason is None:
-        epoch = state.epoch
-        dataset.set_epoch(epoch)
-        model.train()
-        batches = loader if state.batch_in_epoch == 0 else accelerator.skip_first_batches(loader, state.batch_in_epoch)
-        window: dict[str, torch.Tensor] = {}
-        window_n, tic, epoch_tic = 0, time.time(), time.time()
-        sums = state.extra.get("epoch_sums", {})
-        bar = tqdm(batches, total=steps_per_epoch - state.batch_in_epoch, desc=f"epoch {epoch + 1}/{t['epochs']}",
-                   disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
-        for batch in bar:
-            outputs = model(batch["template"], batch["search"])
-            loss, stats = tracking_loss(outputs, batch["search_box"], weights)
-            accelerator.backward(loss)
-            if t["grad_clip"]:
-                accelerator.clip_grad_norm_(model.parameters(), t["grad_clip"])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.global_update += 1
-            state.batch_in_epoch += 1
-            window_n += 1
-            for k, v in stats.items():
-                window[k] = window.get(k, 0) + v
-            last = state.batch_in_epoch == steps_per_epoch
-            if state.global_update % t["log_every"] == 0 or last:
-                means = {k: float(accelerator.reduce(v / window_n, "mean")) for k, v in window.items()}
-                if not math.isfinite(means["loss"]):
-                    raise FloatingPointError(f"non-finite loss at step {state.global_update}: {means}")
-                for k, v in means.items():
-                    sums[k] = sums.get(k, 0.0) + v * window_n
-                sums["n"] = sums.get("n", 0) + window_n
-                elapsed = time.time() - tic
-                log({"epoch": epoch + 1, "step": state.global_update, "lr": optimizer.param_groups[-1]["lr"], **means,
-                     "pairs_per_s": window_n * t["batch_size"] * accelerator.num_processes / max(elapsed, 1e-9)})
-                bar.set_postfix(loss=f"{means['loss']:.3f}", iou=f"{means['iou']:.3f}")
-                window, window_n, tic = {}, 0, time.time()
-            state.extra["epoch_sums"] = sums
-            if t["max_steps"] and state.global_update >= t["max_steps"]:
-                stop_reason = "max_steps"
-            elif t["time_limit_s"] and time.time() - run_start > t["time_limit_s"]:
-                stop_reason = "time_limit_s"
-            if last:
-                break
-            if stop_reason or (t["checkpoint_every_steps"] and state.global_update % t["checkpoint_every_steps"] == 0):
-                if window_n:  # fold the unlogged window in so that the epoch summary survives a resume
-                    means = {k: float(accelerator.reduce(v / window_n, "mean")) for k, v in window.items()}
-                    for k, v in means.items():
-                        sums[k] = sums.get(k, 0.0) + v * window_n
-                    sums["n"] = sums.get("n", 0) + window_n
-                    window, window_n = {}, 0
-                save(f"step_{state.global_update:08d}")
-                if stop_reason:
-                    break
-        if state.batch_in_epoch == steps_per_epoch:
-            n = max(sums.get("n", 0), 1)
-            last_stats = {k: v / n for k, v in sums.items() if k != "n"}
-            log({"epoch": epoch + 1, "step": state.global_update, "epoch_summary": True,
-                 "seconds": time.time() - epoch_tic, **last_stats})
-            scheduler.step()
-            state.epoch, state.batch_in_epoch, state.extra = epoch + 1, 0, {}
-            save(f"epoch_{state.epoch:04d}")
-    finished = state.epoch >= t["epochs"]
+    A run that fails before its first optimizer step leaves no output folder behind (if it created it).
+    """
+    accelerator = Accelerator(mixed_precision=cfg["train"]["mixed_precision"])
+    set_seed(cfg["seed"])
+    loop = _prepare(cfg, accelerator, progress)
+    out_dir = cfg["output_dir"]
+    created = not os.path.exists(out_dir)
+    try:
+        _start(loop, resume)
+        stop = None
+        while loop.state.epoch < cfg["train"]["epochs"] and stop is None:
+            stop = loop.run_epoch()
+    except BaseException:
+        if created and loop.state.global_update == 0 and accelerator.is_main_process:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finished = loop.state.epoch >= cfg["train"]["epochs"]
     if accelerator.is_main_process:
-        save_atomic({"model": accelerator.unwrap_model(model).state_dict(), "config": cfg, "finished": finished,
-                     "epoch": state.epoch, "step": state.global_update}, os.path.join(out_dir, "final.pth"))
-        if stop_reason:
-            accelerator.print(f"stopped early ({stop_reason}) at step {state.global_update}; rerun to resume")
+        save_atomic({"model": accelerator.unwrap_model(loop.model).state_dict(), "config": cfg, "finished": finished,
+                     "epoch": loop.state.epoch, "step": loop.state.global_update}, os.path.join(out_dir, "final.pth"))
+        if stop:
+            accelerator.print(f"stopped early ({stop}) at step {loop.state.global_update}; rerun to resume")
     accelerator.wait_for_everyone()
-    return last_stats
+    return loop.last_stats
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Train a visionssm one-stream tracker.")
-    parser.add_argument("--config", required=True, help="YAML experiment config (configs/tracking/*.yaml)")
+    parser.add_argument("--config", required=True,
+                        help="YAML experiment config: a file, or a shipped one (configs/tracking/<name>.yaml)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

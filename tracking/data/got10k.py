@@ -58,14 +58,15 @@ class Got10k(SequenceDataset):
     def _load_uncached(self, index: int) -> Sequence:
         name = self.seq_names[index]
         seq_dir = os.path.join(self.split_dir, name)
-        boxes = read_boxes(os.path.join(seq_dir, "groundtruth.txt"))
+        groundtruth = os.path.join(seq_dir, "groundtruth.txt")
+        boxes = read_boxes(groundtruth)
         frames = sorted(glob.glob(os.path.join(seq_dir, "*.jpg")))
         if not frames:
             raise FileNotFoundError(f"GOT-10k: no frames in {seq_dir}")
-        meta = {}
+        meta = {"groundtruth": groundtruth}
         meta_file = os.path.join(seq_dir, "meta_info.ini")
         if os.path.isfile(meta_file):
-            meta = read_meta_info(meta_file)
+            meta.update(read_meta_info(meta_file))
         if self.split == "test":
             # Only the first frame is annotated; the other frames are unknown, not absent.
             first = boxes[:1]

@@ -66,14 +66,15 @@ class LaSOT(SequenceDataset):
     def _load_uncached(self, index: int) -> Sequence:
         name = self.seq_names[index]
         seq_dir = self.seq_dir(name)
-        boxes = read_boxes(os.path.join(seq_dir, "groundtruth.txt"))
+        groundtruth = os.path.join(seq_dir, "groundtruth.txt")
+        boxes = read_boxes(groundtruth)
         frames = sorted(glob.glob(os.path.join(seq_dir, "img", "*.jpg")))
         if not frames:
             raise FileNotFoundError(f"LaSOT: no frames in {seq_dir}/img")
         if len(frames) < len(boxes):
             raise ValueError(f"LaSOT {name}: {len(frames)} frames but {len(boxes)} boxes")
         frames = frames[: len(boxes)]
-        meta = {"category": name.rsplit("-", 1)[0]}
+        meta = {"category": name.rsplit("-", 1)[0], "groundtruth": groundtruth}
         flags = {}
         for label in ("full_occlusion", "out_of_view"):
             path = os.path.join(seq_dir, f"{label}.txt")

@@ -20,7 +20,6 @@ directions.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import timm
@@ -28,6 +27,8 @@ import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 from timm.models import checkpoint_seq
+
+from visionssm.utils.checkpoint import read_state_dict
 
 
 def create_classifier(name: str, **kwargs) -> nn.Module:
@@ -41,27 +42,13 @@ def create_classifier(name: str, **kwargs) -> nn.Module:
     return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
 
 
-def read_checkpoint(path: str) -> dict:
-    """A state dict from ``.safetensors`` or a torch checkpoint (unwrapping ``model``/``state_dict``/``model_ema``)."""
-    if str(path).endswith(".safetensors"):
-        import safetensors.torch
-
-        return safetensors.torch.load_file(path, device="cpu")
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("model", "state_dict", "model_ema", "state_dict_ema"):
-        if isinstance(state.get(key), dict):
-            return state[key]
-    return state
-
-
 def load_imagenet_weights(model: nn.Module, path: str) -> dict:
     """Load an ImageNet checkpoint file into a classifier backbone (classifier weights dropped).
 
     Goes through the model file's ``checkpoint_filter_fn`` (which converts official/foreign layouts). Every
     backbone weight must be present; returns ``{'missing': [...], 'unexpected': [...]}`` for the log.
     """
-    state = read_checkpoint(path)
+    state = read_state_dict(path)
     module = sys.modules[type(model).__module__]
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     if filter_fn is not None:

@@ -1,7 +1,7 @@
-"""Pieces of ``train_imagenet.py`` that are worth testing on their own.
+"""Pieces of the ImageNet trainer (:mod:`visionssm.train`) that are worth testing on their own.
 
-- ``parse_config``: timm's config flow. ``configs/imagenet/default.yaml`` lists every key with its default, a recipe
-  YAML overrides some, and the command line overrides any (``batch_size`` is ``--batch-size``).
+- ``parse_config``: timm's config flow. The packaged ``configs/imagenet/default.yaml`` lists every key with its
+  default, a recipe YAML overrides some, and the command line overrides any (``batch_size`` is ``--batch-size``).
 - ``TrainState``: epoch / position / update count / best metric, saved with the accelerate checkpoint.
 - ``CheckpointManager``: ``accelerator.save_state`` into a temporary directory, renamed when complete, so a kill at
   any moment leaves the previous checkpoints intact; keeps the last K and the best.
@@ -22,10 +22,12 @@ from typing import Any
 
 import yaml
 
+from visionssm.configs import find_config
+
 __all__ = ["CheckpointManager", "MetricsLog", "TrainState", "DEFAULT_CONFIG", "parse_config", "plot_curves",
            "plot_runs", "scaled_lr"]
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagenet" / "default.yaml"
+DEFAULT_CONFIG = find_config("default", "imagenet")
 _AMP_CHOICES = ("auto", "no", "bf16", "fp16")
 
 
@@ -91,24 +93,31 @@ def _apply_layer(merged: dict, layer: Mapping) -> None:
         merged["model_kwargs"] = {}
 
 
-def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.PathLike = DEFAULT_CONFIG) -> dict:
-    """Resolve the run's configuration: defaults file, then ``--config FILE``, then command-line flags."""
+def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.PathLike = DEFAULT_CONFIG,
+                 prog: str | None = None) -> dict:
+    """Resolve the run's configuration: defaults file, then ``--config``, then command-line flags.
+
+    ``--config`` is a YAML file or the name of a recipe shipped in ``visionssm.configs`` (``mamba_vision_T``,
+    ``configs/imagenet/mamba_vision_T.yaml``; see :func:`visionssm.configs.find_config`).
+    """
     defaults = _load_yaml(defaults_file)
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("-c", "--config", default=None, help="recipe YAML overriding the defaults")
+    pre.add_argument("-c", "--config", default=None,
+                     help="recipe YAML overriding the defaults, or the name of a shipped recipe (mamba_vision_T)")
     known, _ = pre.parse_known_args(argv)
     merged = dict(defaults)
     if known.config:
-        recipe = _load_yaml(known.config)
-        _check_known(recipe, defaults, known.config)
+        recipe_file = find_config(known.config, "imagenet")
+        recipe = _load_yaml(recipe_file)
+        _check_known(recipe, defaults, str(recipe_file))
         _apply_layer(merged, {k: _yaml_number(v) if isinstance(defaults[k], float) else v for k, v in recipe.items()})
 
     parser = argparse.ArgumentParser(
-        prog="train_imagenet.py", argument_default=argparse.SUPPRESS, parents=[pre],
+        prog=prog, argument_default=argparse.SUPPRESS, parents=[pre],
         description="Train or evaluate a timm/visionssm image classifier with accelerate. Every key of "
                     f"{Path(defaults_file).name} is a flag (batch_size: --batch-size); values use YAML syntax "
                     "(--scale '[0.08, 1.0]', --model-kwargs '{dims: 64}'). Giving --model without --model-kwargs "
-                    "resets model_kwargs to {}.")
+                    "resets model_kwargs to {}. --epochs is the whole run, warmup and cooldown included.")
     for key, default in defaults.items():
         shown = f" (default: {merged[key]})"
         if key == "resume":

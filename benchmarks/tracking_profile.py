@@ -2,7 +2,7 @@
 
 ::
 
-    python -m visionssm.tracking.profile --backbones gka_vision_T mamba_vision_T comba_vision_S --json speed.json
+    python benchmarks/tracking_profile.py --backbones gka_vision_T mamba_vision_T comba_vision_S --json speed.json
 
 Network latency: one template (128²) + one search (256²) forward at batch 1 on random weights, after warm-up,
 timed with CUDA events over ``--iters`` runs (fp32, and bf16 autocast). End-to-end FPS: the full
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 
-from .model.tracker_model import build_model
-from .tracker import Tracker
+from visionssm.tracking.model.tracker_model import build_model
+from visionssm.tracking.tracker import Tracker
+from visionssm.utils.benchmark import environment
 
 
 def _latency_ms(model, device, iters: int, warmup: int, amp: bool) -> float:
@@ -46,7 +46,7 @@ def _latency_ms(model, device, iters: int, warmup: int, amp: bool) -> float:
 
 
 def _video(frames: int, seed: int = 0):
-    from .data.synthetic import render_video
+    from visionssm.tracking.data.synthetic import render_video
 
     images, boxes, _, _ = render_video(seed, frames, 640, 480, occlusion_prob=0.0)
     return images, boxes
@@ -78,20 +78,6 @@ def profile_backbone(name: str, device: str = "cuda", iters: int = 200, warmup: 
     if out["latency_ms_bf16"]:
         out["network_fps_bf16"] = 1000 / out["latency_ms_bf16"]
     return out
-
-
-def environment() -> dict:
-    env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "torch": torch.__version__,
-           "python": platform.python_version()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
-        try:
-            import triton
-
-            env["triton"] = triton.__version__
-        except ImportError:
-            pass
-    return env
 
 
 def main(argv=None):
