@@ -1,13 +1,15 @@
-"""Backbone benchmark of the models issue: every visionssm T/S model next to timm's CNN/ViT/MambaOut baselines.
+"""Backbone benchmark preset: every visionssm model of size T, T2 or S next to timm's CNN/ViT/MambaOut baselines.
 
     python benchmarks/backbones.py                          # batch 256, 224², bf16 autocast, channels_last
     python benchmarks/backbones.py --models mamba_vision_T convnext_tiny --no-channels-last
-    (any other visionssm-benchmark option, e.g. --repeats or --out-dir, passes through)
+    (any other visionssm-benchmark option, e.g. --repeats, passes through; --out DIR moves the results)
 
-A preset of ``visionssm-benchmark`` (visionssm/benchmark.py: timing, FLOP and memory rules are stated there and in
-every results JSON), with ratios to ``mamba_vision_T``, written to ``benchmarks/results/backbones-<gpu>-<date>.*``.
-After the table it sets the measured img/s beside the official MambaVision numbers the issue quotes (mamba_ssm's
-CUDA scan on an H100, batch 256, bf16 — a different GPU when this runs elsewhere, so read those columns loosely).
+A preset of ``visionssm-benchmark`` (visionssm/benchmark/: timing, FLOP and memory rules are stated there and in
+every results JSON). The visionssm models come from the model registry, family by family, so a new family is
+measured without editing this file. Ratios are to ``mamba_vision_T``; results go to
+``benchmarks/results/backbones-<gpu>-<date>.*``. After the table it sets the measured img/s beside the official
+MambaVision numbers (mamba_ssm's CUDA scan on an H100, batch 256, bf16 — a different GPU when this runs elsewhere,
+so read those columns loosely).
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from visionssm import benchmark  # noqa: E402
 
-MODELS = ["mamba_vision_T", "mamba_vision_T2", "mamba_vision_S", "gka_vision_T", "gka_vision_T2", "gka_vision_S",
-          "comba_vision_T", "comba_vision_S", "convnext_tiny", "deit_tiny_patch16_224", "deit_small_patch16_224",
-          "mambaout_tiny"]
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SIZES = ("T", "T2", "S")
+BASELINES = ["convnext_tiny", "deit_tiny_patch16_224", "deit_small_patch16_224", "mambaout_tiny"]
 PRESET = ["--batch-size", "256", "--img-size", "224", "--dtype", "bf16", "--baseline", "mamba_vision_T",
           "--name", "backbones"]
-# Official numbers quoted in the issue (H100, batch 256, bf16, mamba_ssm CUDA scan; channels_last inference).
+# Official MambaVision numbers (H100, batch 256, bf16, mamba_ssm CUDA scan; channels_last inference).
 OFFICIAL = {
     "mamba_vision_T": {"infer": 12832, "train": 3797},
     "mamba_vision_T2": {"infer": 10654},
@@ -53,17 +55,19 @@ def official_comparison(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=MODELS)
+    parser.add_argument("--models", nargs="+", default=benchmark.visionssm_models(SIZES) + BASELINES)
     parser.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    parser.add_argument("--out", "--out-dir", dest="out", default=str(RESULTS_DIR), help="results folder "
+                        "(default benchmarks/results)")
     args, passthrough = parser.parse_known_args(argv)
-    status = benchmark.main(args.models + PRESET + (["--channels-last"] if args.channels_last else []) + passthrough)
+    status = benchmark.main(args.models + PRESET + (["--channels-last"] if args.channels_last else [])
+                            + ["--out", args.out] + passthrough)
     if "--no-save" not in passthrough:
-        out_dir = Path(passthrough[passthrough.index("--out-dir") + 1]) if "--out-dir" in passthrough \
-            else benchmark.RESULTS_DIR
-        latest = max(out_dir.glob("backbones-*.json"), key=lambda p: p.stat().st_mtime, default=None)
+        latest = max(Path(args.out).glob("backbones-*.json"), key=lambda p: p.stat().st_mtime, default=None)
         if latest is not None:
             print(official_comparison(json.loads(latest.read_text())["results"]))
     return status
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

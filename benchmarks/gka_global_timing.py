@@ -22,6 +22,7 @@ from visionssm.kernels.gka import gka
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.utils.benchmark import environment, save_results, slug, time_fn
 
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEVICE = "cuda"
 # (name, B, T, H, D, target fwd+bwd ratio to SDPA)
 SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
@@ -125,7 +126,8 @@ def sweep(rows: list[dict], deadline: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--out", default=None, help="folder for the JSON/CSV results (default benchmarks/results)")
+    parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
+                        "benchmarks/results)")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
     args = parser.parse_args()
     start = time.time()
@@ -137,7 +139,7 @@ def main() -> None:
     if args.sweep:
         sweep(rows, start + args.budget)
         save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
-    print(f"# results: {Path(args.out or 'benchmarks/results')}/kernels-gka-global-{slug(env['device'])}-"
+    print(f"# results: {Path(args.out)}/kernels-gka-global-{slug(env['device'])}-"
           f"{env['date']}.json", flush=True)
 
 

@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from visionssm.benchmark import visionssm_models  # noqa: E402
 from visionssm.utils.benchmark import environment, slug  # noqa: E402
 from visionssm.utils.training import plot_runs  # noqa: E402
 
@@ -78,9 +79,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train"))
     parser.add_argument("--work", default="/tmp/visionssm_learning")
-    parser.add_argument("--throughput-models", nargs="*", default=["gka_vision_T", "mamba_vision_T"])
-    parser.add_argument("--models", nargs="*",
-                        default=["mamba_vision_T", "gka_vision_T", "comba_vision_T", "deit_tiny_patch16_224"])
+    # every visionssm family's T model (from the model registry), and DeiT-Ti as the timm yardstick for learning
+    parser.add_argument("--throughput-models", nargs="*", default=visionssm_models(["T"]))
+    parser.add_argument("--models", nargs="*", default=[*visionssm_models(["T"]), "deit_tiny_patch16_224"])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--throughput-img-size", type=int, default=224)

@@ -65,11 +65,13 @@ def launch_command(gpus: int, model: str, data: Path, out: Path, args: argparse.
 def main() -> None:
     import torch
 
+    from visionssm.benchmark import visionssm_models
     from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
     from visionssm.utils.benchmark import environment, slug
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["gka_vision_T", "mamba_vision_T"])
+    parser.add_argument("--models", nargs="+", default=visionssm_models(["T"]),
+                        help="default: every visionssm family's T model")
     parser.add_argument("--gpus", nargs="+", type=int, default=None,
                         help="process counts to run (default: 1 and every visible GPU)")
     parser.add_argument("--batch", type=int, default=256, help="per GPU")

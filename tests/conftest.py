@@ -4,6 +4,11 @@ On a machine without a GPU the suite runs with ``TRITON_INTERPRET=1`` (so kernel
 kernels in Triton's interpreter) and ``VISIONSSM_KERNELS=torch`` (so model tests take the fast reference path);
 kernel tests opt into the kernels with the ``triton_interpreter`` fixture. Both variables must be set before
 visionssm's kernel modules are imported, hence at the top of this file.
+
+The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml): one worker per CPU core
+on a machine without a GPU, each with one torch thread per core it has; on a GPU machine it runs in one process, so
+the CUDA tests do not share the GPU. Tests that share a module- or class-scoped fixture run on one worker, so the
+fixture is built once. ``-n 0`` (or ``--pdb``) runs everything in this process.
 """
 
 import os
@@ -16,11 +21,40 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("VISIONSSM_KERNELS", "torch")
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # each worker gets its share of the cores, or the workers' torch thread pools fight over them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 from visionssm.kernels import dispatch  # noqa: E402
 from visionssm.kernels.utils import poison_outputs as _poison_outputs  # noqa: E402
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: 0 (this process) on a GPU machine; otherwise pytest-xdist's own count (one per core, or
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS``)."""
+    if torch.cuda.is_available() and "PYTEST_XDIST_AUTO_NUM_WORKERS" not in os.environ:
+        return 0
+    return None
+
+
+def _shared_fixture_group(item) -> str | None:
+    """The file of a test that uses a module- or class-scoped fixture: its tests are sent to one worker together."""
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    if fixture_info is None:
+        return None
+    for definitions in fixture_info.name2fixturedefs.values():
+        if definitions and definitions[-1].scope in ("module", "class"):
+            return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")

@@ -1,4 +1,5 @@
-"""The backbone benchmark command (visionssm.benchmark) and the regression check, on CPU with tiny timm models."""
+"""The benchmark command (visionssm.benchmark: backbones and kernel suites) and the regression check, on CPU with
+tiny timm models."""
 
 import csv
 import importlib.util
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from visionssm import benchmark as bench
+from visionssm.benchmark import kernel_suites
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--batch-size", "2", "--img-size", "64", "--warmup", "0", "--repeats", "2"]
@@ -35,7 +37,7 @@ def tiny_run(tmp_path_factory):
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        status = bench.main(["test_resnet", "test_vit", *TINY, "--baseline", "test_resnet", "--out-dir", str(out)])
+        status = bench.main(["test_resnet", "test_vit", *TINY, "--baseline", "test_resnet", "--out", str(out)])
     return status, stdout.getvalue(), out
 
 
@@ -132,6 +134,119 @@ def test_kernels_subcommand_reaches_the_kernel_suite(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Kernel suites, and where results go
+
+
+def _command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``visionssm-benchmark ARGS`` as a user runs it: the installed console script when it sits beside this
+    interpreter (``python -m visionssm.benchmark`` otherwise), from ``cwd``."""
+    script = Path(sys.executable).with_name("visionssm-benchmark")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "visionssm.benchmark"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_every_kernel_op_of_the_mixer_registry_has_a_suite():
+    from visionssm.layers import mixer_kernel_ops
+
+    for op in mixer_kernel_ops():
+        suite = kernel_suites.load_suite(op)
+        assert isinstance(suite.ANCHOR, str) and callable(suite.run), op
+    with pytest.raises(ValueError, match="ops: 'not_an_op'"):
+        kernel_suites.load_suite("not_an_op")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")
+def test_kernels_command_on_cpu_skips_every_suite_in_one_line_and_writes_nothing(tmp_path):
+    from visionssm.layers import mixer_kernel_ops
+
+    outside = tmp_path / "elsewhere"  # a working directory outside the repository
+    outside.mkdir()
+    result = _command("kernels", cwd=outside)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    ops = mixer_kernel_ops()
+    assert len(lines) == len(ops), result.stdout
+    for op, line in zip(ops, lines):
+        assert line.startswith(f"{op}: skipped") and "CUDA" in line
+    assert "Traceback" not in result.stderr
+    assert list(outside.iterdir()) == []  # no benchmark-results folder, no empty files
+
+    # the model command's --kernels flag runs the same suites into the same --out
+    out = tmp_path / "out"
+    assert bench.main(["--kernels", "--out", str(out)]) == 0
+    assert not out.exists()
+
+
+@pytest.fixture
+def fake_gpu_suites(monkeypatch):
+    """The runner on a pretend GPU with stand-in suites: what gets written for measured, empty and failing ones."""
+    import types
+
+    suites = {}
+
+    def install(op, rows):
+        def run(quick, copy_gbps):
+            if isinstance(rows, Exception):
+                raise rows
+            return [dict(row) for row in rows]
+
+        suites[op] = types.SimpleNamespace(ANCHOR="anchor", run=run)
+
+    monkeypatch.setattr(kernel_suites.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_suites, "copy_bandwidth_gbps", lambda: None)
+    monkeypatch.setattr(kernel_suites, "environment", lambda: {"device": "Fake GPU", "torch": "t", "triton": "t",
+                                                                "date": "2000-01-01"})
+    monkeypatch.setattr(kernel_suites, "load_suite", lambda op: suites[op])
+    return install
+
+
+def test_kernel_suites_write_measured_rows_to_out_and_nothing_for_skipped_ones(fake_gpu_suites, tmp_path, capsys):
+    measured = [{"op": "a", "shape": "s", "mode": "fwd", "impl": "anchor", "ms": 2.0},
+                {"op": "a", "shape": "s", "mode": "fwd", "impl": "ours", "ms": 1.0}]
+    fake_gpu_suites("a", measured)
+    fake_gpu_suites("b", [])
+    fake_gpu_suites("c", RuntimeError("boom"))
+    out = tmp_path / "results"
+    assert kernel_suites.run_suites(["a", "b"], out=out) == 0
+    printed = capsys.readouterr().out
+    assert "b: skipped" in printed and "ours/anchor" in printed and "0.50x" in printed
+    (json_path,) = out.glob("*.json")
+    assert json_path.name == "kernels-a-fake-gpu-2000-01-01.json"  # named after the suites that measured
+    assert json.loads(json_path.read_text())["results"] == measured
+    assert [p.suffix for p in sorted(out.iterdir())] == [".csv", ".json"]
+
+    # a failing suite is reported, the others still measured, and the exit status says so
+    out = tmp_path / "with_failure"
+    assert kernel_suites.run_suites(["c", "a"], out=out) == 1
+    assert "c: suite failed: RuntimeError: boom" in capsys.readouterr().out
+    assert len(list(out.glob("kernels-a-*.json"))) == 1
+
+    # only skipped suites: no folder, no files
+    out = tmp_path / "only_skipped"
+    assert kernel_suites.run_suites(["b"], out=out) == 0
+    assert not out.exists()
+
+
+def test_model_command_writes_to_benchmark_results_in_the_working_directory(tmp_path):
+    result = _command("test_resnet", *TINY, "--modes", "infer", "--no-flops", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    written = sorted(p.name for p in (tmp_path / "benchmark-results").iterdir())
+    assert [Path(name).suffix for name in written] == [".csv", ".json", ".png"]
+    assert all(name.startswith("throughput-cpu") for name in written)
+    assert str(tmp_path / "benchmark-results") in result.stdout  # the "wrote" line names the absolute paths
+
+
+def test_kernel_script_in_a_checkout_writes_next_to_the_committed_results():
+    spec = importlib.util.spec_from_file_location("kernels_script", REPO / "benchmarks" / "kernels.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.RESULTS_DIR == REPO / "benchmarks" / "results"
+    parser = kernel_suites.build_parser(script.RESULTS_DIR)
+    assert parser.parse_args([]).out == str(REPO / "benchmarks" / "results")
+    assert kernel_suites.build_parser().parse_args([]).out == "benchmark-results"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Measurements and outputs
 
 
@@ -199,14 +314,16 @@ def test_table_json_csv_png(tiny_run):
 
 
 def test_failing_model_is_recorded_and_others_still_measured(monkeypatch, tmp_path, capsys):
-    real_create = bench._create_model
+    from visionssm.benchmark import measure
+
+    real_create = measure.create_model
 
     def create(name, cfg, device):
         if name == "test_vit":
             raise RuntimeError("CUDA out of memory (simulated)")
         return real_create(name, cfg, device)
 
-    monkeypatch.setattr(bench, "_create_model", create)
+    monkeypatch.setattr(measure, "create_model", create)
     status = bench.main(["test_resnet", "test_vit", *TINY, "--modes", "infer", "--no-save", "--no-flops"])
     out = capsys.readouterr().out
     assert status == 1

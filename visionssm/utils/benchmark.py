@@ -1,4 +1,4 @@
-"""Timing and reporting shared by every benchmark (kernels, backbones, ``python -m visionssm.benchmark``).
+"""Timing and reporting shared by every benchmark (kernel suites, backbones, ``visionssm-benchmark``).
 
 Timing uses CUDA events (warm-up, then the median of many runs; optionally replaying a captured CUDA graph to take
 launch gaps out). On CPU it falls back to ``time.perf_counter`` so the scripts can be tried anywhere; such numbers
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "environment", "save_results", "side_by_side", "time_fn"]
-
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+__all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn"]
 
 
 @dataclasses.dataclass
@@ -118,12 +116,12 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
-def save_results(name: str, rows: list[dict], *, out_dir: str | Path | None = None,
-                 env: dict | None = None) -> tuple[Path, Path]:
+def save_results(name: str, rows: list[dict], *, out_dir: str | Path, env: dict | None = None) -> tuple[Path, Path]:
     """Write ``rows`` to ``<out_dir>/<name>-<device>-<date>.json`` (with the environment stamp) and ``.csv``
-    (one row per measurement, the stamp repeated in columns so each CSV stands alone). Returns both paths."""
+    (one row per measurement, the stamp repeated in columns so each CSV stands alone). Returns both paths.
+    ``out_dir`` has no default: an installed package has no results folder of its own, so the caller says where."""
     env = env or environment()
-    out = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{name}-{slug(env['device'])}-{env['date']}"
     json_path, csv_path = out / f"{stem}.json", out / f"{stem}.csv"

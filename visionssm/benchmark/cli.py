@@ -1,0 +1,157 @@
+"""Backbone benchmark: throughput, latency and memory of any timm models (visionssm's and timm's), side by side.
+
+    visionssm-benchmark mamba_vision_T gka_vision_T convnext_tiny resnet50 \\
+        --batch-size 256 --img-size 224 --dtype bf16 --channels-last --baseline convnext_tiny
+    visionssm-benchmark resnet18 test_vit --device cpu --batch-size 4 --img-size 64   # try it on a CPU
+    visionssm-benchmark kernels --ops gka --quick                                     # the kernel suites
+    (python -m visionssm.benchmark ... is the same command)
+
+For every model it measures, on one device:
+
+* inference img/s at ``--batch-size`` (eval mode, no grad),
+* training img/s at ``--batch-size`` (one step = forward, cross-entropy, backward, AdamW step),
+* latency at batch 1 (eval mode, milliseconds),
+* peak memory of the inference and training runs (CUDA only),
+* parameters and GFLOPs (see ``FLOP_RULE``),
+
+timed with CUDA events (warm-up, then median and p20/p80 of ``--repeats`` runs; ``time.perf_counter`` on CPU) by
+:func:`visionssm.utils.benchmark.time_fn`. With more than one visible GPU it also measures data-parallel throughput,
+one process per GPU (``torch.multiprocessing``, or the processes of ``accelerate launch`` / ``torchrun``), each at
+``--batch-size`` images, training through DistributedDataParallel; the total img/s over all GPUs is reported
+(as in the GKA paper's Table 3). On one GPU or a CPU the data-parallel columns repeat the single-device numbers.
+
+It prints one line per model with ratios to ``--baseline`` and writes ``throughput-<device>-<date>.json``/``.csv``
+(with the GPU, software versions and date) and a ``.png`` chart of inference throughput against parameters or
+GFLOPs into ``--out`` (default ``./benchmark-results`` in the working directory). Names that ``--skip-unknown``
+leaves out are not in the files, and a run stopped by a bad argument writes nothing; a model that fails (e.g. out
+of memory) keeps a row with its ``error``, which the regression check flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from visionssm.utils.benchmark import environment, save_results
+
+from . import kernel_suites
+from .config import CHART_AXES, COMPILE_MODES, FLOP_RULE, MODES, TIMING_RULE, BenchmarkConfig
+from .parallel import launched_rank, run_benchmark
+from .report import format_table, write_outputs
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="visionssm-benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Subcommand: `visionssm-benchmark kernels [--ops ...] [--quick] [--out DIR]` runs the kernel suites "
+               "(`visionssm-benchmark kernels --help`).")
+    p.add_argument("models", nargs="*", help="timm model names or patterns (e.g. 'gka_vision_*')")
+    p.add_argument("--batch-size", "-b", type=int, default=None, help="per device (default 256 on GPU, 4 on CPU)")
+    p.add_argument("--img-size", type=int, default=224, help="square input resolution (default 224)")
+    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (aliases fp32, bf16, fp16)")
+    p.add_argument("--precision", default="amp", help="amp: fp32 weights under autocast(dtype) (default); "
+                   "pure: weights and inputs cast to dtype")
+    p.add_argument("--channels-last", action="store_true", help="model and input in channels_last memory format")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time is in warm-up)")
+    p.add_argument("--compile-mode", default="default", help=f"one of {COMPILE_MODES}")
+    p.add_argument("--cuda-graph", action="store_true", help="replay a captured CUDA graph (inference, latency)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {MODES}")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls (default 50; 5 on CPU)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default cuda when available)")
+    p.add_argument("--baseline", default=None, help="model the ratios are taken against (default: the first)")
+    p.add_argument("--gpus", default="auto", help="data-parallel processes: 'auto' (all visible GPUs), 1 (off) or N")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
+    p.add_argument("--skip-unknown", action="store_true", help="leave out (with a warning) model names this timm "
+                   "version does not know, instead of stopping")
+    p.add_argument("--chart", default="params", help="x axis of the PNG chart: params or gflops")
+    p.add_argument("--out", "--out-dir", dest="out", default=str(kernel_suites.DEFAULT_OUT),
+                   help=f"folder for JSON/CSV/PNG (default ./{kernel_suites.DEFAULT_OUT} in the working directory)")
+    p.add_argument("--name", default="throughput", help="file name prefix (default 'throughput')")
+    p.add_argument("--no-save", action="store_true", help="print the table only")
+    p.add_argument("--kernels", action="store_true", help="also run the kernel suites (into the same --out)")
+    return p
+
+
+def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_cpu = device.startswith("cpu")
+    if args.chart not in CHART_AXES:
+        raise ValueError(f"chart must be one of {CHART_AXES}, got {args.chart!r}")
+    gpus = str(args.gpus).strip().lower()
+    if gpus == "auto":
+        data_parallel = max(1, torch.cuda.device_count()) if (not on_cpu and torch.cuda.is_available()) else 1
+    else:
+        try:
+            data_parallel = int(gpus)
+        except ValueError:
+            raise ValueError(f"gpus must be 'auto' or a positive integer, got {args.gpus!r}") from None
+    return BenchmarkConfig(
+        models=list(args.models), batch_size=args.batch_size if args.batch_size is not None else (4 if on_cpu else 256),
+        img_size=args.img_size, dtype=args.dtype, precision=args.precision, channels_last=args.channels_last,
+        compile=args.compile, compile_mode=args.compile_mode, modes=tuple(args.modes),
+        warmup=args.warmup if args.warmup is not None else 10,
+        repeats=args.repeats if args.repeats is not None else (5 if on_cpu else 50), device=device,
+        baseline=args.baseline, cuda_graph=args.cuda_graph, data_parallel=data_parallel,
+        num_classes=args.num_classes, count_flops=not args.no_flops, skip_unknown=args.skip_unknown)
+
+
+def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
+    """The environment stamp of a results file, with the settings and rules the numbers were taken under."""
+    import timm
+
+    env = environment()
+    env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
+                "timing_rule": TIMING_RULE, "command": "visionssm-benchmark " + " ".join(argv)})
+    env["benchmark"]["modes"] = list(cfg.modes)
+    return env
+
+
+def _run_models(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
+    out = None if args.no_save else Path(args.out)
+    stamp: dict = {}
+
+    def save_so_far(rows: list[dict]) -> None:
+        # after every model, so a run cut short keeps what it measured; the settings are validated by then
+        if out is not None:
+            stamp.setdefault("env", _stamp(cfg, argv))
+            save_results(args.name, rows, out_dir=out, env=stamp["env"])
+
+    rank0 = launched_rank() is None or launched_rank()[0] == 0
+    try:
+        cfg = _config_from_args(args)
+        rows = run_benchmark(cfg, log=print if rank0 else (lambda *a, **k: None), on_row=save_so_far)
+    except ValueError as error:
+        parser.error(str(error))
+    if not rank0:
+        return 0
+    for problem in cfg.skipped:
+        print(f"warning: skipped {problem}", file=sys.stderr)
+    env = stamp.get("env") or _stamp(cfg, argv)
+    print(format_table(rows, cfg.baseline, env))
+    if out is not None:
+        paths = write_outputs(rows, env, name=args.name, out_dir=out, chart=args.chart)
+        print("wrote", *[str(p.resolve()) for p in paths if p is not None])
+    return 1 if any(r.get("error") or r.get("dp_error") for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["kernels"]:
+        return kernel_suites.main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    status = 0
+    if args.models or not args.kernels:
+        status = _run_models(parser, args, argv)
+    if args.kernels:
+        kernel_argv = ["--no-save"] if args.no_save else ["--out", args.out]
+        status = max(status, kernel_suites.main(kernel_argv))
+    return status
