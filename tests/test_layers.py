@@ -359,6 +359,41 @@ def test_fused_layer_matches_reference_composition(case, dtype, triton_interpret
             assert_close(got, want, tol=2 * relative_error(ref, want) + 1e-2, name=f"{name} (bf16)")
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("case,L", [("comba_vision_S", 196), ("comba_vision_T-iplr", 197), ("gka_vision_T-stage3", 196),
+                                    ("gka_vision_T-stage4", 49), ("gka-bidirectional", 196)])
+def test_cuda_fused_layer_at_model_shapes(case, L, poison_outputs):
+    """The layers as the models build them, bf16 autocast on the GPU: the fused ops are as close to the fp32
+    reference composition as the bf16 reference composition is (output, input and every parameter gradient)."""
+    torch.manual_seed(0)
+    layer = {"comba_vision_S": lambda: CombaMixer(384, num_heads=6, gate_rank=32),
+             "comba_vision_T-iplr": lambda: CombaMixer(192, num_heads=3, gate_rank=16, transition="iplr"),
+             "gka_vision_T-stage3": lambda: GKAMixer(320), "gka_vision_T-stage4": lambda: GKAMixer(640),
+             "gka-bidirectional": lambda: GKAMixer(320, causal=False)}[case]().cuda()
+    x = torch.randn(16, L, layer.dim, device="cuda")
+    cotangent = torch.randn(x.shape, device="cuda")
+
+    def run(reference_ops: bool, autocast: bool):
+        xg = x.clone().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with contextlib.ExitStack() as stack:
+            if reference_ops:
+                stack.enter_context(launch_overrides("mixer_prologue", reference=True))
+                stack.enter_context(launch_overrides("gated_rmsnorm", reference=True))
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast))
+            y = layer(xg)
+        (y.float() * cotangent).sum().backward()
+        return [y.detach(), xg.grad, *(p.grad for _, p in layer.named_parameters())]
+
+    truth, reference, fused = run(True, False), run(True, True), run(False, True)
+    names = ["y", "x", *(n for n, _ in layer.named_parameters())]
+    for name, got, ref, want in zip(names, fused, reference, truth):
+        assert_close(got, want, tol=2 * relative_error(ref, want) + 1e-2, name=f"{name} (bf16)")
+    fused32 = run(False, False)  # fp32: the fused ops against the reference composition
+    for name, got, want in zip(names, fused32, truth):
+        assert_close(got, want, tol=1e-3, name=f"{name} (fp32)")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Comba-iplr as a layer option
 

@@ -43,7 +43,7 @@ def gated_rmsnorm_fwd_kernel(
 ):
     off, goff, mask = _tile(tl.program_id(0), tl.program_id(1), R, L, gstride_b, gstride_t, H, D, BR, HB, BD)
     x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + EPS)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)
     d3 = tl.arange(0, BD)[None, None, :]
     w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
     out = x * rstd[:, :, None] * w
@@ -63,7 +63,7 @@ def gated_rmsnorm_bwd_kernel(
     pid_r, pid_h = tl.program_id(0), tl.program_id(1)
     off, goff, mask = _tile(pid_r, pid_h, R, L, gstride_b, gstride_t, H, D, BR, HB, BD)
     x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + EPS)[:, :, None]
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)[:, :, None]
     n = x * rstd
     d3 = tl.arange(0, BD)[None, None, :]
     w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)

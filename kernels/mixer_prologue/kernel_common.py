@@ -58,5 +58,5 @@ def _silu_l2(c, EPS: tl.constexpr):
     """(σ(c), ŷ = y/√(‖y‖² + eps), 1/√(‖y‖² + eps)) for y = SiLU(c), norms per head."""
     s = _sigmoid(c)
     y = c * s
-    r = tl.rsqrt(tl.sum(y * y, axis=2) + EPS)
+    r = tl.math.rsqrt(tl.sum(y * y, axis=2) + EPS)
     return s, y * r[:, :, None], r
