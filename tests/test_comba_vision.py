@@ -16,7 +16,6 @@ from torch import nn
 
 import visionssm.models.comba_vision  # noqa: F401  (registers the models)
 from visionssm.layers.comba import CombaMixer
-from visionssm.layers.common import ShortConv1d
 from visionssm.models.comba_vision import CombaVision
 
 TINY = "test_comba_vision"
@@ -41,17 +40,16 @@ def count_gmacs(model: nn.Module, x: torch.Tensor) -> tuple[dict[str, float], to
         kh, kw = module.kernel_size
         macs["layers"] += output.numel() * (module.in_channels // module.groups) * kh * kw
 
-    def short_conv(module, inputs, output):
-        macs["layers"] += output.numel() * module.kernel_size
-
     def mixer(module, inputs, output):
         batch, length, _ = inputs[0].shape
+        # the depthwise short conv runs inside the mixer's fused prologue op, not through its module's forward
+        macs["layers"] += batch * length * module.qkv_conv.channels * module.qkv_conv.kernel_size
         directions = 1 if module.causal else 2
         macs["sequence"] += 3 * batch * length * module.num_heads * module.head_dim * module.head_v_dim * directions
 
     hooks = []
     for module in model.modules():
-        for cls, hook in ((nn.Linear, linear), (nn.Conv2d, conv2d), (ShortConv1d, short_conv), (CombaMixer, mixer)):
+        for cls, hook in ((nn.Linear, linear), (nn.Conv2d, conv2d), (CombaMixer, mixer)):
             if isinstance(module, cls):
                 hooks.append(module.register_forward_hook(hook))
     try:
@@ -287,3 +285,34 @@ def test_device_and_dtype_kwargs():
     assert all(p.dtype == torch.float64 for p in model.parameters())
     with torch.no_grad():
         assert model(torch.randn(1, 3, 96, 96, dtype=torch.float64)).dtype == torch.float64
+
+
+# ---- the iplr transition ----------------------------------------------------------------------------------------
+
+
+def test_transition_passes_through_create_model(tiny):
+    model = timm.create_model("comba_vision_S", transition="iplr", num_classes=0)
+    assert {block.mixer.transition for block in model.blocks} == {"iplr"}
+    assert {block.mixer.gate_rank for block in model.blocks} == {32}  # the preset's other mixer settings stay
+    assert {b.mixer.transition for b in timm.create_model("comba_vision_T").blocks} == {"splr"}
+    iplr = timm.create_model(TINY, transition="iplr").eval()
+    iplr.load_state_dict(tiny.state_dict())  # no parameters of its own: the same checkpoint loads
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        assert (iplr(x) - tiny(x)).abs().amax() > 1e-5
+    with pytest.raises(ValueError, match="transition"):
+        timm.create_model(TINY, transition="dplr")
+
+
+def test_transition_passes_through_the_tracking_config():
+    import os
+
+    from visionssm.tracking.config import load_config
+    from visionssm.tracking.model.tracker_model import build_model
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "tracking", "comba_vision_S_got10k_ep100.yaml")
+    assert load_config(path)["model"]["backbone_kwargs"] == {"transition": "splr"}
+    cfg = load_config(path, ["model.backbone=test_comba_vision", "model.backbone_kwargs={transition: iplr}"])
+    tracker = build_model(cfg["model"], load_pretrained=False)
+    mixers = [m for m in tracker.modules() if isinstance(m, CombaMixer)]
+    assert mixers and {m.transition for m in mixers} == {"iplr"} and not any(m.causal for m in mixers)

@@ -1,15 +1,20 @@
 """The mixer layers: the mixer contract (every registered mixer), causality, gradients, dtype/device kwargs, and
-each layer's own details (Comba's feedback factor b, GKA's kernel arguments, parameter budgets).
+each layer's own details (Comba's feedback factor b and transitions, GKA's kernel arguments, parameter budgets),
+and the fused GKA/Comba layers against their reference composition.
 
-CPU only; the kernels run on their PyTorch reference path here (tests/conftest.py sets VISIONSSM_KERNELS=torch).
+CPU only; the kernels run on their PyTorch reference path here (tests/conftest.py sets VISIONSSM_KERNELS=torch),
+except the fused-layer tests, which run the Triton kernels in Triton's interpreter.
 """
 
+import contextlib
 import inspect
 
 import pytest
 import torch
 
 from visionssm import kernels
+from visionssm.kernels.tuning import launch_overrides
+from visionssm.kernels.utils import assert_close, relative_error
 from visionssm.layers import MIXERS, SequenceMixer
 from visionssm.layers.comba import CombaMixer
 from visionssm.layers.gka import GKAMixer
@@ -252,3 +257,173 @@ def test_gka_parameter_budget():
     assert 0.99e6 <= total <= 4.17e6
     assert 29_218_888 + total == 32_418_024  # the rest of mamba_vision_T is 29,218,888 parameters
     assert 29_218_888 + 4 * count(320, use_output_gate=False) + 2 * count(640, use_output_gate=False) == 31_803_624
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fused layer (mixer_prologue + mixer kernel + gated_rmsnorm) against the reference composition
+
+FUSED_CASES = {
+    "comba-splr-bidirectional": lambda: CombaMixer(DIM, num_heads=2, causal=False),
+    "comba-iplr-causal": lambda: CombaMixer(DIM, num_heads=2, causal=True, transition="iplr", conv_size=4),
+    "comba-full-gate-expand-v": lambda: CombaMixer(DIM, num_heads=4, causal=False, gate_rank=None, expand_v=0.5),
+    "gka-causal": lambda: GKAMixer(DIM, causal=True),
+    "gka-bidirectional-no-gate": lambda: GKAMixer(DIM, causal=False, use_output_gate=False),
+}
+
+
+def _old_forward(layer, x):
+    """The layers' forward as it was written before the fused ops, from their own modules (ShortConv1d,
+    l2_normalize, GatedRMSNorm): the reference path must give these numbers bit for bit."""
+    from visionssm.layers.common import l2_normalize
+
+    B, L, _ = x.shape
+    proj = layer.in_proj(x)
+    if isinstance(layer, CombaMixer):
+        H, K, V = layer.num_heads, layer.head_dim, layer.head_v_dim
+        split = [2 * layer.dim + layer.value_dim, H, H, layer._gate_cols[1]]
+        qkv, forget, beta, gate = proj.split(split, dim=-1)
+        q, k, v = layer.qkv_conv(qkv, layer.causal).split([layer.dim, layer.dim, layer.value_dim], dim=-1)
+        q, k, v = l2_normalize(q.reshape(B, L, H, K)), l2_normalize(k.reshape(B, L, H, K)), v.reshape(B, L, H, V)
+        p = k * torch.sigmoid(layer.b_logit).to(k.dtype)[:, None]
+        q = q - layer.correction.to(q.dtype)[:, None] * p
+        g = -layer.A_log.float().exp() * torch.nn.functional.softplus(forget.float() + layer.dt_bias.float())
+        o = kernels.comba(q, k, v, p, g, torch.sigmoid(beta), causal=layer.causal)
+        gate = layer.gate_up(gate) if layer.gate_up is not None else gate
+        return layer.out_proj(layer.out_norm(o, gate.reshape(B, L, H, V)).reshape(B, L, layer.value_dim))
+    H, D = layer.num_heads, layer.head_dim
+    split = [3 * layer.inner_dim, layer.inner_dim if layer.use_output_gate else 0, (3 if layer.causal else 2) * H]
+    qkv, gate, gates = proj.split(split, dim=-1)
+    q, k, v = layer.qkv_conv(qkv, layer.causal).view(B, L, 3, H, D).unbind(2)
+    q, k = l2_normalize(q), l2_normalize(k)
+    beta = torch.sigmoid(gates[..., :H] + layer.beta_bias)
+    alpha = torch.sigmoid(gates[..., H:2 * H] + layer.alpha_bias)
+    g = None
+    if layer.A_log is not None:
+        decay_logits = gates[..., 2 * H:].float() + layer.dt_bias.float()
+        g = -layer.A_log.float().exp() * torch.nn.functional.softplus(decay_logits)
+    o = kernels.gka(q, k, v, g, beta, alpha, causal=layer.causal, ridge=layer.ridge, num_iters=layer.num_iters,
+                    solver=layer.solver)
+    o = layer.out_norm(o, gate.reshape(B, L, H, D) if layer.use_output_gate else None)
+    return layer.out_proj(o.reshape(B, L, layer.inner_dim))
+
+
+@pytest.mark.parametrize("case", [c for c in FUSED_CASES if "iplr" not in c])
+def test_reference_path_is_the_old_composition(case):
+    """Checkpoints stay loadable and give the same outputs: on the reference path the layer computes exactly what
+    it computed before its ops were fused (same parameters, same state-dict keys, same numbers)."""
+    layer = _far_from_init(FUSED_CASES[case]())
+    x = _input()
+    torch.testing.assert_close(layer(x), _old_forward(layer, x), rtol=0, atol=0)
+
+
+def _outputs_and_grads(layer, x, cotangent, *, reference_ops: bool, dtype):
+    x = x.detach().clone().requires_grad_()
+    layer.zero_grad(set_to_none=True)
+    with contextlib.ExitStack() as stack:
+        if reference_ops:
+            stack.enter_context(launch_overrides("mixer_prologue", reference=True))
+            stack.enter_context(launch_overrides("gated_rmsnorm", reference=True))
+        if dtype == torch.bfloat16:
+            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        y = layer(x)
+    (y.float() * cotangent).sum().backward()
+    return y.detach(), {"x": x.grad, **{name: p.grad for name, p in layer.named_parameters()}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", sorted(FUSED_CASES))
+def test_fused_layer_matches_reference_composition(case, dtype, triton_interpreter, poison_outputs):
+    """The fused ops (Triton, in the interpreter) against the reference composition around the same mixer kernel:
+    output and the gradient of the input and of every parameter. fp32: the two agree to 1e-5 / 1e-4. bf16 (under
+    autocast): both are compared with the fp32 reference, and the fused layer must be about as close to it as the
+    reference composition is (sums that cancel, as b_logit's gradient, lose tens of percent in bf16 either way)."""
+    layer = _far_from_init(FUSED_CASES[case]())
+    with torch.no_grad():  # keep the recurrences' gates in their trained range
+        for name in ("A_log", "dt_bias"):
+            if getattr(layer, name, None) is not None:
+                getattr(layer, name).clamp_(-2.0, 1.0)
+    x = _input(seq=13)
+    cotangent = torch.randn(x.shape)
+    truth = _outputs_and_grads(layer, x, cotangent, reference_ops=True, dtype=torch.float32)
+    reference = truth if dtype == torch.float32 else _outputs_and_grads(layer, x, cotangent, reference_ops=True,
+                                                                        dtype=dtype)
+    fused = _outputs_and_grads(layer, x, cotangent, reference_ops=False, dtype=dtype)
+    assert fused[0].dtype == reference[0].dtype
+    names = ["y", *truth[1]]
+    for name, got, ref, want in zip(names, (fused[0], *fused[1].values()), (reference[0], *reference[1].values()),
+                                    (truth[0], *truth[1].values())):
+        assert got is not None and want is not None, name
+        if dtype == torch.float32:
+            assert_close(got, want, tol=1e-5 if name == "y" else 1e-4, name=name)
+        else:
+            assert_close(got, want, tol=2 * relative_error(ref, want) + 1e-2, name=f"{name} (bf16)")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case,L", [("comba_vision_S", 196), ("comba_vision_T-iplr", 197), ("gka_vision_T-stage3", 196),
+                                    ("gka_vision_T-stage4", 49), ("gka-bidirectional", 196)])
+def test_cuda_fused_layer_at_model_shapes(case, L, poison_outputs):
+    """The layers as the models build them, bf16 autocast on the GPU: the fused ops are as close to the fp32
+    reference composition as the bf16 reference composition is (output, input and every parameter gradient)."""
+    torch.manual_seed(0)
+    layer = {"comba_vision_S": lambda: CombaMixer(384, num_heads=6, gate_rank=32),
+             "comba_vision_T-iplr": lambda: CombaMixer(192, num_heads=3, gate_rank=16, transition="iplr"),
+             "gka_vision_T-stage3": lambda: GKAMixer(320), "gka_vision_T-stage4": lambda: GKAMixer(640),
+             "gka-bidirectional": lambda: GKAMixer(320, causal=False)}[case]().cuda()
+    x = torch.randn(16, L, layer.dim, device="cuda")
+    cotangent = torch.randn(x.shape, device="cuda")
+
+    def run(reference_ops: bool, autocast: bool):
+        xg = x.clone().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with contextlib.ExitStack() as stack:
+            if reference_ops:
+                stack.enter_context(launch_overrides("mixer_prologue", reference=True))
+                stack.enter_context(launch_overrides("gated_rmsnorm", reference=True))
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast))
+            y = layer(xg)
+        (y.float() * cotangent).sum().backward()
+        return [y.detach(), xg.grad, *(p.grad for _, p in layer.named_parameters())]
+
+    truth, reference, fused = run(True, False), run(True, True), run(False, True)
+    names = ["y", "x", *(n for n, _ in layer.named_parameters())]
+    for name, got, ref, want in zip(names, fused, reference, truth):
+        assert_close(got, want, tol=2 * relative_error(ref, want) + 1e-2, name=f"{name} (bf16)")
+    fused32 = run(False, False)  # fp32: the fused ops against the reference composition
+    for name, got, want in zip(names, fused32, truth):
+        assert_close(got, want, tol=1e-3, name=f"{name} (fp32)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Comba-iplr as a layer option
+
+
+def test_comba_transition_option():
+    splr, iplr = CombaMixer(DIM, num_heads=2), CombaMixer(DIM, num_heads=2, transition="iplr")
+    assert splr.transition == "splr" and iplr.transition == "iplr" and "transition=iplr" in repr(iplr)
+    # no parameters of its own: a checkpoint of either loads into the other
+    assert {k: v.shape for k, v in splr.state_dict().items()} == {k: v.shape for k, v in iplr.state_dict().items()}
+    iplr.load_state_dict(_far_from_init(splr).state_dict())
+    x = _input()
+    assert (iplr(x) - splr(x)).abs().amax() > 1e-4
+    with pytest.raises(ValueError, match="transition"):
+        CombaMixer(DIM, num_heads=2, transition="dplr")
+
+
+def test_comba_iplr_feedback_key(monkeypatch):
+    """iplr hands the kernel p = 2·b·e^g·k̂ (the transition e^g (I − 2bβ k̂k̂ᵀ)) and keeps q' = q̂ − d·b·k̂."""
+    layer = CombaMixer(DIM, causal=False, num_heads=2, transition="iplr")
+    captured = {}
+    original = kernels.comba
+
+    def spy(q, k, v, p, g, beta, **kwargs):
+        captured.update(q=q, k=k, p=p, g=g)
+        return original(q, k, v, p, g, beta, **kwargs)
+
+    monkeypatch.setattr(kernels, "comba", spy)
+    layer(_input())
+    b = torch.sigmoid(layer.b_logit.detach())
+    k, p, g, q = (captured[n].detach() for n in ("k", "p", "g", "q"))
+    torch.testing.assert_close(p, k * (2 * b[:, None] * g.exp()[..., None]))
+    q_hat = q + layer.correction.detach()[:, None] * b[:, None] * k
+    torch.testing.assert_close(q_hat.norm(dim=-1), torch.ones_like(q[..., 0]), rtol=0, atol=1e-3)

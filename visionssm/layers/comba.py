@@ -12,7 +12,16 @@ Fig. 2. Per head (paper eq. 5, with p = b·k̂):
     S_t = S_{t−1}(α_t − β_t b k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q'_t     (kernel: visionssm.kernels.comba)
     y  = W_o (RMSNorm_head(o) · sigmoid(W_up W_down x))
 
-p and q' are built here, after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
+``transition="iplr"`` replaces the state transition by the paper's Comba-iplr (Table 4), ``α_t (I − 2 β̃_t k̂ k̂ᵀ)``
+with β̃ = b·β, eigenvalues α(1 − 2bβ) ∈ (−1, 1). Comba's kernel updates ``S_t = S_{t−1}(α_t − β_t p_t k̂_tᵀ) + …``,
+so the same kernel runs it with ``p_t = 2·b·α_t·k̂_t`` per token; the output correction stays q̂ − d·b·k̂, and the
+parameters are the same as splr's (a checkpoint loads into either).
+
+Everything between the input projection and the kernel (short conv, SiLU, L2 norms, p, q', the gates) is one op,
+:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`:
+fused Triton kernels on the GPU that read the projection's output in place, the plain PyTorch composition on CPU.
+
+p and q' are built after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
 of p would cancel b (FLA's layer does exactly that, shared/reference/kernels.md §1, finding 3), and then b_logit
 would get no gradient.
 
@@ -24,16 +33,20 @@ within 1.5 %. ``gate_rank=None`` gives the full-rank gate of the language-model 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
 from visionssm import kernels
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
+from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, require_int, require_positive
 
-__all__ = ["CombaMixer"]
+__all__ = ["TRANSITIONS", "CombaMixer"]
+
+#: State transitions: ``"splr"`` (scalar plus low rank, the paper's Comba) and ``"iplr"`` (Comba-iplr, Table 4).
+TRANSITIONS = ("splr", "iplr")
+#: Epsilon of the per-head L2 normalisation of q and k.
+L2_EPS = 1e-6
 
 
 @register_mixer("comba", kernel="comba")
@@ -51,13 +64,15 @@ class CombaMixer(SequenceMixer):
         feedback_init: initial b_logit, b = sigmoid(feedback_init) (FLA initialises it to 1, b ≈ 0.73).
         gate_rank: rank of the sigmoid output gate ``W_up W_down``; ``None`` for a full-rank ``dim × value`` gate.
         norm_eps: epsilon of the per-head output RMSNorm.
+        transition: ``"splr"`` (default, the paper's Comba: α_t − β̃_t k̂ k̂ᵀ) or ``"iplr"`` (Comba-iplr:
+            α_t (I − 2 β̃_t k̂ k̂ᵀ)), with β̃ = b·β. Same parameters either way.
     """
 
     no_weight_decay_names = ("A_log", "dt_bias", "b_logit", "correction")
 
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
                  conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,
-                 gate_rank: int | None = 16, norm_eps: float = 1e-5,
+                 gate_rank: int | None = 16, norm_eps: float = 1e-5, transition: str = "splr",
                  device=None, dtype=None) -> None:
         super().__init__(dim, causal=causal)
         dd = {"device": device, "dtype": dtype}
@@ -72,6 +87,9 @@ class CombaMixer(SequenceMixer):
                              f"got {dim} * {expand_v}")
         if gate_rank is not None:
             require_int("gate_rank", gate_rank, 1)
+        if transition not in TRANSITIONS:
+            raise ValueError(f"transition must be one of {TRANSITIONS}, got {transition!r}")
+        self.transition = transition
         for name, value in (("correction_init", correction_init), ("feedback_init", feedback_init)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -84,10 +102,12 @@ class CombaMixer(SequenceMixer):
         heads = num_heads
 
         # One GEMM for every input projection: q, k, v, the per-head forget and input gate logits, and the output
-        # gate (its down-projection when low-rank). Their split sizes are in self._splits.
+        # gate (its down-projection when low-rank), in that order of columns.
         gate_width = self.value_dim if gate_rank is None else gate_rank
-        self._splits = [2 * dim + self.value_dim, heads, heads, gate_width]
-        self.in_proj = nn.Linear(dim, sum(self._splits), bias=False, **dd)
+        qkv_width = 2 * dim + self.value_dim
+        self._decay_col, self._beta_col, self._gate_cols = qkv_width, qkv_width + heads, (qkv_width + 2 * heads,
+                                                                                           gate_width)
+        self.in_proj = nn.Linear(dim, qkv_width + 2 * heads + gate_width, bias=False, **dd)
         self.qkv_conv = ShortConv1d(2 * dim + self.value_dim, conv_size, **dd)
         # The paper's trainable scalars {a, b, c, d}, one per head, kept out of weight decay.
         self.A_log = nn.Parameter(torch.empty(heads, **dd))
@@ -112,22 +132,17 @@ class CombaMixer(SequenceMixer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        B, L, _ = x.shape
-        H, K, V = self.num_heads, self.head_dim, self.head_v_dim
-        qkv, forget, beta, gate = self.in_proj(x).split(self._splits, dim=-1)
-        q, k, v = self.qkv_conv(qkv, self.causal).split([self.dim, self.dim, self.value_dim], dim=-1)
-        q = l2_normalize(q.reshape(B, L, H, K))
-        k = l2_normalize(k.reshape(B, L, H, K))
-        v = v.reshape(B, L, H, V)
-        p = k * torch.sigmoid(self.b_logit).to(k.dtype)[:, None]
-        q = q - self.correction.to(q.dtype)[:, None] * p
-        g = -self.A_log.float().exp() * F.softplus(forget.float() + self.dt_bias.float())
-        o = kernels.comba(q, k, v, p, g, torch.sigmoid(beta), causal=self.causal)
+        q, k, v, p, g, beta, _, gate = kernels.mixer_prologue(
+            self.in_proj(x), self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
+            value_dim=self.head_v_dim, causal=self.causal, beta_col=self._beta_col, decay_col=self._decay_col,
+            A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
+            transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)
+        o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
         if self.gate_up is not None:
             gate = self.gate_up(gate)
-        o = self.out_norm(o, gate.reshape(B, L, H, V))
-        return self.out_proj(o.reshape(B, L, self.value_dim))
+        return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="sigmoid",
+                                                   eps=self.out_norm.eps))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
-                f"gate_rank={self.gate_rank}")
+                f"gate_rank={self.gate_rank}, transition={self.transition}")

@@ -25,6 +25,10 @@ gate (``use_output_gate=False``) the layer holds ≈ 2.1C² and gka_vision_T 31,
 to the paper's "≈ 31.8 M"; the gate stays on by default because Fig. 4 has it. The non-causal layer has no
 forgetting gate (the kernel's non-causal mode is a single ridge regression over the whole sequence), 3,220 / 12,840
 parameters fewer per mixer at C=320 / 640.
+
+Everything between the input projection and the kernel (short conv, SiLU, L2 norms, the gates) is one op,
+:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`:
+fused Triton kernels on the GPU that read the projection's output in place, the plain PyTorch composition on CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
@@ -40,9 +43,12 @@ from visionssm import kernels
 from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, l2_normalize, require_int, require_positive
+from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, require_int, require_positive
 
 __all__ = ["GKAMixer"]
+
+#: Epsilon of the per-head L2 normalisation of q and k.
+L2_EPS = 1e-6
 
 
 @register_mixer("gka", kernel="gka")
@@ -90,12 +96,13 @@ class GKAMixer(SequenceMixer):
         self.use_output_gate = bool(use_output_gate)
         heads = self.num_heads
 
-        # One GEMM for every input projection: q, k, v (3·inner), the output gate (inner), and the per-head
-        # forgetting (causal only), β and α logits. Their split sizes are in self._splits.
+        # One GEMM for every input projection: q, k, v (3·inner), the output gate (inner), and the per-head β, α
+        # and forgetting (causal only) logits, in that order of columns.
         gate_width = self.inner_dim if self.use_output_gate else 0
         num_gates = 3 if causal else 2
-        self._splits = [3 * self.inner_dim, gate_width, num_gates * heads]
-        self.in_proj = nn.Linear(dim, sum(self._splits), bias=False, **dd)
+        self._beta_col = 3 * self.inner_dim + gate_width
+        self._gate_cols = (3 * self.inner_dim, gate_width) if self.use_output_gate else None
+        self.in_proj = nn.Linear(dim, self._beta_col + num_gates * heads, bias=False, **dd)
         self.qkv_conv = ShortConv1d(3 * self.inner_dim, conv_size, **dd)
         # Standalone parameters (not Linear biases), so a backbone's Linear re-initialisation leaves them alone.
         self.beta_bias = nn.Parameter(torch.empty(heads, **dd))
@@ -120,20 +127,16 @@ class GKAMixer(SequenceMixer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        B, L, _ = x.shape
-        H, D = self.num_heads, self.head_dim
-        qkv, gate, gates = self.in_proj(x).split(self._splits, dim=-1)
-        q, k, v = self.qkv_conv(qkv, self.causal).view(B, L, 3, H, D).unbind(2)
-        q, k = l2_normalize(q), l2_normalize(k)
-        beta = torch.sigmoid(gates[..., :H] + self.beta_bias)
-        alpha = torch.sigmoid(gates[..., H:2 * H] + self.alpha_bias)
-        g = None
-        if self.A_log is not None:
-            g = -self.A_log.float().exp() * F.softplus(gates[..., 2 * H:].float() + self.dt_bias.float())
+        H, beta_col = self.num_heads, self._beta_col
+        q, k, v, _, g, beta, alpha, gate = kernels.mixer_prologue(
+            self.in_proj(x), self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim, value_dim=self.head_dim,
+            causal=self.causal, beta_col=beta_col, beta_bias=self.beta_bias, alpha_col=beta_col + H,
+            alpha_bias=self.alpha_bias, decay_col=None if self.A_log is None else beta_col + 2 * H, A_log=self.A_log,
+            dt_bias=self.dt_bias, gate_cols=self._gate_cols, eps=L2_EPS)
         o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters,
                         solver=self.solver)
-        o = self.out_norm(o, gate.reshape(B, L, H, D) if self.use_output_gate else None)
-        return self.out_proj(o.reshape(B, L, self.inner_dim))
+        return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="silu",
+                                                   eps=self.out_norm.eps))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "

@@ -112,6 +112,9 @@ class CombaVision(nn.Module):
             (default ``'comba'``).
         mixer_causal: ``False`` (default) for the bidirectional mixer, ``True`` for the causal one.
         mixer_kwargs: further keyword arguments of the mixer (e.g. :class:`~visionssm.layers.comba.CombaMixer`'s).
+        transition: Comba's state transition, ``'splr'`` (the paper's Comba) or ``'iplr'`` (Comba-iplr, the paper's
+            best tracker), given to the mixer (``None``: the mixer's default, splr). It has no parameters of its own,
+            so checkpoints load into either.
         init_values: LayerScale initial value (``None``: no LayerScale).
         drop_rate: dropout before the classifier.
         pos_drop_rate: dropout after the position embedding.
@@ -122,7 +125,8 @@ class CombaVision(nn.Module):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 12,
                  num_heads: int = 3, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
-                 mixer_kwargs: dict | None = None, init_values: float | None = None, drop_rate: float = 0.0,
+                 mixer_kwargs: dict | None = None, transition: str | None = None,
+                 init_values: float | None = None, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer=None, act_layer=None, device=None, dtype=None) -> None:
         super().__init__()
@@ -132,6 +136,8 @@ class CombaVision(nn.Module):
         if not isinstance(mixer_causal, bool):
             raise TypeError(f"mixer_causal must be a bool, got {type(mixer_causal).__name__}")
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        if transition is not None:
+            mixer_kwargs = {**(mixer_kwargs or {}), "transition": transition}
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim

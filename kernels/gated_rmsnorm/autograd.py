@@ -1,0 +1,45 @@
+"""The autograd wrapper of the gated RMSNorm kernels and their entry point."""
+
+from __future__ import annotations
+
+import torch
+
+from ..utils import device_guard
+from .launch import get_plan, run_bwd, run_fwd
+
+
+def _call(fn, like, *args):
+    guard = device_guard(like)
+    if guard is None:
+        return fn(*args)
+    with guard:
+        return fn(*args)
+
+
+class GatedRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o, gate, weight, plan):
+        ctx.save_for_backward(o, gate, weight)
+        ctx.plan = plan
+        return _call(run_fwd, o, plan, o, gate, weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        o, gate, weight = ctx.saved_tensors
+        do, dgate, dweight = _call(run_bwd, o, ctx.plan, o, gate, weight, dy)
+        return do, dgate, dweight, None
+
+
+# torch.compile runs the kernels as they are (a graph break), as for the mixer ops.
+@torch.compiler.disable
+def fused_gated_rmsnorm(o, gate, weight, *, activation: str, eps: float) -> torch.Tensor:
+    """Triton gated RMSNorm (validated arguments expected; see :func:`visionssm.kernels.gated_rmsnorm`)."""
+    o = o.contiguous()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    weight = weight.contiguous()
+    plan = get_plan(o, gate, weight, activation, eps)
+    if torch.is_grad_enabled() and (o.requires_grad or weight.requires_grad
+                                    or (gate is not None and gate.requires_grad)):
+        return GatedRMSNormFunction.apply(o, gate, weight, plan)
+    return _call(run_fwd, o, plan, o, gate, weight)

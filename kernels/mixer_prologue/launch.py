@@ -1,0 +1,181 @@
+"""Launch layout and cached launch plans of the prologue kernels.
+
+Settings (forced through :mod:`visionssm.kernels.tuning` under the op name ``"mixer_prologue"``):
+
+=================== =================================================================================
+setting             meaning
+=================== =================================================================================
+block_tokens        tokens per program of the forward (a power of two)
+bwd_block_tokens    tokens per program of the per-token backward
+heads_per_program   heads per program (a power of two; by default the largest dividing H, ≤ 128 channels)
+num_warps           warps of those two kernels
+conv_block_tokens   tokens per step of the transposed-convolution kernel
+conv_block_channels channels per program of the transposed-convolution kernel
+conv_num_warps      its warps
+reference           run the PyTorch composition instead (read by the op's dispatch, for profiles)
+=================== =================================================================================
+
+A plan holds everything that depends only on the call's shapes, dtypes, device and flags (grids, constexprs, the
+compiled kernels for direct relaunch), so an eager call allocates its outputs and launches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import tuning
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output
+from .kernel_bwd import SLOTS, conv_bwd_kernel, prologue_bwd_kernel
+from .kernel_fwd import prologue_fwd_kernel
+
+OP = "mixer_prologue"
+SETTINGS = ("block_tokens", "bwd_block_tokens", "heads_per_program", "num_warps", "conv_block_tokens",
+            "conv_block_channels", "conv_num_warps", "reference")
+#: Elements of one [tokens, heads, channels] tile, forward and backward: 8 and 4 per thread of four warps. Larger
+#: tiles cost registers, not loads (sm_90a, Comba-S backward: 142 registers at 512, 183 at 1024, 255 and spills at
+#: 2048), and these kernels stream memory: occupancy is what keeps enough loads in flight.
+TILE_FWD, TILE_BWD = 1024, 512
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def launch_config(L: int, H: int, K: int, V: int, C: int) -> dict:
+    BD = max(_next_pow2(K), _next_pow2(V))
+    HB = 1
+    while H % (2 * HB) == 0 and 2 * HB * BD <= 128:
+        HB *= 2
+    tokens = lambda tile: max(1, min(_next_pow2(L), tile // (HB * BD)))  # noqa: E731
+    # the transposed convolution: [8, 128] tiles (91 registers; [16, 128] needs 188)
+    cfg = {"heads_per_program": HB, "block_tokens": tokens(TILE_FWD), "bwd_block_tokens": tokens(TILE_BWD),
+           "conv_block_tokens": min(8, _next_pow2(L)), "conv_block_channels": min(128, _next_pow2(C))}
+    tile = cfg["block_tokens"] * HB * BD
+    cfg["num_warps"] = 4 if tile >= 512 else 2 if tile >= 128 else 1
+    cfg["conv_num_warps"] = 4 if cfg["conv_block_tokens"] * cfg["conv_block_channels"] >= 512 else 1
+    forced = tuning.overrides(OP)
+    if forced:
+        tuning.check_names(OP, forced, SETTINGS)
+        cfg.update((k, v) for k, v in forced.items() if k != "reference")
+    return cfg
+
+
+class Plan:
+    __slots__ = ("B", "L", "N", "H", "K", "V", "C", "KS", "cols", "gate_cols", "flags", "covered", "fwd", "bwd",
+                 "bwd_args", "conv_bwd", "partial_rows", "dummy", "dtype")
+
+
+def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool, cols: tuple, gate_cols,
+               flags: dict, eps: float) -> Plan:
+    B, L, N = proj.shape
+    C = 2 * H * K + H * V
+    cfg = launch_config(L, H, K, V, C)
+    plan = Plan()
+    plan.B, plan.L, plan.N, plan.H, plan.K, plan.V, plan.C, plan.KS = B, L, N, H, K, V, C, KS
+    plan.cols, plan.gate_cols, plan.flags, plan.dtype = cols, gate_cols, flags, proj.dtype
+    covered = set(range(C))
+    for start in cols:
+        if start is not None:
+            covered.update(range(start, start + H))
+    if gate_cols is not None:
+        covered.update(range(gate_cols[0], gate_cols[0] + gate_cols[1]))
+    plan.covered = len(covered) == N  # every column of proj's gradient is written by the backward
+    plan.dummy = torch.empty(1, device=proj.device, dtype=torch.float32)
+    HB = cfg["heads_per_program"]
+    grid = (cdiv(L, cfg["block_tokens"]), B, cdiv(H, HB))
+    grid_bwd = (cdiv(L, cfg["bwd_block_tokens"]), B, cdiv(H, HB))
+    plan.partial_rows = grid_bwd[0] * B
+    left = KS - 1 if causal else (KS - 1) // 2
+    beta_col, alpha_col, decay_col = (c if c is not None else 0 for c in cols)
+    constexprs = {"H": H, "K": K, "V": V, "KS": KS, "LEFT": left, "BT": cfg["block_tokens"], "HB": HB,
+                  "BK": _next_pow2(K), "BV": _next_pow2(V), "EPS": eps, **flags}
+    options = {"num_warps": cfg["num_warps"]}
+    plan.fwd = DirectLaunch(prologue_fwd_kernel, grid, (L, proj.stride(0), proj.stride(1), beta_col, alpha_col,
+                                                        decay_col), constexprs, options)
+    # one backward launch per dtype combination of the incoming gradients (a compiled kernel is typed)
+    plan.bwd = {}
+    plan.bwd_args = (prologue_bwd_kernel, grid_bwd, (L, proj.stride(0), proj.stride(1), beta_col, alpha_col,
+                                                     decay_col, L * N, N),
+                     {**constexprs, "BT": cfg["bwd_block_tokens"]}, options)
+    BC = cfg["conv_block_channels"]
+    plan.conv_bwd = DirectLaunch(conv_bwd_kernel, (B, cdiv(C, BC)), (L, proj.stride(0), proj.stride(1), L * N, N),
+                                 {"C": C, "KS": KS, "LEFT": left, "BT": cfg["conv_block_tokens"], "BC": BC,
+                                  "BKS": _next_pow2(KS)}, {"num_warps": cfg["conv_num_warps"]})
+    return plan
+
+
+def _or(tensor, dummy):
+    return dummy if tensor is None else tensor
+
+
+def run_fwd(plan: Plan, proj, conv_weight, params: tuple) -> tuple:
+    """(q, k, v, p, g, beta, alpha); p / g / alpha None when the plan has none."""
+    B, L, H, K, V = plan.B, plan.L, plan.H, plan.K, plan.V
+    device, dtype, dummy = proj.device, proj.dtype, plan.dummy
+    flags = plan.flags
+    q = empty_output((B, L, H, K), device=device, dtype=dtype)
+    k = empty_output((B, L, H, K), device=device, dtype=dtype)
+    v = empty_output((B, L, H, V), device=device, dtype=dtype)
+    p = empty_output((B, L, H, K), device=device, dtype=dtype) if flags["FEEDBACK"] else None
+    g = empty_output((B, L, H), device=device, dtype=torch.float32) if flags["HAS_DECAY"] else None
+    beta = empty_output((B, L, H), device=device, dtype=torch.float32)
+    alpha = empty_output((B, L, H), device=device, dtype=torch.float32) if flags["HAS_ALPHA"] else None
+    params = tuple(_or(t, dummy) for t in params)
+    outputs = (q, k, v, _or(p, dummy), _or(g, dummy), beta, _or(alpha, dummy))
+    plan.fwd(aligned16(proj, conv_weight, *params, *outputs), proj, conv_weight, *params, *outputs)
+    return q, k, v, p, g, beta, alpha
+
+
+def run_bwd(plan: Plan, proj, conv_weight, params: tuple, grads: tuple, dgate):
+    """(dproj, dconv_weight, per-head parameter gradients (feedback, correction, A_log, dt_bias, beta_bias,
+    alpha_bias)) for the gradients (dq, dk, dv, dp, dg, dbeta, dalpha) of the outputs (None where absent)."""
+    B, L, N, C = plan.B, plan.L, plan.N, plan.C
+    device, dummy = proj.device, plan.dummy
+    if plan.covered:
+        dproj = empty_output((B, L, N), device=device, dtype=proj.dtype)
+    else:
+        dproj = torch.zeros((B, L, N), device=device, dtype=proj.dtype)
+    dconv = empty_output((B, L, C), device=device, dtype=proj.dtype)
+    partials = empty_output((plan.partial_rows, SLOTS, plan.H), device=device, dtype=torch.float32)
+    dw_partial = empty_output((B, plan.KS, C), device=device, dtype=torch.float32)
+    params = tuple(_or(t, dummy) for t in params)
+    grads = tuple(dummy if t is None else t.contiguous() for t in grads)
+    key = tuple(t.dtype for t in grads)
+    launch = plan.bwd.get(key)
+    if launch is None:
+        launch = plan.bwd[key] = DirectLaunch(*plan.bwd_args)
+    launch(aligned16(proj, conv_weight, *params, *grads, dconv, dproj, partials), proj, conv_weight, *params,
+             *grads, dconv, dproj, partials)
+    plan.conv_bwd(aligned16(dconv, proj, conv_weight, dproj, dw_partial), dconv, proj, conv_weight, dproj,
+                  dw_partial)
+    if plan.gate_cols is not None:
+        start, width = plan.gate_cols
+        if dgate is None:
+            dproj[..., start:start + width].zero_()
+        else:
+            dproj[..., start:start + width].copy_(dgate)
+    dweight = dw_partial.sum(0).t().reshape(conv_weight.shape).to(conv_weight.dtype)
+    return dproj, dweight, partials.sum(0)
+
+
+# Plans per call signature, emptied whenever a launch override starts or ends (tuning.generation() changes).
+_PLANS: dict = {}
+_GENERATION = [tuning.generation()]
+
+
+def get_plan(proj, conv_weight, params: tuple, H: int, K: int, V: int, causal: bool, cols: tuple, gate_cols,
+             transition: str, eps: float) -> Plan:
+    if _GENERATION[0] != tuning.generation():
+        _PLANS.clear()
+        _GENERATION[0] = tuning.generation()
+    key = (proj.shape, proj.stride(), proj.dtype, proj.device, conv_weight.shape, conv_weight.dtype,
+           tuple(None if t is None else t.dtype for t in params), H, K, V, causal, cols, gate_cols, transition, eps)
+    plan = _PLANS.get(key)
+    if plan is None:
+        beta_bias, alpha_bias, _, _, feedback, _ = params
+        flags = {"HAS_BETA_BIAS": beta_bias is not None, "HAS_ALPHA": cols[1] is not None,
+                 "HAS_ALPHA_BIAS": alpha_bias is not None, "HAS_DECAY": cols[2] is not None,
+                 "FEEDBACK": feedback is not None, "IPLR": transition == "iplr"}
+        plan = build_plan(proj, conv_weight.shape[-1], H, K, V, causal, cols, gate_cols, flags, eps)
+        _PLANS[key] = plan
+    return plan
