@@ -93,34 +93,46 @@ def _whitened_sigma(Kw: torch.Tensor, w0: torch.Tensor, num_iters: int, eps: flo
     return torch.linalg.vector_norm((Kw @ w.unsqueeze(-1)).squeeze(-1), dim=-1).clamp(min=eps)
 
 
+def _whitened_operator(G, M, num_iters: int, normalize: bool, eps: float):
+    """(L, K̄) of one window: the Cholesky factor of G and ``K̄ = K_w / σ̂`` with ``K_w = L⁻¹ M L⁻ᵀ``."""
+    L = torch.linalg.cholesky(0.5 * (G + G.transpose(-1, -2)))
+    Kw = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, M, upper=False).transpose(-1, -2),
+                                       upper=False).transpose(-1, -2)
+    if not normalize:
+        return L, Kw
+    with torch.no_grad():
+        w0 = (L.transpose(-1, -2) @ torch.ones_like(G[..., :1])).squeeze(-1)
+        sigma = _whitened_sigma(Kw.detach(), w0, num_iters, eps)
+    return L, Kw / sigma[..., None, None]
+
+
 def ska_recurrent(q, k, v, *, causal: bool = True, ridge: float = 1e-3, power: int = 2, num_iters: int = 6,
                   normalize: bool = True, eps: float = EPS) -> torch.Tensor:
-    """The spec: for every query token, build the window's statistics and run the whitened pipeline of the paper
-    (App. F). Shapes as :func:`visionssm.kernels.ska`; computes in ``q.dtype`` (float64 for the reference)."""
+    """The spec: for every query token, the statistics of its window and the whitened pipeline of the paper
+    (App. F), token by token. Shapes as :func:`visionssm.kernels.ska`; computes in ``q.dtype`` (float64 for the
+    reference). The raw sums Σ k kᵀ, Σ k_τ k_{τ−1}ᵀ, Σ v kᵀ are accumulated token by token and normalised by the
+    window's s (``k̂ = k/s``)."""
     B, T, H, R = q.shape
     eye = torch.eye(R, dtype=q.dtype, device=q.device)
     s_all = sequence_max(k, causal, eps)                                 # (B, T, H)
+    k_prev = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1)
+    outer = lambda a, b: a.unsqueeze(-1) * b.unsqueeze(-2)
+    G_raw = torch.zeros(B, H, R, R, dtype=q.dtype, device=q.device)
+    M_raw = torch.zeros_like(G_raw)
+    C_raw = torch.zeros(B, H, v.shape[-1], R, dtype=q.dtype, device=q.device)
+    if not causal:                                                        # one window: every token
+        G_raw, M_raw, C_raw = (outer(a, b).sum(1) for a, b in ((k, k), (k, k_prev), (v, k)))
     outputs = []
     for t in range(T):
-        window = slice(0, t + 1) if causal else slice(0, T)
-        s = s_all[:, t]                                                  # (B, H)
-        kh = k[:, window] / s[:, None, :, None]                          # (B, S, H, R)
-        qh = q[:, t] / s[..., None]                                      # (B, H, R)
-        vw = v[:, window]
-        G = torch.einsum("bshi,bshj->bhij", kh, kh) + ridge * eye
-        M = torch.einsum("bshi,bshj->bhij", kh[:, 1:], kh[:, :-1])
-        C = torch.einsum("bshi,bshj->bhij", vw, kh)                      # (B, H, V, R)
-        L = torch.linalg.cholesky(0.5 * (G + G.transpose(-1, -2)))
-        Kw = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, M, upper=False).transpose(-1, -2),
-                                           upper=False).transpose(-1, -2)
-        if normalize:
-            with torch.no_grad():
-                w0 = (L.transpose(-1, -2) @ torch.ones_like(qh).unsqueeze(-1)).squeeze(-1)
-                sigma = _whitened_sigma(Kw.detach(), w0, num_iters, eps)
-            Kbar = Kw / sigma[..., None, None]
-        else:
-            Kbar = Kw
-        z = torch.linalg.solve_triangular(L, qh.unsqueeze(-1), upper=False)
+        if causal or t == 0:
+            if causal:                                                    # window 0..t: add token t
+                G_raw = G_raw + outer(k[:, t], k[:, t])
+                M_raw = M_raw + outer(k[:, t], k_prev[:, t])
+                C_raw = C_raw + outer(v[:, t], k[:, t])
+            s = s_all[:, t][..., None, None]                              # (B, H, 1, 1)
+            C = C_raw / s                                                 # Σ v k̂ᵀ
+            L, Kbar = _whitened_operator(G_raw / s ** 2 + ridge * eye, M_raw / s ** 2, num_iters, normalize, eps)
+        z = torch.linalg.solve_triangular(L, (q[:, t] / s_all[:, t][..., None]).unsqueeze(-1), upper=False)
         for _ in range(power):
             z = Kbar @ z
         outputs.append((C @ torch.linalg.solve_triangular(L.transpose(-1, -2), z, upper=True)).squeeze(-1))
