@@ -70,7 +70,7 @@ def spectral_norm_estimate(G: torch.Tensor, M: torch.Tensor, num_iters: int, eps
     """σ̂ of ``K_w = L⁻¹ M L⁻ᵀ`` (G = L Lᵀ) by ``num_iters`` power-iteration steps from ``w₀ ∝ Lᵀ1``, run in key
     coordinates (``x = L⁻ᵀ w``), without gradient. G, M: (..., R, R); returns (...) clamped at ``eps``."""
     with torch.no_grad():
-        L = torch.linalg.cholesky(G)
+        L = _cholesky(G)
         x = G.new_ones(G.shape[:-1])
         for _ in range(num_iters):
             y = torch.cholesky_solve((M @ x.unsqueeze(-1)), L)
@@ -147,13 +147,28 @@ def _filter(L, M, sigma, x, power: int):
     return x
 
 
+def _cholesky(G: torch.Tensor) -> torch.Tensor:
+    """Cholesky factor of the symmetrised G; where fp32 rounding makes a factorisation fail, retried with 1e-4·I
+    added (the paper's jittered fallback; float64 never needs it: λ_min(G) ≥ λ)."""
+    G = 0.5 * (G + G.transpose(-1, -2))
+    L, info = torch.linalg.cholesky_ex(G)
+    if bool((info > 0).any()):
+        L = torch.linalg.cholesky(G + 1e-4 * torch.eye(G.shape[-1], dtype=G.dtype, device=G.device))
+    return L
+
+
 def ska_parallel(q, k, v, *, causal: bool = True, ridge: float = 1e-3, power: int = 2, num_iters: int = 6,
                  normalize: bool = True, eps: float = EPS) -> torch.Tensor:
-    """Vectorised SKA in G form: float32 inside (float64 for float64 inputs), output in ``v.dtype``.
+    """Vectorised SKA in G form: float32 inside (float64 for float64 inputs; autocast off), output in ``v.dtype``.
 
     Non-causal: one G, M, C and σ̂ per (batch, head), ``o = q̂ Ψ`` with ``Ψ = (G⁻¹Mᵀ/σ̂)^p G⁻¹Cᵀ``. Causal: the
     prefix statistics of every token materialised by cumulative sums, one factorisation per token, and the
     readout ``C_t x_t`` written as masked products over the prefix (as linear attention is)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _ska_parallel(q, k, v, causal, ridge, power, num_iters, normalize, eps)
+
+
+def _ska_parallel(q, k, v, causal, ridge, power, num_iters, normalize, eps):
     out_dtype = v.dtype
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))         # (B, H, T, ·)
@@ -167,7 +182,7 @@ def ska_parallel(q, k, v, *, causal: bool = True, ridge: float = 1e-3, power: in
         G = kh.transpose(-1, -2) @ kh + ridge * eye
         M = kh.transpose(-1, -2) @ (k_prev / s1[..., None])
         Ct = kh.transpose(-1, -2) @ v                                    # Cᵀ, (B, H, R, V)
-        L = torch.linalg.cholesky(0.5 * (G + G.transpose(-1, -2)))
+        L = _cholesky(G)
         sigma = spectral_norm_estimate(G.detach(), M.detach(), num_iters, eps) if normalize \
             else G.new_ones(B, H)
         psi = _filter(L, M.transpose(-1, -2), sigma, Ct, power)
@@ -176,7 +191,7 @@ def ska_parallel(q, k, v, *, causal: bool = True, ridge: float = 1e-3, power: in
     inv_s2 = (1.0 / s.square())[..., None, None]                         # (B, H, T, 1, 1)
     G = torch.cumsum(k.unsqueeze(-1) * k.unsqueeze(-2), dim=2) * inv_s2 + ridge * eye
     M = torch.cumsum(k.unsqueeze(-1) * k_prev.unsqueeze(-2), dim=2) * inv_s2
-    L = torch.linalg.cholesky(0.5 * (G + G.transpose(-1, -2)))
+    L = _cholesky(G)
     sigma = spectral_norm_estimate(G.detach(), M.detach(), num_iters, eps) if normalize else G.new_ones(B, H, T)
     x = _filter(L, M, sigma, (q / s[..., None]).unsqueeze(-1), power).squeeze(-1)   # G_t⁻¹(M_t G_t⁻¹/σ̂_t)^p q̂_t
     # o_t = C_t x_t with C_t = Σ_{τ≤t} v_τ k_τᵀ / s_t (raw keys, this token's s)
