@@ -1,0 +1,54 @@
+"""The autograd wrapper of the SKA Triton kernels and their entry point."""
+
+from __future__ import annotations
+
+import torch
+
+from ..utils import device_guard
+from .launch import get_plan, run_causal_bwd, run_causal_fwd, run_global_bwd, run_global_fwd
+
+
+def _forward(q, k, v, causal: bool, options: tuple, save: bool):
+    plan = get_plan(q, v, causal, *options)
+    run = run_causal_fwd if causal else run_global_fwd
+    return (*run(plan, q, k, v, save), plan)
+
+
+def _guarded(fn, anchor, *args):
+    guard = device_guard(anchor)
+    if guard is None:
+        return fn(*args)
+    with guard:
+        return fn(*args)
+
+
+class SKAFunction(torch.autograd.Function):
+    # The inputs are made contiguous and the device set here directly; autocast has no PyTorch op inside to act on.
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, saved, plan = _guarded(_forward, q, q, k, v, causal, (ridge, power, num_iters, normalize), True)
+        ctx.save_for_backward(q, k, v, *saved)
+        ctx.causal, ctx.plan = causal, plan
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, *saved = ctx.saved_tensors
+        do = do.contiguous()
+        if do.dtype != v.dtype:
+            do = do.to(v.dtype)
+        run = run_causal_bwd if ctx.causal else run_global_bwd
+        dq, dk, dv = _guarded(run, do, ctx.plan, q, k, v, do, saved)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# torch.compile runs the kernels as they are (a graph break), as for the other ops: the launch plans are host-side
+# caches and the direct relaunch is not traceable.
+@torch.compiler.disable
+def fused_ska(q, k, v, *, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool) -> torch.Tensor:
+    """Triton SKA (validated arguments expected; see :func:`visionssm.kernels.ska`)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return SKAFunction.apply(q, k, v, causal, ridge, power, num_iters, normalize)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _guarded(_forward, q, q, k, v, causal, (ridge, power, num_iters, normalize), False)[0]

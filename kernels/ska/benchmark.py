@@ -1,0 +1,182 @@
+"""SKA kernel suite: visionssm.kernels.ska next to SDPA (softmax attention at head dim 64 = SKA's value width, same
+batch, heads, tokens and causality), bf16, forward and forward+backward, plain and replayed from a CUDA graph.
+
+Shapes (R = 16, V = 64): B256 T49 H16 and B256 T196 H8 (MambaVision-T's stage-4 and stage-3 windows at 224²,
+with its head counts), B256 T1024 H4 (a 512² image at stride 16 in one window). Targets (non-causal forward +
+backward, CUDA graph): ≤ 0.5× SDPA at T196, ≤ 1.0× at T49.
+
+``GB/s`` counts the minimal traffic (q, k, v read and o written; backward: q, k, v and do read again and dq, dk, dv
+written), so ``%copy`` is a lower bound of the bandwidth used.
+
+    python -m visionssm.kernels.ska.benchmark --sweep    # diagnostics: launch-setting variants at the target shapes
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from visionssm.utils.benchmark import time_fn
+
+ANCHOR = "sdpa"
+OURS_GRAPH = "visionssm (CUDA graph)"
+SDPA_GRAPH = "sdpa (CUDA graph)"
+GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+RANK, VALUE = 16, 64
+#: (B, T, H)
+SHAPES = [(256, 196, 8), (256, 49, 16), (256, 1024, 4)]
+
+
+def make_inputs(B, T, H, R=RANK, V=VALUE, dtype=torch.bfloat16):
+    dev = "cuda"
+    q = torch.randn(B, T, H, R, device=dev, dtype=dtype)
+    k = torch.randn(B, T, H, R, device=dev, dtype=dtype)
+    v = torch.randn(B, T, H, V, device=dev, dtype=dtype)
+    return q, k, v
+
+
+def _bytes(B, T, H, backward: bool, R=RANK, V=VALUE, elem: int = 2) -> int:
+    tokens = B * T * H
+    fwd = tokens * elem * (2 * R + 2 * V)
+    return fwd + (tokens * elem * (2 * R + 2 * V) + tokens * elem * (2 * R + V) if backward else 0)
+
+
+def _time(fn, args, grad_out, backward: bool, graph: bool) -> float:
+    leaves = [a.detach().requires_grad_(backward) for a in args]
+    if backward:
+        call = lambda: torch.autograd.grad(fn(leaves), leaves, grad_out)
+    else:
+        call = lambda: fn(leaves)
+    with torch.no_grad() if not backward else torch.enable_grad():
+        return time_fn(call, warmup=5, repeats=30, cuda_graph=graph).median_ms
+
+
+def _impls(B, T, H, causal: bool):
+    from visionssm.kernels.ska import ska
+
+    q, k, v = make_inputs(B, T, H)
+    do = torch.randn_like(v)
+    sq, sk, sv = (torch.randn(B, H, T, VALUE, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sdo = torch.randn_like(sv)
+    ours = ((q, k, v), lambda a, c=causal: ska(*a, causal=c), do)
+    sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo)
+    return {"visionssm": ours, "sdpa": sdpa, OURS_GRAPH: ours, SDPA_GRAPH: sdpa}
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    if not torch.cuda.is_available():
+        print("# ska suite needs CUDA; skipped")
+        return []
+    rows = []
+    for B, T, H in SHAPES[:1] if quick else SHAPES:
+        shape = f"B{B} T{T} H{H} R{RANK} V{VALUE}"
+        for causal in (False, True):
+            tag = "causal" if causal else "noncausal"
+            for impl, (args, fn, grad_out) in _impls(B, T, H, causal).items():
+                for backward in (False, True):
+                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
+                    try:
+                        ms = _time(fn, args, grad_out, backward, impl in GRAPHED)
+                    except Exception as exc:  # noqa: BLE001 - report and keep going
+                        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+                        continue
+                    row = {"op": "ska", "shape": shape, "mode": mode, "impl": impl, "ms": ms}
+                    if impl in ("visionssm", OURS_GRAPH):
+                        gbps = _bytes(B, T, H, backward) / (ms * 1e-3) / 1e9
+                        row["GB/s"] = round(gbps, 1)
+                        if copy_gbps:
+                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
+                    rows.append(row)
+                    print(f"{shape:>26} {mode:>18} {impl:>24} {ms:8.4f} ms", flush=True)
+            torch.cuda.empty_cache()
+    _print_ratios(rows)
+    return rows
+
+
+def _print_ratios(rows: list[dict]) -> None:
+    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
+    for (shape, mode, impl), ms in by_key.items():
+        for ours, anchor, what in ((OURS_GRAPH, SDPA_GRAPH, "both CUDA graph"), ("visionssm", "sdpa", "eager")):
+            base = by_key.get((shape, mode, anchor))
+            if impl == ours and base:
+                print(f"# visionssm / sdpa, {what}  {shape} {mode}: {ms / base:.2f}x")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Diagnostics (not part of the suite): launch-setting variants and per-kernel GPU time at the target shapes
+
+SWEEP = [{}, {"block_t": 32}, {"block_t": 128}, {"num_warps": 2}, {"num_warps": 8}, {"operators": 2},
+         {"operators": 8}, {"operator_warps": 4}]
+
+
+def sweep(shapes=((256, 196, 8), (256, 49, 16))) -> None:
+    """Non-causal forward and forward+backward (CUDA graph) for each variant of :data:`SWEEP`."""
+    from visionssm.kernels.ska import ska
+    from visionssm.kernels.tuning import launch_overrides
+
+    for B, T, H in shapes:
+        q, k, v = make_inputs(B, T, H)
+        do = torch.randn_like(v)
+        for overrides in SWEEP:
+            try:
+                with launch_overrides("ska", **overrides):
+                    fwd = _time(lambda a: ska(*a, causal=False), (q, k, v), do, False, True)
+                    both = _time(lambda a: ska(*a, causal=False), (q, k, v), do, True, True)
+            except Exception as exc:  # noqa: BLE001 - report and keep going
+                print(f"# sweep B{B} T{T} H{H} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            print(f"## sweep B{B} T{T} H{H} {overrides or 'defaults'}: fwd {fwd:.4f} ms, fwd+bwd {both:.4f} ms",
+                  flush=True)
+        torch.cuda.empty_cache()
+
+
+def _device_us(event) -> float:
+    for name in ("device_time_total", "cuda_time_total"):
+        value = getattr(event, name, None)
+        if value:
+            return float(value)
+    return 0.0
+
+
+def profile_stages(B: int, T: int, H: int, causal: bool = False, reps: int = 10) -> dict:
+    """GPU µs per kernel of one forward+backward (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from visionssm.kernels.ska import ska
+
+    q, k, v = (t.requires_grad_(True) for t in make_inputs(B, T, H))
+    do = torch.randn_like(v)
+    step = lambda: torch.autograd.grad(ska(q, k, v, causal=causal), (q, k, v), do)
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    return {e.key: _device_us(e) / reps for e in prof.key_averages() if _device_us(e) > 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="SKA kernel diagnostics (GPU)")
+    parser.add_argument("--sweep", action="store_true", help="launch-setting variants at the target shapes")
+    parser.add_argument("--stages", action="store_true", help="GPU time per kernel at the suite's shapes")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("# ska diagnostics need CUDA; skipped")
+        return 0
+    if args.sweep:
+        sweep()
+    if args.stages:
+        for B, T, H in SHAPES:
+            for causal in (False, True):
+                kernels = profile_stages(B, T, H, causal)
+                print(f"## B{B} T{T} H{H} {'causal' if causal else 'noncausal'}", flush=True)
+                for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                    print(f"#   {us:9.1f} us  {name[:90]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,297 @@
+"""Causal SKA kernels: token t queries the operator of its own prefix (tokens ≤ t, running sequence max).
+
+Forward, two launches:
+
+1. ``ska_causal_state_kernel`` (one program per (batch, head)) walks the chunks of BT tokens and stores the raw
+   prefix statistics *before* each chunk: G₀ = Σ k kᵀ, M = Σ k_τ k_{τ−1}ᵀ, Cᵀ = Σ k vᵀ, the largest ‖k‖² and its
+   token. The backward reads them again.
+2. ``ska_causal_fwd_kernel`` (one program per chunk and (batch, head)) builds every token's own statistics from the
+   chunk's state and a cumulative sum over the chunk, in blocks of BS tokens held as [BS, R, R] tensors (BS = BT
+   for R = 16; fewer tokens per block for wider ranks, so a block stays in registers), inverts them, runs each
+   token's power iteration and filter ``x_t = G_t⁻¹(M_t G_t⁻¹/σ̂_t)^p q̂_t``, and reads out ``o_t = C_t x_t``
+   as linear attention does (the chunk's state plus masked products inside the chunk).
+
+Backward (σ̂ detached), two launches:
+
+3. ``ska_causal_bwd_token_kernel`` (chunk-parallel) repeats the per-token algebra, runs each token's adjoint
+   recursion from ``C_tᵀ do_t`` and stores the rank-1 factors of the per-token adjoints (``dG_t = −Σ_j g_j x_jᵀ``,
+   ``dM_t = Σ_j g_j x_{j−1}ᵀ / σ̂_t``, ``dC_t = do_t x_pᵀ``, already scaled to raw keys), dq, and adds each
+   token's share of the sequence max's gradient to the key that holds its running max.
+4. ``ska_causal_bwd_walk_kernel`` (one program per (batch, head)) walks the chunks backwards with the suffix sums
+   of those adjoints (R×R, R×R, R×V) and writes dk and dv: the later chunks through the suffix sums, the chunk
+   itself through masked products of the factors.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel_common import load_rows, matvec_rows, matvec_t_rows, power_sigma_rows, spd_inverse_rows
+
+
+@triton.jit
+def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,
+                            R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    k_seq = k + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    G = tl.zeros([R, R], dtype=tl.float32)
+    M = tl.zeros([R, R], dtype=tl.float32)
+    CT = tl.zeros([R, V], dtype=tl.float32)
+    best = tl.cast(-1.0, tl.float32)
+    arg = tl.cast(0, tl.int32)
+    for c in range(NT):
+        st = pid * NT + c
+        mat = st * R * R + rr[:, None] * R + rr[None, :]
+        tl.store(g_buf + mat, G)
+        tl.store(m_buf + mat, M)
+        tl.store(c_buf + st * R * V + rr[:, None] * V + vv[None, :], CT)
+        tl.store(n_buf + st * 2, best)
+        tl.store(n_buf + st * 2 + 1, arg.to(tl.float32))
+        rows = c * BT + tt
+        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
+        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
+        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+        ktT = tl.trans(kt)
+        G += tl.dot(ktT, kt, input_precision=PREC)
+        M += tl.dot(ktT, kp, input_precision=PREC)
+        CT += tl.dot(ktT, vt, input_precision=PREC)
+        n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
+        tile_best = tl.max(n2, axis=0)
+        tile_arg = tl.max(tl.where(n2 == tile_best, rows, -1), axis=0)
+        arg = tl.where(tile_best >= best, tile_arg, arg)            # ties: the later token holds the max
+        best = tl.maximum(best, tile_best)
+
+
+@triton.jit
+def _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf, st, c0, T, HR, HV,
+                 R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """The chunk's state (G₀, M, Cᵀ, best ‖k‖², its token) and its key / previous-key / value tiles (fp32)."""
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    rows = c0 + tl.arange(0, BT)
+    mat = st * R * R + rr[:, None] * R + rr[None, :]
+    G0 = tl.load(g_buf + mat)
+    M0 = tl.load(m_buf + mat)
+    CT0 = tl.load(c_buf + st * R * V + rr[:, None] * V + vv[None, :])
+    best0 = tl.load(n_buf + st * 2)
+    arg0 = tl.load(n_buf + st * 2 + 1).to(tl.int32)
+    kt = load_rows(k_seq, rows, rr, T, HR, 0)
+    kpt = load_rows(k_seq, rows, rr, T, HR, -1)
+    vt = load_rows(v_seq, rows, vv, T, HV, 0)
+    n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
+    return G0, M0, CT0, best0, arg0, kt, kpt, vt, n2
+
+
+@triton.jit
+def _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge,
+                     R: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, NUM_ITERS: tl.constexpr,
+                     NORMALIZE: tl.constexpr, EPS: tl.constexpr):
+    """Per-token operators of the BS tokens from chunk offset j0: (rows, upto [BS, BT] = "chunk token τ ≤ t",
+    running max ‖k‖², 1/s, G_n⁻¹, M_n, 1/σ̂), in max-normalised coordinates."""
+    ii = tl.arange(0, BS)
+    tt = tl.arange(0, BT)
+    rr = tl.arange(0, R)
+    rows = c0 + j0 + ii
+    ks = load_rows(k_seq, rows, rr, T, HR, 0)
+    kps = load_rows(k_seq, rows, rr, T, HR, -1)
+    Gp = G0
+    Mp = M0
+    if BS < BT:  # add the chunk's tokens before this block
+        before = tl.where((tt < j0)[:, None], kt, 0.0)
+        Gp += tl.dot(tl.trans(before), kt, input_precision="ieee")
+        Mp += tl.dot(tl.trans(before), kpt, input_precision="ieee")
+    G3 = Gp[None, :, :] + tl.cumsum(ks[:, :, None] * ks[:, None, :], axis=0)
+    M3 = Mp[None, :, :] + tl.cumsum(ks[:, :, None] * kps[:, None, :], axis=0)
+    upto = tt[None, :] <= (j0 + ii)[:, None]
+    best = tl.maximum(best0, tl.max(tl.where(upto, n2[None, :], -1.0), axis=1))
+    inv_s = 1.0 / tl.maximum(tl.sqrt(best), EPS)
+    inv_s2 = (inv_s * inv_s)[:, None, None]
+    eye = (rr[:, None] == rr[None, :]).to(tl.float32)[None, :, :]
+    Gn = G3 * inv_s2 + ridge * eye
+    Mn = M3 * inv_s2
+    Gi = spd_inverse_rows(Gn, R)
+    if NORMALIZE:
+        isig = 1.0 / power_sigma_rows(Gn, Gi, Mn, NUM_ITERS, EPS, BS, R)
+    else:
+        isig = tl.full([BS], 1.0, tl.float32)
+    return rows, upto, best, inv_s, Gi, Mn, isig
+
+
+@triton.jit
+def _apply_filter(Gi, Mn, isig, qs, steps):
+    """x_steps with x₀ = G⁻¹q̂ and x_j = G⁻¹M x_{j−1}/σ̂ (per token)."""
+    x = matvec_rows(Gi, qs)
+    for _ in range(steps):
+        x = matvec_rows(Gi, matvec_rows(Mn, x)) * isig[:, None]
+    return x
+
+
+@triton.jit
+def ska_causal_fwd_kernel(q, k, v, o, g_buf, m_buf, c_buf, n_buf, T, H, NT, ridge,
+                          R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                          POWER: tl.constexpr, NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr,
+                          PREC: tl.constexpr, EPS: tl.constexpr):
+    c = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    k_seq = k + b * T * H * R + h * R
+    q_seq = q + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    o_seq = o + b * T * H * V + h * V
+    c0 = c * BT
+    G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf,
+                                                             pid * NT + c, c0, T, H * R, H * V, R, V, BT)
+    for j0 in range(0, BT, BS):
+        rows, upto, best, inv_s, Gi, Mn, isig = _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T,
+                                                                 H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE, EPS)
+        qs = load_rows(q_seq, rows, rr, T, H * R, 0) * inv_s[:, None]
+        x = _apply_filter(Gi, Mn, isig, qs, POWER)
+        # o_t = C_t x_t / s_t with C_t = (state) + Σ_{τ ≤ t in chunk} v_τ k_τᵀ, raw keys
+        if BS == BT:
+            scores = tl.where(upto, tl.dot(x, tl.trans(kt), input_precision=PREC), 0.0)
+            out = tl.dot(x, CT0, input_precision=PREC) + tl.dot(scores, vt, input_precision=PREC)
+        else:
+            scores = tl.where(upto, tl.sum(x[:, None, :] * kt[None, :, :], axis=2), 0.0)
+            out = tl.sum(x[:, :, None] * CT0[None, :, :], axis=1) + tl.sum(scores[:, :, None] * vt[None, :, :], axis=1)
+        out = out * inv_s[:, None]
+        tl.store(o_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], out.to(o.dtype.element_ty),
+                 mask=(rows < T)[:, None])
+
+
+@triton.jit
+def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_buf, ga_buf, tok_buf, ds_buf,
+                                T, H, NT, ridge,
+                                R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                                POWER: tl.constexpr, NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr,
+                                PREC: tl.constexpr, EPS: tl.constexpr):
+    c = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    BH = tl.num_programs(1).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    k_seq = k + b * T * H * R + h * R
+    q_seq = q + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    do_seq = do + b * T * H * V + h * V
+    c0 = c * BT
+    G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf,
+                                                             pid * NT + c, c0, T, H * R, H * V, R, V, BT)
+    for j0 in range(0, BT, BS):
+        rows, upto, best, inv_s, Gi, Mn, isig = _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T,
+                                                                 H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE, EPS)
+        live = rows < T
+        qs = load_rows(q_seq, rows, rr, T, H * R, 0) * inv_s[:, None]
+        dos = load_rows(do_seq, rows, vv, T, H * V, 0)
+        # y = C_tᵀ do_t / s_t, the adjoint of x_p
+        if BS == BT:
+            scores = tl.where(upto, tl.dot(dos, tl.trans(vt), input_precision=PREC), 0.0)
+            y = tl.dot(dos, tl.trans(CT0), input_precision=PREC) + tl.dot(scores, kt, input_precision=PREC)
+        else:
+            scores = tl.where(upto, tl.sum(dos[:, None, :] * vt[None, :, :], axis=2), 0.0)
+            y = tl.sum(dos[:, None, :] * CT0[None, :, :], axis=2) + tl.sum(scores[:, :, None] * kt[None, :, :], axis=1)
+        y = y * inv_s[:, None]
+        inv_s2 = (inv_s * inv_s)[:, None]
+        factor = rows[:, None].to(tl.int64) * R + rr[None, :]
+        trace = tl.zeros([BS], dtype=tl.float32)                     # −tr(dG_n) = Σ_j g_j·x_j
+        g = tl.zeros([BS, R], dtype=tl.float32)
+        for i in range(POWER + 1):
+            j = POWER - i
+            g = matvec_rows(Gi, y)
+            x = _apply_filter(Gi, Mn, isig, qs, j)                    # x_j, recomputed (POWER is small)
+            slot = (j * BH + pid) * T * R
+            tl.store(x_buf + slot + factor, x, mask=live[:, None])
+            tl.store(ga_buf + slot + factor, g * inv_s2, mask=live[:, None])
+            trace += tl.sum(g * x, axis=1)
+            y = matvec_t_rows(Mn, g) * isig[:, None]
+        # after j = 0, g is dq̂ (the adjoint of q̂ = q/s)
+        tl.store(dq + b * T * H * R + h * R + rows[:, None].to(tl.int64) * (H * R) + rr[None, :],
+                 (g * inv_s[:, None]).to(dq.dtype.element_ty), mask=live[:, None])
+        tl.store(tok_buf + (pid * T + rows) * 2, isig, mask=live)
+        tl.store(tok_buf + (pid * T + rows) * 2 + 1, inv_s, mask=live)
+        # the running max moves only the ridge term λ s_t² I: ds_t = 2λ tr(dG_n)/s_t, to the key holding the max
+        ds = -2.0 * ridge * trace * inv_s
+        holder = tl.max(tl.where(upto & (n2[None, :] == best[:, None]), c0 + tt[None, :], -1), axis=1)
+        holder = tl.where(holder < 0, arg0, holder)
+        unclamped = tl.sqrt(best) >= EPS
+        tl.atomic_add(ds_buf + pid * T + holder, ds, mask=live & unclamped)
+
+
+@triton.jit
+def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf, T, H, NT,
+                               R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, POWER: tl.constexpr,
+                               PREC: tl.constexpr, EPS: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    BH = tl.num_programs(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    k_seq = k + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    do_seq = do + b * T * H * V + h * V
+    later = tt[None, :] >= tt[:, None]          # [τ, t]: t ≥ τ
+    strictly_later = tt[None, :] > tt[:, None]
+    SG = tl.zeros([R, R], dtype=tl.float32)     # suffix sums over later chunks: Σ dG_t, Σ dM_t, Σ dC_tᵀ
+    SM = tl.zeros([R, R], dtype=tl.float32)
+    SCT = tl.zeros([R, V], dtype=tl.float32)
+    for ci in range(NT):
+        c0 = (NT - 1 - ci) * BT
+        rows = c0 + tt
+        live = rows < T
+        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
+        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
+        kn = load_rows(k_seq, rows, rr, T, H * R, 1)
+        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+        dot_ = load_rows(do_seq, rows, vv, T, H * V, 0)
+        isig = tl.load(tok_buf + (pid * T + rows) * 2, mask=live, other=0.0)
+        inv_s = tl.load(tok_buf + (pid * T + rows) * 2 + 1, mask=live, other=0.0)
+        dk_t = tl.dot(kt, SG + tl.trans(SG), input_precision=PREC) + tl.dot(kp, tl.trans(SM), input_precision=PREC)
+        dk_t += tl.dot(kn, SM, input_precision=PREC) + tl.dot(vt, tl.trans(SCT), input_precision=PREC)
+        dv_t = tl.dot(kt, SCT, input_precision=PREC)
+        factor = rows[:, None].to(tl.int64) * R + rr[None, :]
+        for j in range(POWER + 1):                                   # dG_t = −Σ_j GA_j,t X_j,tᵀ
+            slot = (j * BH + pid) * T * R
+            Xj = tl.load(x_buf + slot + factor, mask=live[:, None], other=0.0)
+            GAj = tl.load(ga_buf + slot + factor, mask=live[:, None], other=0.0)
+            dk_t -= tl.dot(tl.where(later, tl.dot(kt, tl.trans(Xj), input_precision=PREC), 0.0), GAj,
+                           input_precision=PREC)
+            dk_t -= tl.dot(tl.where(later, tl.dot(kt, tl.trans(GAj), input_precision=PREC), 0.0), Xj,
+                           input_precision=PREC)
+            SG -= tl.dot(tl.trans(GAj), Xj, input_precision=PREC)
+        for j in range(1, POWER + 1):                                # dM_t = Σ_j GA_j,t X_{j−1},tᵀ / σ̂_t
+            Xm = tl.load(x_buf + ((j - 1) * BH + pid) * T * R + factor, mask=live[:, None], other=0.0)
+            GM = tl.load(ga_buf + (j * BH + pid) * T * R + factor, mask=live[:, None], other=0.0) * isig[:, None]
+            dk_t += tl.dot(tl.where(later, tl.dot(kp, tl.trans(Xm), input_precision=PREC), 0.0), GM,
+                           input_precision=PREC)
+            dk_t += tl.dot(tl.where(strictly_later, tl.dot(kn, tl.trans(GM), input_precision=PREC), 0.0), Xm,
+                           input_precision=PREC)
+            SM += tl.dot(tl.trans(GM), Xm, input_precision=PREC)
+        # dC_t = do_t x_{p,t}ᵀ / s_t
+        XC = tl.load(x_buf + (POWER * BH + pid) * T * R + factor, mask=live[:, None], other=0.0) * inv_s[:, None]
+        dk_t += tl.dot(tl.where(later, tl.dot(vt, tl.trans(dot_), input_precision=PREC), 0.0), XC,
+                       input_precision=PREC)
+        dv_t += tl.dot(tl.where(later, tl.dot(kt, tl.trans(XC), input_precision=PREC), 0.0), dot_,
+                       input_precision=PREC)
+        SCT += tl.dot(tl.trans(XC), dot_, input_precision=PREC)
+        # the sequence max's share (collected per key by the token kernel): ds · k/‖k‖
+        ds = tl.load(ds_buf + pid * T + rows, mask=live, other=0.0)
+        norm = tl.maximum(tl.sqrt(tl.sum(kt * kt, axis=1)), EPS)
+        dk_t += (ds / norm)[:, None] * kt
+        kq_rows = b * T * H * R + h * R + rows[:, None].to(tl.int64) * (H * R) + rr[None, :]
+        tl.store(dk + kq_rows, dk_t.to(dk.dtype.element_ty), mask=live[:, None])
+        tl.store(dv + b * T * H * V + h * V + rows[:, None].to(tl.int64) * (H * V) + vv[None, :],
+                 dv_t.to(dv.dtype.element_ty), mask=live[:, None])

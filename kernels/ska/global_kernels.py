@@ -1,0 +1,245 @@
+"""Non-causal SKA kernels: one operator per (batch, head), queried by all of its tokens.
+
+The work splits into streaming passes over the sequence (one program per (batch, head), bandwidth-bound) and the
+small dense algebra of the operators, which is latency-bound and therefore batched, NB operators per program.
+
+Forward:
+
+1. ``ska_global_stats_kernel``: raw statistics from k and v — G₀ = Σ k kᵀ, M = Σ k_t k_{t−1}ᵀ, Cᵀ = Σ k vᵀ,
+   the largest ‖k‖² and the token holding it (ties: the later token).
+2. ``ska_global_operator_kernel``: normalise by s, G⁻¹, σ̂, the filter ``Ψ = (G⁻¹Mᵀ/σ̂)^p G⁻¹Cᵀ`` (R×V); stores
+   Ψ/s, so that ``o = q Ψ / s``.
+3. ``ska_global_out_kernel``: o = q (Ψ/s).
+
+Backward (σ̂ detached):
+
+4. ``ska_global_dq_kernel``: dq = do (Ψ/s)ᵀ and Σ q doᵀ (dΨ up to 1/s).
+5. ``ska_global_operator_bwd_kernel``: the algebra differentiated down to the raw statistics — dG₀ (stored as
+   dG₀ + dG₀ᵀ), dM, dCᵀ — and the sequence max's share ds = 2λ tr(dG_n)/s (s enters only through the ridge term
+   λ s² I of the raw Gram matrix).
+6. ``ska_global_dkv_kernel``: dk (the adjoints applied to each key, its predecessor and its successor, plus ds on
+   the key holding the max) and dv = k dCᵀ.
+
+``*_n`` quantities are in max-normalised coordinates (k̂ = k/s).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel_common import load_rows, power_sigma_rows, spd_inverse_rows
+
+
+@triton.jit
+def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H,
+                            R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    k_seq = k + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    G = tl.zeros([R, R], dtype=tl.float32)
+    M = tl.zeros([R, R], dtype=tl.float32)
+    CT = tl.zeros([R, V], dtype=tl.float32)
+    best = tl.cast(-1.0, tl.float32)
+    arg = tl.cast(0, tl.int32)
+    for t0 in range(0, T, BT):
+        rows = t0 + tt
+        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
+        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
+        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+        ktT = tl.trans(kt)
+        G += tl.dot(ktT, kt, input_precision=PREC)
+        M += tl.dot(ktT, kp, input_precision=PREC)
+        CT += tl.dot(ktT, vt, input_precision=PREC)
+        n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
+        tile_best = tl.max(n2, axis=0)
+        tile_arg = tl.max(tl.where(n2 == tile_best, rows, -1), axis=0)
+        arg = tl.where(tile_best >= best, tile_arg, arg)
+        best = tl.maximum(best, tile_best)
+    mat = pid * R * R + rr[:, None] * R + rr[None, :]
+    tl.store(g_buf + mat, G)
+    tl.store(m_buf + mat, M)
+    tl.store(c_buf + pid * R * V + rr[:, None] * V + vv[None, :], CT)
+    tl.store(n_buf + pid * 2, best)
+    tl.store(n_buf + pid * 2 + 1, arg.to(tl.float32))
+
+
+@triton.jit
+def _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
+               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
+    """The NB operators of this program, from their raw statistics: (problem index, live, ‖k‖ max², 1/s, G_n⁻¹,
+    M_n, Cᵀ_n, 1/σ̂, N = G_n⁻¹M_nᵀ/σ̂, W₀ = G_n⁻¹Cᵀ_n); 3-D [NB, ·, ·] tensors."""
+    prob = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
+    live = prob < BH
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    mat = prob[:, None, None] * R * R + rr[None, :, None] * R + rr[None, None, :]
+    G = tl.load(g_buf + mat, mask=live[:, None, None], other=0.0)
+    M = tl.load(m_buf + mat, mask=live[:, None, None], other=0.0)
+    CT = tl.load(c_buf + prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :],
+                 mask=live[:, None, None], other=0.0)
+    best = tl.load(n_buf + prob * 2, mask=live, other=0.0)
+    inv_s = 1.0 / tl.maximum(tl.sqrt(best), EPS)
+    inv_s2 = (inv_s * inv_s)[:, None, None]
+    eye = (rr[:, None] == rr[None, :]).to(tl.float32)[None, :, :]
+    Gn = 0.5 * (G + tl.permute(G, (0, 2, 1))) * inv_s2 + ridge * eye
+    Mn = M * inv_s2
+    CTn = CT * inv_s[:, None, None]
+    Gi = spd_inverse_rows(Gn, R)
+    if NORMALIZE:
+        isig = 1.0 / power_sigma_rows(Gn, Gi, Mn, NUM_ITERS, EPS, NB, R)
+    else:
+        isig = tl.full([NB], 1.0, tl.float32)
+    N = tl.dot(Gi, tl.permute(Mn, (0, 2, 1)), input_precision="ieee") * isig[:, None, None]
+    W0 = tl.dot(Gi, CTn, input_precision="ieee")
+    return prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0
+
+
+@triton.jit
+def _power(N, W0, POWER: tl.constexpr):
+    """Ψ = N^p W₀ (batched)."""
+    W = W0
+    for _ in range(POWER):
+        W = tl.dot(N, W, input_precision="ieee")
+    return W
+
+
+@triton.jit
+def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, BH, ridge,
+                               R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
+                               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
+    prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R, V, NB,
+                                                                   NUM_ITERS, NORMALIZE, EPS)
+    psi = _power(N, W0, POWER) * inv_s[:, None, None]
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tl.store(psi_buf + prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :], psi,
+             mask=live[:, None, None])
+
+
+@triton.jit
+def ska_global_out_kernel(q, psi_buf, o, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                          PREC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    q_seq = q + b * T * H * R + h * R
+    o_seq = o + b * T * H * V + h * V
+    psi = tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :])
+    for t0 in range(0, T, BT):
+        rows = t0 + tt
+        out = tl.dot(load_rows(q_seq, rows, rr, T, H * R, 0), psi, input_precision=PREC)
+        tl.store(o_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], out.to(o.dtype.element_ty),
+                 mask=(rows < T)[:, None])
+
+
+@triton.jit
+def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         PREC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    q_off = b * T * H * R + h * R
+    do_seq = do + b * T * H * V + h * V
+    psiT = tl.trans(tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :]))
+    qdo = tl.zeros([R, V], dtype=tl.float32)
+    for t0 in range(0, T, BT):
+        rows = t0 + tt
+        qt = load_rows(q + q_off, rows, rr, T, H * R, 0)
+        dot_ = load_rows(do_seq, rows, vv, T, H * V, 0)
+        qdo += tl.dot(tl.trans(qt), dot_, input_precision=PREC)
+        dq_t = tl.dot(dot_, psiT, input_precision=PREC)
+        tl.store(dq + q_off + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dq_t.to(dq.dtype.element_ty),
+                 mask=(rows < T)[:, None])
+    tl.store(qdo_buf + pid * R * V + rr[:, None] * V + vv[None, :], qdo)
+
+
+@triton.jit
+def ska_global_operator_bwd_kernel(g_buf, m_buf, c_buf, n_buf, qdo_buf, sg_buf, dm_buf, dc_buf, ds_buf, BH, ridge,
+                                   R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
+                                   NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
+    prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R, V, NB,
+                                                                   NUM_ITERS, NORMALIZE, EPS)
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    rv = prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :]
+    dPsi = tl.load(qdo_buf + rv, mask=live[:, None, None], other=0.0) * inv_s[:, None, None]
+    NT = tl.permute(N, (0, 2, 1))
+    # Ψ = N^p W₀: dN = Σ_j (Nᵀ)^{p−j} dΨ (N^{j−1} W₀)ᵀ, dW₀ = (Nᵀ)^p dΨ
+    dN = tl.zeros_like(N)
+    for j in range(1, POWER + 1):
+        A = dPsi
+        for _ in range(POWER - j):
+            A = tl.dot(NT, A, input_precision="ieee")
+        B = W0
+        for _ in range(j - 1):
+            B = tl.dot(N, B, input_precision="ieee")
+        dN += tl.dot(A, tl.permute(B, (0, 2, 1)), input_precision="ieee")
+    dW0 = dPsi
+    for _ in range(POWER):
+        dW0 = tl.dot(NT, dW0, input_precision="ieee")
+    # W₀ = G⁻¹Cᵀ and N = G⁻¹Mᵀ/σ̂ → G⁻¹, Cᵀ, M; then G⁻¹ → G
+    dGi = tl.dot(dW0, tl.permute(CTn, (0, 2, 1)), input_precision="ieee")
+    dGi += tl.dot(dN, Mn, input_precision="ieee") * isig[:, None, None]
+    dCTn = tl.dot(Gi, dW0, input_precision="ieee")
+    dMn = tl.dot(tl.permute(dN, (0, 2, 1)), Gi, input_precision="ieee") * isig[:, None, None]
+    dGn = -tl.dot(tl.dot(Gi, dGi, input_precision="ieee"), Gi, input_precision="ieee")
+    # to the raw statistics; s moves only the ridge term λ s² I: ds = 2λ tr(dG_n)/s, to the key holding the max
+    inv_s2 = (inv_s * inv_s)[:, None, None]
+    dGr = dGn * inv_s2
+    mat = prob[:, None, None] * R * R + rr[None, :, None] * R + rr[None, None, :]
+    tl.store(sg_buf + mat, dGr + tl.permute(dGr, (0, 2, 1)), mask=live[:, None, None])
+    tl.store(dm_buf + mat, dMn * inv_s2, mask=live[:, None, None])
+    tl.store(dc_buf + rv, dCTn * inv_s[:, None, None], mask=live[:, None, None])
+    diag = (rr[:, None] == rr[None, :])[None, :, :]
+    trace = tl.sum(tl.sum(tl.where(diag, dGn, 0.0), axis=2), axis=1)
+    ds = 2.0 * ridge * trace * inv_s
+    # ds · k/‖k‖ for the holder, whose norm is s (when s is not the EPS floor)
+    tl.store(ds_buf + prob, tl.where(tl.sqrt(best) >= EPS, ds * inv_s, 0.0), mask=live)
+
+
+@triton.jit
+def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H,
+                          R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    tt = tl.arange(0, BT)
+    k_off = b * T * H * R + h * R
+    v_off = b * T * H * V + h * V
+    mat = pid * R * R + rr[:, None] * R + rr[None, :]
+    S = tl.load(sg_buf + mat)                       # dG₀ + dG₀ᵀ
+    dM = tl.load(dm_buf + mat)
+    dMT = tl.trans(dM)
+    dCT = tl.load(dc_buf + pid * R * V + rr[:, None] * V + vv[None, :])
+    dC = tl.trans(dCT)
+    ds = tl.load(ds_buf + pid)
+    holder = tl.load(n_buf + pid * 2 + 1).to(tl.int32)
+    for t0 in range(0, T, BT):
+        rows = t0 + tt
+        kt = load_rows(k + k_off, rows, rr, T, H * R, 0)
+        kp = load_rows(k + k_off, rows, rr, T, H * R, -1)
+        kn = load_rows(k + k_off, rows, rr, T, H * R, 1)
+        vt = load_rows(v + v_off, rows, vv, T, H * V, 0)
+        dk_t = tl.dot(kt, S, input_precision=PREC) + tl.dot(kp, dMT, input_precision=PREC)
+        dk_t += tl.dot(kn, dM, input_precision=PREC) + tl.dot(vt, dC, input_precision=PREC)
+        dk_t += tl.where(rows == holder, ds, 0.0)[:, None] * kt
+        dv_t = tl.dot(kt, dCT, input_precision=PREC)
+        live = (rows < T)[:, None]
+        tl.store(dk + k_off + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dk_t.to(dk.dtype.element_ty),
+                 mask=live)
+        tl.store(dv + v_off + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], dv_t.to(dv.dtype.element_ty),
+                 mask=live)

@@ -1,0 +1,73 @@
+"""Pieces shared by the SKA kernels: tile loads, and the dense R×R algebra in registers for a block of matrices at
+once ([NB, R, R]: one matrix per (batch, head) for the non-causal operators, one per token for the causal ones) —
+the inverse of the regularised Gram matrix and the power iteration for σ̂.
+
+The inverse is Gauss–Jordan elimination without pivoting, which is stable for symmetric positive definite matrices
+(every pivot is a Schur complement of G, at least λ). It gives G⁻¹ explicitly, so everything after it is products:
+the kernels never need a Cholesky factor (see ``naive`` for why σ̂ does not either). Batching many small matrices
+per program amortises the latency of the cross-lane reductions each elimination step needs."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
+    """Rows ``rows + shift`` of a (T, ·) sequence with row stride ``stride`` (zeros outside [0, T)), in fp32.
+    16-bit inputs are exact in TF32, so the tensor-core products of input tiles lose nothing."""
+    r = rows + shift
+    live = (r >= 0) & (r < T)
+    x = tl.load(ptr + r[:, None].to(tl.int64) * stride + cols[None, :], mask=live[:, None], other=0.0)
+    return x.to(tl.float32)
+
+
+# Floor of the norms the power iteration divides by (an exactly zero M keeps a zero iterate, σ̂ = 0 → EPS).
+TINY = tl.constexpr(1e-30)
+
+
+@triton.jit
+def spd_inverse_rows(A, R: tl.constexpr):
+    """A⁻¹ for every [R, R] slice of a [BS, R, R] fp32 tensor of symmetric positive definite matrices."""
+    idx = tl.arange(0, R)
+    rows = idx[None, :, None]
+    cols = idx[None, None, :]
+    for j in range(R):
+        col = tl.sum(tl.where(cols == j, A, 0.0), axis=2)                  # [BS, R]: A[:, :, j]
+        inv_p = 1.0 / tl.sum(tl.where(idx[None, :] == j, col, 0.0), axis=1)  # [BS]
+        # row j equals column j up to the sign of the entries already eliminated (the matrix stays symmetric
+        # up to that sign pattern), so it needs no second reduction
+        row = tl.where(idx[None, :] < j, -col, col) * inv_p[:, None]
+        A = A - col[:, :, None] * row[:, None, :]
+        A = tl.where(rows == j, row[:, None, :], A)
+        A = tl.where(cols == j, -(col * inv_p[:, None])[:, :, None], A)
+        A = tl.where((rows == j) & (cols == j), inv_p[:, None, None], A)
+    return A
+
+
+@triton.jit
+def matvec_rows(A, x):
+    """A_t x_t for every token: [BS, R, R] × [BS, R] → [BS, R]."""
+    return tl.sum(A * x[:, None, :], axis=2)
+
+
+@triton.jit
+def matvec_t_rows(A, x):
+    """A_tᵀ x_t for every token: [BS, R, R] × [BS, R] → [BS, R]."""
+    return tl.sum(A * x[:, :, None], axis=1)
+
+
+@triton.jit
+def power_sigma_rows(G, Gi, M, NUM_ITERS: tl.constexpr, EPS: tl.constexpr, BS: tl.constexpr, R: tl.constexpr):
+    """σ̂ of every K_w = L⁻¹ M L⁻ᵀ (G = L Lᵀ) of a [BS, R, R] block: ``x ← G⁻¹MᵀG⁻¹M x`` from x = 1 (key
+    coordinates), normalised each step, then ``σ̂² = (Mx)ᵀG⁻¹(Mx) / xᵀGx``, clamped at EPS; returns [BS]."""
+    x = tl.full([BS, R], 1.0, tl.float32)
+    for _ in range(NUM_ITERS):
+        y = matvec_rows(Gi, matvec_rows(M, x))
+        x = matvec_rows(Gi, matvec_t_rows(M, y))
+        x = x / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), TINY)[:, None]
+    mx = matvec_rows(M, x)
+    num = tl.sum(mx * matvec_rows(Gi, mx), axis=1)
+    den = tl.sum(x * matvec_rows(G, x), axis=1)
+    return tl.maximum(tl.sqrt(tl.maximum(num, 0.0) / tl.maximum(den, TINY)), EPS)

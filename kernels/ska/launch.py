@@ -1,0 +1,203 @@
+"""Launch settings and cached launch plans of the SKA kernels.
+
+Settings (:func:`launch_config`), each of which can be forced through :mod:`visionssm.kernels.tuning` under the op
+name ``"ska"``, e.g. ``launch_overrides("ska", block_t=32)``:
+
+============== ==========================================================================================
+setting        meaning
+============== ==========================================================================================
+block_t        non-causal: tokens per tile of the passes over the sequence (a power of two ≥ 16)
+num_warps      warps of the non-causal passes over the sequence
+operators      non-causal: operators (one per (batch, head)) per program of the operator kernels
+operator_warps warps of the non-causal operator kernels
+chunk_warps    warps of the causal per-token kernels (one program per chunk)
+walk_warps     warps of the causal walks over chunks (state forward, dk/dv backward)
+block_tokens   causal: tokens whose R×R operators are held at once ([BS, R, R] tensors; a power of two ≤ 16)
+============== ==========================================================================================
+
+The causal chunk is 16 tokens (the smallest tile ``tl.dot`` takes). A plan holds everything that depends only on the
+problem's shape, dtype, device and options (buffer shapes, grids, the kernels' scalar and constexpr arguments), so a
+call only allocates and launches; after a plan's first launch the compiled kernels are relaunched directly
+(:class:`visionssm.kernels.utils.DirectLaunch`), which matters at vision shapes, where eager calls are host-bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import tuning
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from .causal_kernels import (
+    ska_causal_bwd_token_kernel,
+    ska_causal_bwd_walk_kernel,
+    ska_causal_fwd_kernel,
+    ska_causal_state_kernel,
+)
+from .global_kernels import (
+    ska_global_dkv_kernel,
+    ska_global_dq_kernel,
+    ska_global_operator_bwd_kernel,
+    ska_global_operator_kernel,
+    ska_global_out_kernel,
+    ska_global_stats_kernel,
+)
+from .naive import EPS
+
+OP = "ska"
+SETTINGS = ("block_t", "num_warps", "operators", "operator_warps", "chunk_warps", "walk_warps", "block_tokens")
+#: Tokens per chunk of the causal kernels.
+CHUNK = 16
+
+
+def launch_config(R: int, V: int, T: int) -> dict:
+    """Launch settings of one problem (R: key width, V: value width, T: tokens)."""
+    wide = R * V >= 64 * 64 or R >= 64
+    cfg = {
+        # 64-token tiles: a T = 196 window is four of them; T = 49 one
+        "block_t": 64 if T > 32 else 32 if T > 16 else 16,
+        "num_warps": 8 if wide else 4,
+        # a block of NB operators holds [NB, R, V] tensors of 4096 floats; the backward's dozen of them needs eight
+        # warps not to spill at R = 16, V = 64 (sm_90a: 255 registers, no spills; 856 bytes of spills at four)
+        "operators": max(1, 4096 // (R * V)),
+        "operator_warps": 8,
+        # the backward walk keeps three suffix sums and a dozen 16-token tiles live: eight warps, no pipelining
+        # (sm_90a at R = 16, V = 64: 12 bytes of spills; 284 at four warps)
+        "walk_warps": 8,
+        # sm_90a at R = 16, V = 64: 252 registers and no spills at eight warps (48 bytes of spills at four)
+        "chunk_warps": 8,
+        # one [BS, R, R] block of 4096 floats: every token of a chunk at R = 16, 4 at R = 32, 1 at R = 64
+        "block_tokens": max(1, min(CHUNK, 4096 // (R * R))),
+    }
+    forced = tuning.overrides(OP)
+    if forced:
+        tuning.check_names(OP, forced, SETTINGS)
+        cfg.update(forced)
+    return cfg
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs: exact fp32 products (the 1e-4 tolerance of the fp32 tests); 16-bit inputs: TF32 tensor cores
+    for the products of fp32 operands (far inside their tolerance). The R×R algebra is always exact fp32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+class GlobalPlan:
+    __slots__ = ("stats_shapes", "psi_shape", "grad_shapes", "stats", "operator", "out", "dq", "operator_bwd", "dkv")
+
+
+class CausalPlan:
+    __slots__ = ("NT", "state_shapes", "factor_shape", "tok_shape", "ds_shape", "state", "fwd", "bwd_token",
+                 "bwd_walk")
+
+
+def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize) -> GlobalPlan:
+    cfg = launch_config(R, V, T)
+    BH, NB = B * H, cfg["operators"]
+    plan = GlobalPlan()
+    plan.stats_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH, 2))
+    plan.psi_shape = (BH, R, V)
+    plan.grad_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
+    stream = {"R": R, "V": V, "BT": cfg["block_t"], "PREC": _precision(dtype)}
+    operator = {"R": R, "V": V, "NB": NB, "POWER": power, "NUM_ITERS": num_iters, "NORMALIZE": normalize, "EPS": EPS}
+    warps = {"num_warps": cfg["num_warps"]}
+    operator_warps = {"num_warps": cfg["operator_warps"]}
+    plan.stats = DirectLaunch(ska_global_stats_kernel, (BH,), (T, H), stream, warps)
+    plan.operator = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge), operator, operator_warps)
+    plan.out = DirectLaunch(ska_global_out_kernel, (BH,), (T, H), stream, warps)
+    plan.dq = DirectLaunch(ska_global_dq_kernel, (BH,), (T, H), stream, warps)
+    plan.operator_bwd = DirectLaunch(ska_global_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge), operator,
+                                     operator_warps)
+    plan.dkv = DirectLaunch(ska_global_dkv_kernel, (BH,), (T, H), stream, warps)
+    return plan
+
+
+def run_global_fwd(plan: GlobalPlan, q, k, v, save: bool):
+    """o, and what the backward needs (the raw statistics and Ψ/s; ``None`` unless ``save``)."""
+    device = v.device
+    stats = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.stats_shapes]
+    psi = empty_output(plan.psi_shape, device=device, dtype=torch.float32)
+    aligned = aligned16(q, k, v)
+    plan.stats(aligned, k, v, *stats)
+    plan.operator(True, *stats, psi)
+    o = empty_output_like(v)
+    plan.out(aligned, q, psi, o)
+    return o, ([*stats, psi] if save else None)
+
+
+def run_global_bwd(plan: GlobalPlan, q, k, v, do, saved):
+    device = v.device
+    *stats, psi = saved
+    dq, dk, dv = empty_output_like(q), empty_output_like(k), empty_output_like(v)
+    qdo = empty_output(plan.psi_shape, device=device, dtype=torch.float32)
+    grads = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.grad_shapes]
+    aligned = aligned16(q, k, v, do)
+    plan.dq(aligned, q, do, psi, dq, qdo)
+    plan.operator_bwd(True, *stats, qdo, *grads)
+    plan.dkv(aligned, k, v, stats[3], *grads, dk, dv)
+    return dq, dk, dv
+
+
+def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize) -> CausalPlan:
+    cfg = launch_config(R, V, T)
+    BH, NT = B * H, cdiv(T, CHUNK)
+    plan = CausalPlan()
+    plan.NT = NT
+    plan.state_shapes = ((BH, NT, R, R), (BH, NT, R, R), (BH, NT, R, V), (BH, NT, 2))
+    plan.factor_shape = (power + 1, BH, T, R)
+    plan.tok_shape = (BH, T, 2)
+    plan.ds_shape = (BH, T)
+    prec = _precision(dtype)
+    chunk = {"R": R, "V": V, "BT": CHUNK, "BS": cfg["block_tokens"], "POWER": power, "NUM_ITERS": num_iters,
+             "NORMALIZE": normalize, "PREC": prec, "EPS": EPS}
+    walk = {"num_warps": cfg["walk_warps"], "num_stages": 1}
+    plan.state = DirectLaunch(ska_causal_state_kernel, (BH,), (T, H, NT),
+                              {"R": R, "V": V, "BT": CHUNK, "PREC": prec}, walk)
+    chunk_warps = {"num_warps": cfg["chunk_warps"]}
+    plan.fwd = DirectLaunch(ska_causal_fwd_kernel, (NT, BH), (T, H, NT, ridge), chunk, chunk_warps)
+    plan.bwd_token = DirectLaunch(ska_causal_bwd_token_kernel, (NT, BH), (T, H, NT, ridge), chunk, chunk_warps)
+    plan.bwd_walk = DirectLaunch(ska_causal_bwd_walk_kernel, (BH,), (T, H, NT),
+                                 {"R": R, "V": V, "BT": CHUNK, "POWER": power, "PREC": prec, "EPS": EPS}, walk)
+    return plan
+
+
+def run_causal_fwd(plan: CausalPlan, q, k, v, save: bool):
+    """o, and the chunk states the backward reads again (``None`` unless ``save``)."""
+    device = v.device
+    states = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.state_shapes]
+    aligned = aligned16(q, k, v)
+    plan.state(aligned, k, v, *states)
+    o = empty_output_like(v)
+    plan.fwd(aligned, q, k, v, o, *states)
+    return o, (states if save else None)
+
+
+def run_causal_bwd(plan: CausalPlan, q, k, v, do, states):
+    device = v.device
+    dq, dk, dv = empty_output_like(q), empty_output_like(k), empty_output_like(v)
+    xs = empty_output(plan.factor_shape, device=device, dtype=torch.float32)
+    gas = empty_output(plan.factor_shape, device=device, dtype=torch.float32)
+    tok = empty_output(plan.tok_shape, device=device, dtype=torch.float32)
+    ds = torch.zeros(plan.ds_shape, device=device, dtype=torch.float32)   # accumulated into
+    aligned = aligned16(q, k, v, do)
+    plan.bwd_token(aligned, q, k, v, do, dq, *states, xs, gas, tok, ds)
+    plan.bwd_walk(aligned, k, v, do, dk, dv, xs, gas, tok, ds)
+    return dq, dk, dv
+
+
+# Plan caches, emptied whenever a launch override starts or ends (tuning.generation() changes).
+_PLANS: dict = {}
+_GENERATION = [tuning.generation()]
+
+
+def get_plan(q, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
+    if _GENERATION[0] != tuning.generation():
+        _PLANS.clear()
+        _GENERATION[0] = tuning.generation()
+    key = (q.shape, v.shape[3], q.dtype, v.dtype, q.device, causal, ridge, power, num_iters, normalize)
+    plan = _PLANS.get(key)
+    if plan is None:
+        B, T, H, R = q.shape
+        build = build_causal if causal else build_global
+        plan = build(B, T, H, R, v.shape[3], q.dtype, q.device, ridge, power, num_iters, normalize)
+        _PLANS[key] = plan
+    return plan
