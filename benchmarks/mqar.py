@@ -22,9 +22,11 @@ accuracy are taken at the query-key positions, where the next token is the value
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import math
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -44,27 +46,29 @@ MODELS = ("ssm", "ssm+attention", "ssm+ska")
 
 @dataclasses.dataclass
 class Config:
-    seq_len: int = 256
-    kv_pairs: int = 16
-    keys: int = 256
-    values: int = 256
-    filler: int = 64
+    seq_len: int = 128
+    kv_pairs: int = 8
+    keys: int = 64
+    values: int = 64
+    filler: int = 32
     d_model: int = 128
     layers: int = 4
     mixer_layers: int = 2          # the last layers that hold attention / SKA in the hybrids
     attn_heads: int = 4
     ska_heads: int = 2
-    ska_rank: int = 64
+    ska_rank: int = 16
     ska_head_dim: int = 64
-    ska_power: int = 2
+    # A first-order filter: the lag-one operator maps a key onto the token after it, which is what MQAR asks for. At
+    # the paper's p = 2 SSM + SKA reached 26% in the same budget (the note beside the committed table has both).
+    ska_power: int = 1
     ska_ridge: float = 1e-2
-    steps: int = 1500
+    steps: int = 4000
     batch: int = 64
     lr: float = 2e-3
     weight_decay: float = 0.1
     warmup: float = 0.1
     eval_sequences: int = 512
-    eval_every: int = 250
+    eval_every: int = 500
     seed: int = 0
     time_limit_s: float = 0.0     # per model; 0: no limit (the step budget decides)
 
@@ -217,12 +221,18 @@ def train_one(name: str, cfg: Config, device: torch.device, log=print) -> dict:
             "curve": curve}
 
 
-def run(cfg: Config, models=MODELS, device: str | None = None, log=print) -> list[dict]:
+def run(cfg: Config, models=MODELS, device: str | None = None, log=print, jobs: int = 1) -> list[dict]:
+    """Train every model in ``models``; ``jobs`` > 1 trains them in that many processes at once (the models are
+    tiny and host-bound, so they share one GPU without slowing each other much; each keeps its own seed)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     chance = 1.0 / cfg.values
     log(f"# MQAR: {cfg.kv_pairs} kv pairs, seq {cfg.seq_len}, d_model {cfg.d_model}, {cfg.layers} layers, "
         f"{cfg.steps} steps x batch {cfg.batch} on {device} (chance {chance:.4f})")
-    return [train_one(name, cfg, device, log) for name in models]
+    if jobs <= 1:
+        return [train_one(name, cfg, device, log) for name in models]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(models)), mp_context=context) as pool:
+        return list(pool.map(train_one, models, [cfg] * len(models), [device] * len(models)))
 
 
 def format_table(rows: list[dict], cfg: Config) -> str:
@@ -243,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="mqar", help="file name prefix of the results")
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1, help="train the models in this many processes at once")
     for field in dataclasses.fields(Config):
         parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None)
     args = parser.parse_args(argv)
     cfg = Config(**PRESETS[args.preset])
     cfg = dataclasses.replace(cfg, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
                                       if getattr(args, f.name) is not None})
-    rows = run(cfg, args.models, args.device)
+    rows = run(cfg, args.models, args.device, jobs=args.jobs)
     table = format_table(rows, cfg)
     print(table)
     if not args.no_save:
