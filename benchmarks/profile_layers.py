@@ -174,7 +174,13 @@ def mixer_layers(model) -> tuple[list, dict]:
     from visionssm.layers.gka import GKAMixer
 
     shapes: dict[str, tuple] = {}
-    hooks = [module.register_forward_pre_hook(lambda m, a, name=name: shapes.setdefault(name, tuple(a[0].shape)))
+
+    def record(name):
+        def hook(module, args) -> None:  # returns None: a pre-hook's return value would replace the layer's input
+            shapes.setdefault(name, tuple(args[0].shape))
+        return hook
+
+    hooks = [module.register_forward_pre_hook(record(name))
              for name, module in model.named_modules() if isinstance(module, (CombaMixer, GKAMixer))]
     return hooks, shapes
 
