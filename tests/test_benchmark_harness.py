@@ -60,3 +60,28 @@ def test_poisoned_outputs_are_nan():
     with poison_outputs():
         out = empty_output((3,), device=torch.device("cpu"), dtype=torch.float32)
     assert torch.isnan(out).all()
+
+
+def test_time_op_differentiates_every_floating_argument_and_keeps_none():
+    """The kernel suites' timing call: forward without grad, backward through every floating-point argument."""
+    from visionssm.utils.benchmark import time_op, with_bandwidth
+
+    x, w = torch.randn(4, 3), torch.randn(3)
+    seen = []
+
+    def fn(args):
+        a, missing, b = args
+        assert missing is None
+        seen.append((a.requires_grad, b.requires_grad, torch.is_grad_enabled()))
+        return a * b
+
+    fwd = time_op(fn, (x, None, w), None, backward=False, cuda_graph=False, warmup=1, repeats=2)
+    assert fwd.median_ms > 0 and set(seen) == {(False, False, False)}
+    seen.clear()
+    both = time_op(fn, (x, None, w), torch.ones(4, 3), backward=True, cuda_graph=False, warmup=1, repeats=2)
+    assert both.median_ms > 0 and set(seen) == {(True, True, True)}
+    assert not x.requires_grad and not w.requires_grad  # the caller's tensors are left alone
+
+    row = with_bandwidth({"ms": 2.0}, 4_000_000, copy_gbps=4.0)
+    assert row == {"ms": 2.0, "GB/s": 2.0, "%copy": 50.0}
+    assert "%copy" not in with_bandwidth({"ms": 1.0}, 10**9, copy_gbps=None)

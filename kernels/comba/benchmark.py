@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import time_op, with_bandwidth
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -99,24 +99,15 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                     if backward and impl == "fla_chunk_comba" and not fla_backward_ok:
                         continue
                     mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    leaves = [a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
-                    if backward:
-                        call = lambda f=fn, x=leaves, go=grad_out: torch.autograd.grad(f(x), x, go)
-                    else:
-                        call = lambda f=fn, x=leaves: f(x)
                     try:
-                        with torch.no_grad() if not backward else torch.enable_grad():
-                            timing = time_fn(call, warmup=5, repeats=30, cuda_graph=impl in GRAPHED)
+                        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=impl in GRAPHED)
                     except Exception as exc:  # noqa: BLE001 - report and keep going
                         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}")
                         continue
                     row = {"op": "comba", "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
                            "spread": round(timing.spread, 3)}
                     if impl in ("visionssm", OURS_GRAPH):
-                        gbps = _bytes(B, T, H, D, causal, backward) / (timing.median_ms * 1e-3) / 1e9
-                        row["GB/s"] = round(gbps, 1)
-                        if copy_gbps:
-                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
+                        with_bandwidth(row, _bytes(B, T, H, D, causal, backward), copy_gbps)
                     rows.append(row)
                     print(f"{shape:22s} {mode:18s} {impl:22s} {timing.median_ms:8.4f} ms", flush=True)
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo

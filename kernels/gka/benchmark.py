@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import time_fn, time_op, with_bandwidth
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -59,17 +59,6 @@ def _bytes(B, T, H, D, backward: bool, elem: int = 2) -> int:
     return fwd + (tokens * elem * (4 * D + 3 + 3 * D + 3) if backward else 0)
 
 
-def _time(fn, args, grad_out, backward: bool, graph: bool) -> float:
-    leaves = [None if a is None else a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
-    present = [x for x in leaves if x is not None]
-    if backward:
-        call = lambda: torch.autograd.grad(fn(leaves), present, grad_out)
-    else:
-        call = lambda: fn(leaves)
-    with torch.no_grad() if not backward else torch.enable_grad():
-        return time_fn(call, warmup=5, repeats=30, cuda_graph=graph).median_ms
-
-
 def _impls(B, T, H, D, causal: bool, fla):
     from visionssm.kernels.gka import gka
 
@@ -101,16 +90,13 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                 for backward in (False, True) if with_backward else (False,):
                     mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
                     try:
-                        ms = _time(fn, args, grad_out, backward, impl in GRAPHED)
+                        ms = time_op(fn, args, grad_out, backward=backward, cuda_graph=impl in GRAPHED).median_ms
                     except Exception as exc:  # noqa: BLE001 - report and keep going
                         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
                         continue
                     row = {"op": "gka", "shape": shape, "mode": mode, "impl": impl, "ms": ms}
                     if impl in ("visionssm", OURS_GRAPH):
-                        gbps = _bytes(B, T, H, D, backward) / (ms * 1e-3) / 1e9
-                        row["GB/s"] = round(gbps, 1)
-                        if copy_gbps:
-                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
+                        with_bandwidth(row, _bytes(B, T, H, D, backward), copy_gbps)
                     rows.append(row)
                     print(f"{shape:>22} {mode:>18} {impl:>24} {ms:8.4f} ms", flush=True)
             torch.cuda.empty_cache()

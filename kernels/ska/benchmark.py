@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import time_op, with_bandwidth
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -39,16 +39,6 @@ def _bytes(B, T, H, backward: bool, R=RANK, V=VALUE, elem: int = 2) -> int:
     tokens = B * T * H
     fwd = tokens * elem * (2 * R + 2 * V)
     return fwd + (tokens * elem * (2 * R + 2 * V) + tokens * elem * (2 * R + V) if backward else 0)
-
-
-def _time(fn, args, grad_out, backward: bool, graph: bool) -> float:
-    leaves = [a.detach().requires_grad_(backward) for a in args]
-    if backward:
-        call = lambda: torch.autograd.grad(fn(leaves), leaves, grad_out)
-    else:
-        call = lambda: fn(leaves)
-    with torch.no_grad() if not backward else torch.enable_grad():
-        return time_fn(call, warmup=5, repeats=30, cuda_graph=graph).median_ms
 
 
 def _impls(B, T, H, causal: bool):
@@ -76,16 +66,13 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                 for backward in (False, True):
                     mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
                     try:
-                        ms = _time(fn, args, grad_out, backward, impl in GRAPHED)
+                        ms = time_op(fn, args, grad_out, backward=backward, cuda_graph=impl in GRAPHED).median_ms
                     except Exception as exc:  # noqa: BLE001 - report and keep going
                         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
                         continue
                     row = {"op": "ska", "shape": shape, "mode": mode, "impl": impl, "ms": ms}
                     if impl in ("visionssm", OURS_GRAPH):
-                        gbps = _bytes(B, T, H, backward) / (ms * 1e-3) / 1e9
-                        row["GB/s"] = round(gbps, 1)
-                        if copy_gbps:
-                            row["%copy"] = round(100 * gbps / copy_gbps, 1)
+                        with_bandwidth(row, _bytes(B, T, H, backward), copy_gbps)
                     rows.append(row)
                     print(f"{shape:>26} {mode:>18} {impl:>24} {ms:8.4f} ms", flush=True)
             torch.cuda.empty_cache()
@@ -120,8 +107,8 @@ def sweep(shapes=((256, 196, 8), (256, 49, 16))) -> None:
         for overrides in SWEEP:
             try:
                 with launch_overrides("ska", **overrides):
-                    fwd = _time(lambda a: ska(*a, causal=False), (q, k, v), do, False, True)
-                    both = _time(lambda a: ska(*a, causal=False), (q, k, v), do, True, True)
+                    fwd, both = (time_op(lambda a: ska(*a, causal=False), (q, k, v), do, backward=backward,
+                                         cuda_graph=True).median_ms for backward in (False, True))
             except Exception as exc:  # noqa: BLE001 - report and keep going
                 print(f"# sweep B{B} T{T} H{H} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
                 continue

@@ -15,31 +15,19 @@ No pretrained weights are published for these models.
 
 from __future__ import annotations
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 
 from .mamba_vision import MAMBA_VISION_ARCHS, MambaVision, _create_mamba_vision
+from .mamba_vision import _cfg as mamba_vision_cfg
 
 __all__: list[str] = []  # register_model appends the entrypoints
 
 
 def _cfg(url: str = "", **kwargs) -> dict:
-    return {
-        "url": url,
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": (7, 7),
-        "crop_pct": 0.875,
-        "crop_mode": "center",
-        "interpolation": "bicubic",
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "stem.conv1",
-        "classifier": "head.fc",
-        "paper_ids": "arXiv:2511.21016",
-        "paper_name": "Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression",
-        **kwargs,
-    }
+    """MambaVision's pretrained config (same stem, head and input), with this family's paper and crop."""
+    return mamba_vision_cfg(url, crop_pct=0.875, paper_ids="arXiv:2511.21016",
+                            paper_name="Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression",
+                            **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn"]
+__all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn",
+           "time_op", "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -109,6 +110,31 @@ def environment() -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def time_op(fn: Callable[[list], object], args: Sequence, grad_out: torch.Tensor | None, *, backward: bool,
+            cuda_graph: bool, warmup: int = 5, repeats: int = 30) -> Timing:
+    """Time an op the way the kernel suites compare implementations: ``fn(leaves)`` on detached copies of ``args``
+    (``None`` entries kept), forward under ``no_grad``, or with ``backward`` the forward plus the gradient of
+    ``grad_out`` with respect to every floating-point argument."""
+    leaves = [None if a is None else a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
+    wrt = [x for x in leaves if x is not None and x.requires_grad]
+
+    def call():
+        out = fn(leaves)
+        return torch.autograd.grad(out, wrt, grad_out) if backward else out
+
+    with torch.enable_grad() if backward else torch.no_grad():
+        return time_fn(call, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph)
+
+
+def with_bandwidth(row: dict, bytes_moved: int, copy_gbps: float | None) -> dict:
+    """``row`` with ``GB/s`` (``bytes_moved`` over its ``ms``) and, given the copy ceiling, ``%copy``."""
+    gbps = bytes_moved / (row["ms"] * 1e-3) / 1e9
+    row["GB/s"] = round(gbps, 1)
+    if copy_gbps:
+        row["%copy"] = round(100 * gbps / copy_gbps, 1)
+    return row
 
 
 def slug(text: str) -> str:
