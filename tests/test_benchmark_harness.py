@@ -85,3 +85,17 @@ def test_time_op_differentiates_every_floating_argument_and_keeps_none():
     row = with_bandwidth({"ms": 2.0}, 4_000_000, copy_gbps=4.0)
     assert row == {"ms": 2.0, "GB/s": 2.0, "%copy": 50.0}
     assert "%copy" not in with_bandwidth({"ms": 1.0}, 10**9, copy_gbps=None)
+
+
+def test_measure_row_reports_a_failing_implementation_and_goes_on(capsys):
+    from visionssm.utils.benchmark import measure_row
+
+    def broken(args):
+        raise RuntimeError("no kernel for this shape")
+
+    assert measure_row("op", "S", "fwd", "broken", broken, (torch.randn(3),), None, backward=False,
+                       cuda_graph=False) is None
+    assert "broken S fwd failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
+    row = measure_row("op", "S", "fwdbwd", "ours", lambda a: a[0].sin(), (torch.randn(3),), torch.ones(3),
+                      backward=True, cuda_graph=False, bytes_moved=24, copy_gbps=None)
+    assert row["op"] == "op" and row["impl"] == "ours" and row["ms"] > 0 and "GB/s" in row and "%copy" not in row

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import time_op, with_bandwidth
+from visionssm.utils.benchmark import measure_row
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -99,17 +99,12 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                     if backward and impl == "fla_chunk_comba" and not fla_backward_ok:
                         continue
                     mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    try:
-                        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=impl in GRAPHED)
-                    except Exception as exc:  # noqa: BLE001 - report and keep going
-                        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}")
-                        continue
-                    row = {"op": "comba", "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
-                           "spread": round(timing.spread, 3)}
-                    if impl in ("visionssm", OURS_GRAPH):
-                        with_bandwidth(row, _bytes(B, T, H, D, causal, backward), copy_gbps)
-                    rows.append(row)
-                    print(f"{shape:22s} {mode:18s} {impl:22s} {timing.median_ms:8.4f} ms", flush=True)
+                    is_ours = impl in ("visionssm", OURS_GRAPH)
+                    row = measure_row("comba", shape, mode, impl, fn, args, grad_out, backward=backward,
+                                      cuda_graph=impl in GRAPHED, copy_gbps=copy_gbps,
+                                      bytes_moved=_bytes(B, T, H, D, causal, backward) if is_ours else None)
+                    if row is not None:
+                        rows.append(row)
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)

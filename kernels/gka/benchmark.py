@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import time_fn, time_op, with_bandwidth
+from visionssm.utils.benchmark import measure_row, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -89,16 +89,12 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             for impl, (args, fn, grad_out, with_backward) in _impls(B, T, H, D, causal, fla).items():
                 for backward in (False, True) if with_backward else (False,):
                     mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    try:
-                        ms = time_op(fn, args, grad_out, backward=backward, cuda_graph=impl in GRAPHED).median_ms
-                    except Exception as exc:  # noqa: BLE001 - report and keep going
-                        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
-                        continue
-                    row = {"op": "gka", "shape": shape, "mode": mode, "impl": impl, "ms": ms}
-                    if impl in ("visionssm", OURS_GRAPH):
-                        with_bandwidth(row, _bytes(B, T, H, D, backward), copy_gbps)
-                    rows.append(row)
-                    print(f"{shape:>22} {mode:>18} {impl:>24} {ms:8.4f} ms", flush=True)
+                    is_ours = impl in ("visionssm", OURS_GRAPH)
+                    row = measure_row("gka", shape, mode, impl, fn, args, grad_out, backward=backward,
+                                      cuda_graph=impl in GRAPHED, copy_gbps=copy_gbps,
+                                      bytes_moved=_bytes(B, T, H, D, backward) if is_ours else None)
+                    if row is not None:
+                        rows.append(row)
             torch.cuda.empty_cache()
     _print_ratios(rows)
     return rows

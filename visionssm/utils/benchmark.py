@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn",
-           "time_op", "with_bandwidth"]
+           "measure_row", "time_op", "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -134,6 +134,24 @@ def with_bandwidth(row: dict, bytes_moved: int, copy_gbps: float | None) -> dict
     row["GB/s"] = round(gbps, 1)
     if copy_gbps:
         row["%copy"] = round(100 * gbps / copy_gbps, 1)
+    return row
+
+
+def measure_row(op: str, shape: str, mode: str, impl: str, fn: Callable[[list], object], args: Sequence,
+                grad_out: torch.Tensor | None, *, backward: bool, cuda_graph: bool, bytes_moved: int | None = None,
+                copy_gbps: float | None = None) -> dict | None:
+    """One row of a kernel suite: :func:`time_op`, with the bandwidth when ``bytes_moved`` is given, printed as it
+    is measured. A failing implementation is reported and gives ``None``, so the suite goes on with the others."""
+    try:
+        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=cuda_graph)
+    except Exception as exc:  # noqa: BLE001 - one failing implementation must not lose the others' numbers
+        print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
+        return None
+    row = {"op": op, "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
+           "spread": round(timing.spread, 3)}
+    if bytes_moved is not None:
+        with_bandwidth(row, bytes_moved, copy_gbps)
+    print(f"{shape:>26} {mode:>18} {impl:>24} {timing.median_ms:8.4f} ms", flush=True)
     return row
 
 
