@@ -28,9 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from visionssm.layers import mixer_kernel_ops
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "visionssm", "kernels", "tracking", "configs")
-SUITE_OPS = ("gka", "comba", "selective_scan")
+SUITE_OPS = tuple(mixer_kernel_ops())  # every kernel op of a registered mixer has a suite
 
 # The toy sizes: a 3-class generated set of 16-pixel images, one epoch.
 TOY_SET = ["--synthetic-classes", "3", "--synthetic-train-per-class", "8", "--synthetic-val-per-class", "4",
@@ -63,7 +65,7 @@ README_COMMANDS = {
     "--img-size 224 --dtype bf16 --channels-last --baseline convnext_tiny": NOT_RUN + "a GPU measurement (bf16, "
                                                                             "batch 256); its CPU twin below runs",
     "visionssm-benchmark resnet18 test_vit --device cpu --batch-size 4 --img-size 64": "benchmark-cpu",
-    "visionssm-benchmark kernels --ops gka comba selective_scan": "benchmark-kernels",
+    "visionssm-benchmark kernels --ops gka comba selective_scan ska": "benchmark-kernels",
     "python benchmarks/check_regression.py /tmp/fresh/throughput-<gpu>-<date>.json": "check-regression",
 }
 
