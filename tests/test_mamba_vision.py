@@ -1,7 +1,7 @@
 """MambaVision: exact official parameter counts, weight compatibility with NVIDIA's checkpoints, any resolution.
 
 Weight compatibility is checked against ``_Official*``, a small re-statement of the official model written from the
-architecture spec (shared/reference/mambavision.md §1): the official module tree and key names (so its state dict
+official architecture: the official module tree and key names (so its state dict
 *is* the released checkpoint format), the official window padding and the official mixer with its per-token
 selective scan (mamba_ssm's ``selective_scan_ref`` semantics, dt bias applied twice). A random state dict of that
 tree goes through ``checkpoint_filter_fn`` into our model; every tensor must land and the logits must agree.

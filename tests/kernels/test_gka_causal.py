@@ -203,7 +203,7 @@ def test_cuda_direct_vs_chebyshev(K):
                  name="chebyshev-30 vs direct")
 
 
-# the benchmark shapes, bf16, at full size; the reference runs on the first batch entries
+# the benchmark's target shapes, bf16, at full size; the reference runs on the first batch entries
 TARGET_SHAPES = [(256, 196, 10, 16, 16), (256, 49, 20, 16, 16), (256, 197, 6, 64, 64), (4, 2048, 8, 128, 128)]
 
 

@@ -22,7 +22,7 @@ Everything between the input projection and the kernel (short conv, SiLU, L2 nor
 fused Triton kernels on the GPU that read the projection's output in place, the plain PyTorch composition on CPU.
 
 p and q' are built after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
-of p would cancel b (FLA's layer does exactly that, shared/reference/kernels.md §1, finding 3), and then b_logit
+of p would cancel b (flash-linear-attention's Comba layer normalises p again), and then b_logit
 would get no gradient.
 
 The sigmoid output gate is low-rank (``gate_rank``): a full C×C gate would add 12·C² parameters to a 12-block

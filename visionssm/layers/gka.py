@@ -14,7 +14,7 @@ appendix N (short conv k=3, expansion 0.5, head dim 16, the per-head input gate 
     y  = W_o (RMSNorm_head(o) · SiLU(W_gate x))
 
 Parameter budget (gka_vision_T, the MambaVision-T macro-architecture with this layer in the 4 + 2 mixer blocks of
-stages 3–4, dims 320 and 640; see shared/reference/mambavision.md §1.5, §1.10). MambaVisionMixer at width C has
+stages 3–4, dims 320 and 640, as in NVIDIA's MambaVision-T). MambaVisionMixer at width C has
 2C² + O(C) parameters (in_proj C×C, out_proj C×C, x_proj, dt_proj, A_log, D, two k=3 convs): 216,320 at C=320 and
 855,040 at C=640, 2,575,360 over the six mixers; the rest of mamba_vision_T is 29,218,888. To stay within 5 % of
 31.8 M (30.21 M – 33.39 M) the six mixers must hold between 0.99 M and 4.17 M, i.e. between 0.38× and 1.62× the

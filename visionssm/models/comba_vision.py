@@ -10,7 +10,7 @@ Paper: Hu et al., "Comba: Improving Bilinear RNNs with Closed-loop Control", arX
       booktitle={Advances in Neural Information Processing Systems},
       year={2025}}
 
-No vision code or weights of the authors are public (shared/reference/kernels.md §0, finding 7), so the macro
+No vision code or weights of the authors are public, so the macro
 architecture follows the paper's statement "DeiT-T/S proportions" and the vision linear-mixer practice it compares
 with (ViG, Vim): 16×16 patches, 12 blocks of width 192 / 384 with 3 / 6 heads (head dim 64), MLP ratio 4,
 pre-norm residual blocks, a learned absolute position embedding, no class token and global average pooling over the
