@@ -62,10 +62,11 @@ def prologue_bwd_kernel(
     HAS_BETA_BIAS: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ALPHA_BIAS: tl.constexpr, HAS_DECAY: tl.constexpr,
     FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr,
 ):
-    pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok, out2 = _program_tile(
+    pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     drow0 = dproj + pid_b.to(tl.int64) * dstride_b
     dtok = drow0 + t2 * dstride_t
+    out2 = (pid_b.to(tl.int64) * L + t2) * H + h2
     out_k = out2[:, :, None] * K + dk_
     C = 2 * H * K + H * V
     conv_row = (pid_b.to(tl.int64) * L + t3) * C  # [BT, 1, 1] start of each token's row of dconv

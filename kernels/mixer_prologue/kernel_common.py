@@ -14,8 +14,8 @@ import triton.language as tl
 def _program_tile(proj, L, stride_b, stride_t, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, HB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """This program's tile: (batch index, head indices [HB], tokens [BT, 1], heads [1, HB], their mask, the 3-D
-    token/head columns, the key/value channel ranges and masks, the batch element's row 0 in ``proj``, each token's
-    row [BT, 1], and the [BT, HB] index into (B, L, H))."""
+    token/head columns, the key/value channel ranges and masks, the batch element's row 0 in ``proj`` and each
+    token's row [BT, 1])."""
     pid_t, pid_b, pid_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t2 = (pid_t * BT + tl.arange(0, BT))[:, None]
     h1 = pid_h * HB + tl.arange(0, HB)
@@ -29,8 +29,7 @@ def _program_tile(proj, L, stride_b, stride_t, H: tl.constexpr, K: tl.constexpr,
     mask_v = mask2[:, :, None] & (dv < V)
     row0 = proj + pid_b.to(tl.int64) * stride_b
     tok = row0 + t2 * stride_t
-    out2 = (pid_b.to(tl.int64) * L + t2) * H + h2
-    return pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok, out2
+    return pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok
 
 
 @triton.jit

@@ -23,8 +23,9 @@ def prologue_fwd_kernel(
     HAS_BETA_BIAS: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ALPHA_BIAS: tl.constexpr, HAS_DECAY: tl.constexpr,
     FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr,
 ):
-    _, _, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok, out2 = _program_tile(
+    _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
+    out2 = (pid_b.to(tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)
 
     if HAS_DECAY:
         z = tl.load(tok + decay_col + h2, mask=mask2, other=0.0).to(tl.float32) + _head_param(dt_bias, h2, mask_h, 0.0)

@@ -214,12 +214,14 @@ def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf,
                                PREC: tl.constexpr, EPS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     BH = tl.num_programs(0).to(tl.int64)
+    b = pid // H
+    h = pid % H
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    k_seq = head_seq(k, pid, T, H, R)
-    v_seq = head_seq(v, pid, T, H, V)
-    do_seq = head_seq(do, pid, T, H, V)
+    k_seq = k + b * T * H * R + h * R
+    v_seq = v + b * T * H * V + h * V
+    do_seq = do + b * T * H * V + h * V
     later = tt[None, :] >= tt[:, None]          # [τ, t]: t ≥ τ
     strictly_later = tt[None, :] > tt[:, None]
     SG = tl.zeros([R, R], dtype=tl.float32)     # suffix sums over later chunks: Σ dG_t, Σ dM_t, Σ dC_tᵀ
@@ -268,7 +270,7 @@ def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf,
         ds = tl.load(ds_buf + pid * T + rows, mask=live, other=0.0)
         norm = tl.maximum(tl.sqrt(tl.sum(kt * kt, axis=1)), EPS)
         dk_t += (ds / norm)[:, None] * kt
-        tl.store(head_seq(dk, pid, T, H, R) + rows[:, None].to(tl.int64) * (H * R) + rr[None, :],
-                 dk_t.to(dk.dtype.element_ty), mask=live[:, None])
-        tl.store(head_seq(dv, pid, T, H, V) + rows[:, None].to(tl.int64) * (H * V) + vv[None, :],
+        kq_rows = b * T * H * R + h * R + rows[:, None].to(tl.int64) * (H * R) + rr[None, :]
+        tl.store(dk + kq_rows, dk_t.to(dk.dtype.element_ty), mask=live[:, None])
+        tl.store(dv + b * T * H * V + h * V + rows[:, None].to(tl.int64) * (H * V) + vv[None, :],
                  dv_t.to(dv.dtype.element_ty), mask=live[:, None])
