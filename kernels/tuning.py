@@ -90,6 +90,16 @@ def launch_overrides(op: str, **settings) -> Iterator[None]:
         _generation += 1
 
 
+def apply_overrides(op: str, cfg: dict, known: Iterable[str]) -> dict:
+    """``cfg`` with the settings forced for ``op`` laid over it (names checked against ``known``); ``reference``
+    chooses the backend, not a launch setting, so it stays out of ``cfg``."""
+    forced = overrides(op)
+    if forced:
+        check_names(op, forced, known)
+        cfg.update((k, v) for k, v in forced.items() if k != "reference")
+    return cfg
+
+
 def check_names(op: str, settings: Mapping[str, object], known: Iterable[str]) -> None:
     """ValueError naming the first setting of ``settings`` that ``op`` does not understand."""
     known = set(known)

@@ -13,7 +13,8 @@ import torch
 
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
-           "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv"]
+           "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
+           "heads_per_program", "next_pow2"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -65,6 +66,20 @@ def cdiv(a: int, b: int) -> int:
     """Ceiling division of plain integers, for launch shapes (``triton.cdiv`` is a JIT function: its host-side call
     costs microseconds per launch)."""
     return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n (1 for n ≤ 1): Triton block sizes."""
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def heads_per_program(H: int, BD: int, max_width: int = 128) -> int:
+    """How many heads of width BD (a power of two) one program takes: the largest power of two dividing H whose
+    heads together stay within ``max_width`` columns."""
+    HB = 1
+    while H % (2 * HB) == 0 and max_width >= 2 * HB * BD:
+        HB *= 2
+    return HB
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2
 from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
@@ -42,15 +42,11 @@ SETTINGS = ("value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", 
 CHUNK = 16
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (max(1, n) - 1).bit_length()
-
-
 def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions. The
     measurements behind each choice are H100 ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
-    BK = max(16, _next_pow2(K))
-    BV = max(16, _next_pow2(V))
+    BK = max(16, next_pow2(K))
+    BV = max(16, next_pow2(V))
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
@@ -139,7 +135,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], **precision}
     plan.pre = None
     if pre:
-        BVF = max(16, _next_pow2(V))
+        BVF = max(16, next_pow2(V))
         warps = (4 if cfg["BK"] * BVF >= 64 * 64 else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
         plan.pre = DirectLaunch(comba_inv_kernel, (NT - TAIL, B * H), dims,
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})

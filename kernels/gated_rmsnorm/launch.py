@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, heads_per_program, next_pow2
 from .kernel import gated_rmsnorm_bwd_kernel, gated_rmsnorm_fwd_kernel
 
 OP = "gated_rmsnorm"
@@ -19,23 +19,13 @@ SETTINGS = ("block_rows", "heads_per_program", "num_warps", "reference")
 TILE = 1024
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (max(1, n) - 1).bit_length()
-
-
 def launch_config(R: int, H: int, D: int) -> dict:
-    BD = _next_pow2(D)
-    HB = 1
-    while H % (2 * HB) == 0 and 2 * HB * BD <= 128:
-        HB *= 2
-    cfg = {"heads_per_program": HB, "block_rows": max(1, min(_next_pow2(R), TILE // (HB * BD)))}
+    BD = next_pow2(D)
+    HB = heads_per_program(H, BD)
+    cfg = {"heads_per_program": HB, "block_rows": max(1, min(next_pow2(R), TILE // (HB * BD)))}
     tile = cfg["block_rows"] * HB * BD
     cfg["num_warps"] = 4 if tile >= 1024 else 2 if tile >= 256 else 1
-    forced = tuning.overrides(OP)
-    if forced:
-        tuning.check_names(OP, forced, SETTINGS)
-        cfg.update((k, v) for k, v in forced.items() if k != "reference")
-    return cfg
+    return tuning.apply_overrides(OP, cfg, SETTINGS)
 
 
 class Plan:
@@ -53,7 +43,7 @@ def _build(o, gate, activation: str, eps: float) -> Plan:
     plan.dummy = torch.empty(1, device=o.device, dtype=torch.float32)
     plan.dw_rows = grid[0] * grid[1]
     dims = (R, L, 0, 0) if gate is None else (R, L, gate.stride(0), gate.stride(1))
-    constexprs = {"H": H, "D": D, "BR": BR, "HB": HB, "BD": _next_pow2(D), "HAS_GATE": gate is not None,
+    constexprs = {"H": H, "D": D, "BR": BR, "HB": HB, "BD": next_pow2(D), "HAS_GATE": gate is not None,
                   "SILU": activation == "silu", "EPS": eps}
     options = {"num_warps": cfg["num_warps"]}
     plan.fwd = DirectLaunch(gated_rmsnorm_fwd_kernel, grid, dims, constexprs, options)

@@ -76,6 +76,17 @@ def chunk_rows(i_b, i_h, i_c, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def chunk_program(T, NT, H: tl.constexpr, BT: tl.constexpr):
+    """This program's chunk (grid: chunk, batch·head): batch, head and chunk indices, the chunk's token offsets,
+    validity and rows (:func:`chunk_rows`), and its index into the per-chunk state buffers (int64)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    base = (i_bh * NT + i_c).to(tl.int64)
+    return i_b, i_h, i_c, o_t, m_t, row, base
+
+
+@triton.jit
 def load_tile(ptr, row, m_t, W: tl.constexpr, col0, NC: tl.constexpr):
     """Columns [col0, col0 + NC) of the chunk's rows of a (·, W) tensor, in its own dtype (0 past the end)."""
     o_c = col0 + tl.arange(0, NC)
@@ -141,11 +152,8 @@ def readout_kernel(q, k, v, g, beta, alpha, x, s0, o, T, NT, H: tl.constexpr, K:
                    BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
                    HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
     """o = e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V for one chunk, BC output columns at a time (wide heads: fewer live tiles)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
-    base = (i_bh * NT + i_c).to(tl.int64)
     Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
     S = (Ad * b[None, :]) * mm(Z, tl.trans(load_tile(k, row, m_t, K, 0, K)), PREC, False, IN_EXACT)
@@ -163,11 +171,8 @@ def dz_kernel(k, v, g, beta, do, s0, dz, T, NT, H: tl.constexpr, K: tl.constexpr
               BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
               HAS_BETA: tl.constexpr):
     """dz = U_tᵀ do_t = e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K for one chunk (fp32), BC columns at a time."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_v = tl.arange(0, V)
-    base = (i_bh * NT + i_c).to(tl.int64)
     dO = load_tile(do, row, m_t, V, 0, V)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
     S = (Ad * b[None, :]) * mm(dO, tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC, IN_EXACT, IN_EXACT)
@@ -255,10 +260,7 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
     (w_s = e^{G_end − G_s}, a_s = Σ_t Ã[t,s] c_t e^{G_t}; the c terms are the λ = ridge ‖H‖_F path). The chunk's
     BT×BT products come first, then BC output columns at a time. dg = (reverse cumsum of dgp − β dβ inside the
     chunk) + the later chunks' share from the adjoint scan."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-    base = (i_bh * NT + i_c).to(tl.int64)
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
     e = tl.exp(G)
     w_end = tl.exp(g_end - G)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .causal_kernels import _hi, _lo, _lp, chunk_gates, chunk_rows, load_tile, mm
+from .causal_kernels import _hi, _lo, _lp, chunk_gates, chunk_program, load_tile, mm
 
 __all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
 
@@ -82,11 +82,8 @@ def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iter
                          K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
                          HAS_BETA: tl.constexpr):
     """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
-    base = (i_bh * NT + i_c).to(tl.int64)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
         k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
     khk = tl.sum(mm(kc, Hm, PREC, IN_EXACT, False) * kc, 1)
@@ -109,11 +106,8 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
                          IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
     """Adjoint solve y = CH(H_t + λ_t I, α_t dz_t) with the forward's ‖H_t‖_F, then dq, dα, c_t = −ridge x·y / F_t
     and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
-    base = (i_bh * NT + i_c).to(tl.int64)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
         k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
     fro = tl.load(fro_in + row, mask=m_t, other=0.0)

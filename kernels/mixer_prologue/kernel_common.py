@@ -11,6 +11,28 @@ import triton.language as tl
 
 
 @triton.jit
+def _program_tile(proj, L, stride_b, stride_t, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, HB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """This program's tile: (batch index, head indices [HB], tokens [BT, 1], heads [1, HB], their mask, the 3-D
+    token/head columns, the key/value channel ranges and masks, the batch element's row 0 in ``proj`` and each
+    token's row [BT, 1])."""
+    pid_t, pid_b, pid_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t2 = (pid_t * BT + tl.arange(0, BT))[:, None]
+    h1 = pid_h * HB + tl.arange(0, HB)
+    h2 = h1[None, :]
+    mask_h = h2 < H
+    mask2 = (t2 < L) & mask_h
+    t3, h3 = t2[:, :, None], h2[:, :, None]
+    dk = tl.arange(0, BK)[None, None, :]
+    dv = tl.arange(0, BV)[None, None, :]
+    mask_k = mask2[:, :, None] & (dk < K)
+    mask_v = mask2[:, :, None] & (dv < V)
+    row0 = proj + pid_b.to(tl.int64) * stride_b
+    tok = row0 + t2 * stride_t
+    return pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok
+
+
+@triton.jit
 def _short_conv(row0, conv_w, t, col, mask, L, stride_t, KS: tl.constexpr, LEFT: tl.constexpr):
     """Depthwise convolution over tokens before the activation: Σ_j w[col, j] · x[t + j − LEFT, col], with x = 0
     outside [0, L). ``row0`` points at token 0 of this batch element, ``col`` holds the tile's column indices."""

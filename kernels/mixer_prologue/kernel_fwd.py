@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_common import _head_param, _short_conv, _sigmoid, _silu_l2, _softplus
+from .kernel_common import _head_param, _program_tile, _short_conv, _sigmoid, _silu_l2, _softplus
 
 
 @triton.jit
@@ -23,18 +23,8 @@ def prologue_fwd_kernel(
     HAS_BETA_BIAS: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ALPHA_BIAS: tl.constexpr, HAS_DECAY: tl.constexpr,
     FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr,
 ):
-    pid_t, pid_b, pid_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t2 = (pid_t * BT + tl.arange(0, BT))[:, None]
-    h2 = (pid_h * HB + tl.arange(0, HB))[None, :]
-    mask_h = h2 < H
-    mask2 = (t2 < L) & mask_h
-    t3, h3 = t2[:, :, None], h2[:, :, None]
-    dk = tl.arange(0, BK)[None, None, :]
-    dv = tl.arange(0, BV)[None, None, :]
-    mask_k = mask2[:, :, None] & (dk < K)
-    mask_v = mask2[:, :, None] & (dv < V)
-    row0 = proj + pid_b.to(tl.int64) * stride_b
-    tok = row0 + t2 * stride_t  # [BT, 1] pointers to each token's row
+    _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
+        proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     out2 = (pid_b.to(tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)
 
     if HAS_DECAY:

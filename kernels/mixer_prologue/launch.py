@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, heads_per_program, next_pow2
 from .kernel_bwd import SLOTS, conv_bwd_kernel, prologue_bwd_kernel
 from .kernel_fwd import prologue_fwd_kernel
 
@@ -37,27 +37,17 @@ SETTINGS = ("block_tokens", "bwd_block_tokens", "heads_per_program", "num_warps"
 TILE_FWD, TILE_BWD = 1024, 512
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (max(1, n) - 1).bit_length()
-
-
 def launch_config(L: int, H: int, K: int, V: int, C: int) -> dict:
-    BD = max(_next_pow2(K), _next_pow2(V))
-    HB = 1
-    while H % (2 * HB) == 0 and 2 * HB * BD <= 128:
-        HB *= 2
-    tokens = lambda tile: max(1, min(_next_pow2(L), tile // (HB * BD)))  # noqa: E731
+    BD = max(next_pow2(K), next_pow2(V))
+    HB = heads_per_program(H, BD)
+    tokens = lambda tile: max(1, min(next_pow2(L), tile // (HB * BD)))  # noqa: E731
     # the transposed convolution: [8, 128] tiles (91 registers; [16, 128] needs 188)
     cfg = {"heads_per_program": HB, "block_tokens": tokens(TILE_FWD), "bwd_block_tokens": tokens(TILE_BWD),
-           "conv_block_tokens": min(8, _next_pow2(L)), "conv_block_channels": min(128, _next_pow2(C))}
+           "conv_block_tokens": min(8, next_pow2(L)), "conv_block_channels": min(128, next_pow2(C))}
     tile = cfg["block_tokens"] * HB * BD
     cfg["num_warps"] = 4 if tile >= 512 else 2 if tile >= 128 else 1
     cfg["conv_num_warps"] = 4 if cfg["conv_block_tokens"] * cfg["conv_block_channels"] >= 512 else 1
-    forced = tuning.overrides(OP)
-    if forced:
-        tuning.check_names(OP, forced, SETTINGS)
-        cfg.update((k, v) for k, v in forced.items() if k != "reference")
-    return cfg
+    return tuning.apply_overrides(OP, cfg, SETTINGS)
 
 
 class Plan:
@@ -88,7 +78,7 @@ def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool
     left = KS - 1 if causal else (KS - 1) // 2
     beta_col, alpha_col, decay_col = (c if c is not None else 0 for c in cols)
     constexprs = {"H": H, "K": K, "V": V, "KS": KS, "LEFT": left, "BT": cfg["block_tokens"], "HB": HB,
-                  "BK": _next_pow2(K), "BV": _next_pow2(V), "EPS": eps, **flags}
+                  "BK": next_pow2(K), "BV": next_pow2(V), "EPS": eps, **flags}
     options = {"num_warps": cfg["num_warps"]}
     plan.fwd = DirectLaunch(prologue_fwd_kernel, grid, (L, proj.stride(0), proj.stride(1), beta_col, alpha_col,
                                                         decay_col), constexprs, options)
@@ -100,7 +90,7 @@ def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool
     BC = cfg["conv_block_channels"]
     plan.conv_bwd = DirectLaunch(conv_bwd_kernel, (B, cdiv(C, BC)), (L, proj.stride(0), proj.stride(1), L * N, N),
                                  {"C": C, "KS": KS, "LEFT": left, "BT": cfg["conv_block_tokens"], "BC": BC,
-                                  "BKS": _next_pow2(KS)}, {"num_warps": cfg["conv_num_warps"]})
+                                  "BKS": next_pow2(KS)}, {"num_warps": cfg["conv_num_warps"]})
     return plan
 
 

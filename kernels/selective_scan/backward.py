@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import softplus
+from .common import chunk_tile, load_channel_params, load_delta, load_gated_grad, program_block
 
 __all__ = ["selective_scan_bwd_kernel", "selective_scan_finish_kernel"]
 
@@ -109,28 +109,9 @@ def _bwd_segment_record(dl_ptr, C_ptr, z_ptr, dout_ptr, seg_state_ptr, v_dt, v_d
     dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     for i in range(0, seg_chunks):
         c = c_lo + seg_chunks - 1 - i
-        tau = c * CHUNK + offs_s
-        mask_s = tau < L
-        if REVERSE:
-            t = L - 1 - tau
-        else:
-            t = tau
-        m2 = mask_s[:, None] & mask_d[None, :]
-        p2 = row_off[None, :] + t[:, None]
-        dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt_in += bias[None, :]
-        if SOFTPLUS:
-            dt = softplus(dt_in)
-        else:
-            dt = dt_in
-        dt = tl.where(m2, dt, 0.0)
-        do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        if HAS_Z:
-            zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-            g = do * zt * tl.sigmoid(zt)
-        else:
-            g = do
+        mask_s, t, m2, p2 = chunk_tile(c, offs_s, mask_d, row_off, L, REVERSE, CHUNK)
+        _, dt = load_delta(dl_ptr, p2, m2, bias, HAS_BIAS, SOFTPLUS)
+        _, _, _, g = load_gated_grad(dout_ptr, z_ptr, p2, m2, HAS_Z)
         pbc = bc_off + offs_n[None, :] * L + t[:, None]
         tl.store(v_dt + vec_sd, dt)
         tl.store(v_g + vec_sd, g)
@@ -165,33 +146,11 @@ def _bwd_chunk_load(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, dout_ptr, v_dt, v_dtu, v
                     bc_off, mask_d, offs_n, mask_n, offs_s, vec_sd, vec_sn, L, REVERSE: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
     # step 1, the prologue: (CHUNK, BLOCK_D) tiles, time along the first axis
-    tau = c * CHUNK + offs_s
-    mask_s = tau < L
-    if REVERSE:
-        t = L - 1 - tau
-    else:
-        t = tau
-    m2 = mask_s[:, None] & mask_d[None, :]
-    p2 = row_off[None, :] + t[:, None]
+    mask_s, t, m2, p2 = chunk_tile(c, offs_s, mask_d, row_off, L, REVERSE, CHUNK)
     u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-    dt_in = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        dt_in += bias[None, :]
-    if SOFTPLUS:
-        dt = softplus(dt_in)
-    else:
-        dt = dt_in
-    dt = tl.where(m2, dt, 0.0)
+    dt_in, dt = load_delta(dl_ptr, p2, m2, bias, HAS_BIAS, SOFTPLUS)
     dtu = dt * u
-    do = tl.load(dout_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-    if HAS_Z:
-        zt = tl.load(z_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-        sz = tl.sigmoid(zt)
-        g = do * zt * sz
-    else:
-        zt = do  # unused without z
-        sz = do
-        g = do
+    do, zt, sz, g = load_gated_grad(dout_ptr, z_ptr, p2, m2, HAS_Z)
     mbc = mask_s[:, None] & mask_n[None, :]
     pbc = bc_off + offs_n[None, :] * L + t[:, None]
     Bt = tl.load(B_ptr + pbc, mask=mbc, other=0.0).to(tl.float32)
@@ -360,22 +319,9 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     # Segments (see selective_scan_fwd_kernel): SEG_PASS 1 walks only the adjoint through this program's segment;
     # SEG_PASS 2 composes the later segments' records into its carry, h = (that carry) + g C at its last token, and
     # computes every gradient of its segment. dA, d delta_bias and dD partials get one row per (batch, segment).
-    pid_d = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    seg = tl.program_id(2)
-    nseg = tl.num_programs(2)
-    i_b = pid_bg // G
-    i_g = pid_bg % G
-    offs_dl = tl.arange(0, BLOCK_D)
-    offs_dg = pid_d * BLOCK_D + offs_dl
-    mask_d = offs_dg < DG
-    d = i_g * DG + offs_dg
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
+    pid_d, pid_bg, seg, nseg, i_b, offs_dl, d, mask_d, offs_n, mask_n, mask_dn, row_off, bc_off = program_block(
+        dim, L, G, DG, N, BLOCK_D, BLOCK_N)
     offs_s = tl.arange(0, CHUNK)
-    row_off = (i_b * dim + d).to(tl.int64) * L
-    bc_off = pid_bg.to(tl.int64) * N * L
     part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
     program = (seg * tl.num_programs(1) + pid_bg) * NDBLK + pid_d
     v_dt, v_dtu, v_g, v_hB, v_hxA, v_y, v_B, v_C, v_x, v_h = _bwd_scratch(scratch_ptr, program, CHUNK, BLOCK_D,
@@ -385,14 +331,8 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     mat_dn = offs_dl[:, None] * BLOCK_N + offs_n[None, :]
     mat_sdn = offs_s[:, None, None] * (BLOCK_D * BLOCK_N) + mat_dn[None, :, :]
 
-    A = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
-    A2 = A * 1.4426950408889634
-    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    A, A2, bias, Dv = load_channel_params(A_ptr, bias_ptr, D_ptr, d, offs_n, mask_d, mask_dn, N, HAS_BIAS, HAS_D,
+                                          BLOCK_D)
     state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
     vec_off = (i_b * dim + d).to(tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import softplus
+from .common import chunk_tile, load_channel_params, load_delta, program_block
 
 __all__ = ["selective_scan_fwd_kernel"]
 
@@ -58,21 +58,9 @@ def _fwd_chunk_load(u_ptr, dl_ptr, B_ptr, C_ptr, state_ptr, v_dt, v_dtu, v_B, v_
                     REVERSE: tl.constexpr, SEG_PASS: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                     SAVE_STATES: tl.constexpr, CHUNK: tl.constexpr):
     # Coalesced (CHUNK, BLOCK_D) tile loads into the channel-contiguous scratch; saves the state entering chunk c.
-    tau = c * CHUNK + offs_s
-    mask_s = tau < L
-    if REVERSE:
-        t = L - 1 - tau
-    else:
-        t = tau
-    m2 = mask_s[:, None] & mask_d[None, :]
-    p2 = row_off[None, :] + t[:, None]
+    mask_s, t, m2, p2 = chunk_tile(c, offs_s, mask_d, row_off, L, REVERSE, CHUNK)
     u = tl.load(u_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-    dt = tl.load(dl_ptr + p2, mask=m2, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        dt += bias[None, :]
-    if SOFTPLUS:
-        dt = softplus(dt)
-    dt = tl.where(m2, dt, 0.0)
+    _, dt = load_delta(dl_ptr, p2, m2, bias, HAS_BIAS, SOFTPLUS)
     if SEG_PASS == 1:
         dt_sum += tl.sum(dt, axis=0)
     mbc = mask_s[:, None] & mask_n[None, :]
@@ -177,29 +165,12 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     # scan. DIRECTION (bidirectional only): -1 runs both directions in this program (y_fwd parked in ybuf, read
     # back by the reverse pass); 0 / 1 only one of them -- segmented, the reverse pass reads y_fwd written by
     # other programs, so it needs a launch of its own.
-    pid_d = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    seg = tl.program_id(2)
-    nseg = tl.num_programs(2)
-    i_b = pid_bg // G
-    i_g = pid_bg % G
-    offs_dg = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_dg < DG
-    d = i_g * DG + offs_dg
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    row_off = (i_b * dim + d).to(tl.int64) * L
-    bc_off = pid_bg.to(tl.int64) * N * L
+    pid_d, pid_bg, seg, nseg, i_b, _, d, mask_d, offs_n, mask_n, mask_dn, row_off, bc_off = program_block(
+        dim, L, G, DG, N, BLOCK_D, BLOCK_N)
     program = (seg * tl.num_programs(1) + pid_bg) * tl.num_programs(0) + pid_d
     scr = scratch_ptr + program.to(tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
-    A2 = tl.load(A_ptr + d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32) * 1.4426950408889634
-    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    _, A2, bias, Dv = load_channel_params(A_ptr, bias_ptr, D_ptr, d, offs_n, mask_d, mask_dn, N, HAS_BIAS, HAS_D,
+                                          BLOCK_D)
     last_off = (i_b * dim + d).to(tl.int64)[:, None] * N + offs_n[None, :]
     if BIDIR:
         state_off = ((i_b * 2) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]

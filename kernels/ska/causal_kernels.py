@@ -27,52 +27,43 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_common import load_rows, matvec_rows, matvec_t_rows, power_sigma_rows, spd_inverse_rows
+from .kernel_common import (
+    accumulate_stats,
+    head_seq,
+    load_rows,
+    matvec_rows,
+    matvec_t_rows,
+    power_sigma_rows,
+    spd_inverse_rows,
+    store_stats,
+    zero_stats,
+)
 
 
 @triton.jit
 def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,
                             R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
-    rr = tl.arange(0, R)
-    vv = tl.arange(0, V)
-    tt = tl.arange(0, BT)
-    k_seq = k + b * T * H * R + h * R
-    v_seq = v + b * T * H * V + h * V
-    G = tl.zeros([R, R], dtype=tl.float32)
-    M = tl.zeros([R, R], dtype=tl.float32)
-    CT = tl.zeros([R, V], dtype=tl.float32)
-    best = tl.cast(-1.0, tl.float32)
-    arg = tl.cast(0, tl.int32)
+    k_seq = head_seq(k, pid, T, H, R)
+    v_seq = head_seq(v, pid, T, H, V)
+    G, M, CT, best, arg = zero_stats(R, V)
     for c in range(NT):
-        st = pid * NT + c
-        mat = st * R * R + rr[:, None] * R + rr[None, :]
-        tl.store(g_buf + mat, G)
-        tl.store(m_buf + mat, M)
-        tl.store(c_buf + st * R * V + rr[:, None] * V + vv[None, :], CT)
-        tl.store(n_buf + st * 2, best)
-        tl.store(n_buf + st * 2 + 1, arg.to(tl.float32))
-        rows = c * BT + tt
-        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
-        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
-        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
-        ktT = tl.trans(kt)
-        G += tl.dot(ktT, kt, input_precision=PREC)
-        M += tl.dot(ktT, kp, input_precision=PREC)
-        CT += tl.dot(ktT, vt, input_precision=PREC)
-        n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
-        tile_best = tl.max(n2, axis=0)
-        tile_arg = tl.max(tl.where(n2 == tile_best, rows, -1), axis=0)
-        arg = tl.where(tile_best >= best, tile_arg, arg)            # ties: the later token holds the max
-        best = tl.maximum(best, tile_best)
+        store_stats(g_buf, m_buf, c_buf, n_buf, pid * NT + c, G, M, CT, best, arg, R, V)
+        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, c * BT, T, H, G, M, CT, best, arg, R, V, BT, PREC)
 
 
 @triton.jit
-def _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf, st, c0, T, HR, HV,
+def _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf, pid, c, T, H, NT,
                  R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
-    """The chunk's state (G₀, M, Cᵀ, best ‖k‖², its token) and its key / previous-key / value tiles (fp32)."""
+    """Where chunk c of (batch, head) pid starts: its key and query sequences, its first token, its state (G₀, M,
+    Cᵀ, best ‖k‖², its token) and its key / previous-key / value tiles (fp32)."""
+    k_seq = head_seq(k, pid, T, H, R)
+    q_seq = head_seq(q, pid, T, H, R)
+    v_seq = head_seq(v, pid, T, H, V)
+    HR = H * R
+    HV = H * V
+    st = pid * NT + c
+    c0 = c * BT
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     rows = c0 + tl.arange(0, BT)
@@ -86,15 +77,15 @@ def _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf, st, c0, T, HR, HV,
     kpt = load_rows(k_seq, rows, rr, T, HR, -1)
     vt = load_rows(v_seq, rows, vv, T, HV, 0)
     n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
-    return G0, M0, CT0, best0, arg0, kt, kpt, vt, n2
+    return k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2
 
 
 @triton.jit
-def _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge,
+def _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge,
                      R: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, NUM_ITERS: tl.constexpr,
                      NORMALIZE: tl.constexpr, EPS: tl.constexpr):
     """Per-token operators of the BS tokens from chunk offset j0: (rows, upto [BS, BT] = "chunk token τ ≤ t",
-    running max ‖k‖², 1/s, G_n⁻¹, M_n, 1/σ̂), in max-normalised coordinates."""
+    running max ‖k‖², 1/s, G_n⁻¹, M_n, 1/σ̂, the queries q̂), in max-normalised coordinates."""
     ii = tl.arange(0, BS)
     tt = tl.arange(0, BT)
     rr = tl.arange(0, R)
@@ -121,7 +112,8 @@ def _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge,
         isig = 1.0 / power_sigma_rows(Gn, Gi, Mn, NUM_ITERS, EPS, BS, R)
     else:
         isig = tl.full([BS], 1.0, tl.float32)
-    return rows, upto, best, inv_s, Gi, Mn, isig
+    qs = load_rows(q_seq, rows, rr, T, HR, 0) * inv_s[:, None]
+    return rows, upto, best, inv_s, Gi, Mn, isig, qs
 
 
 @triton.jit
@@ -140,21 +132,14 @@ def ska_causal_fwd_kernel(q, k, v, o, g_buf, m_buf, c_buf, n_buf, T, H, NT, ridg
                           PREC: tl.constexpr, EPS: tl.constexpr):
     c = tl.program_id(0)
     pid = tl.program_id(1).to(tl.int64)
-    b = pid // H
-    h = pid % H
-    rr = tl.arange(0, R)
     vv = tl.arange(0, V)
-    k_seq = k + b * T * H * R + h * R
-    q_seq = q + b * T * H * R + h * R
-    v_seq = v + b * T * H * V + h * V
-    o_seq = o + b * T * H * V + h * V
-    c0 = c * BT
-    G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf,
-                                                             pid * NT + c, c0, T, H * R, H * V, R, V, BT)
+    o_seq = head_seq(o, pid, T, H, V)
+    k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf,
+                                                                               pid, c, T, H, NT, R, V, BT)
     for j0 in range(0, BT, BS):
-        rows, upto, best, inv_s, Gi, Mn, isig = _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T,
-                                                                 H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE, EPS)
-        qs = load_rows(q_seq, rows, rr, T, H * R, 0) * inv_s[:, None]
+        rows, upto, best, inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0,
+                                                                     T, H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE,
+                                                                     EPS)
         x = _apply_filter(Gi, Mn, isig, qs, POWER)
         # o_t = C_t x_t / s_t with C_t = (state) + Σ_{τ ≤ t in chunk} v_τ k_τᵀ, raw keys
         if BS == BT:
@@ -177,23 +162,17 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
     c = tl.program_id(0)
     pid = tl.program_id(1).to(tl.int64)
     BH = tl.num_programs(1).to(tl.int64)
-    b = pid // H
-    h = pid % H
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    k_seq = k + b * T * H * R + h * R
-    q_seq = q + b * T * H * R + h * R
-    v_seq = v + b * T * H * V + h * V
-    do_seq = do + b * T * H * V + h * V
-    c0 = c * BT
-    G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(k_seq, v_seq, g_buf, m_buf, c_buf, n_buf,
-                                                             pid * NT + c, c0, T, H * R, H * V, R, V, BT)
+    do_seq = head_seq(do, pid, T, H, V)
+    k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf,
+                                                                               pid, c, T, H, NT, R, V, BT)
     for j0 in range(0, BT, BS):
-        rows, upto, best, inv_s, Gi, Mn, isig = _block_operators(k_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T,
-                                                                 H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE, EPS)
+        rows, upto, best, inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0,
+                                                                     T, H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE,
+                                                                     EPS)
         live = rows < T
-        qs = load_rows(q_seq, rows, rr, T, H * R, 0) * inv_s[:, None]
         dos = load_rows(do_seq, rows, vv, T, H * V, 0)
         # y = C_tᵀ do_t / s_t, the adjoint of x_p
         if BS == BT:
@@ -217,7 +196,7 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
             trace += tl.sum(g * x, axis=1)
             y = matvec_t_rows(Mn, g) * isig[:, None]
         # after j = 0, g is dq̂ (the adjoint of q̂ = q/s)
-        tl.store(dq + b * T * H * R + h * R + rows[:, None].to(tl.int64) * (H * R) + rr[None, :],
+        tl.store(head_seq(dq, pid, T, H, R) + rows[:, None].to(tl.int64) * (H * R) + rr[None, :],
                  (g * inv_s[:, None]).to(dq.dtype.element_ty), mask=live[:, None])
         tl.store(tok_buf + (pid * T + rows) * 2, isig, mask=live)
         tl.store(tok_buf + (pid * T + rows) * 2 + 1, inv_s, mask=live)

@@ -28,45 +28,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_common import load_rows, power_sigma_rows, spd_inverse_rows
+from .kernel_common import (
+    accumulate_stats,
+    head_seq,
+    load_rows,
+    power_sigma_rows,
+    spd_inverse_rows,
+    store_stats,
+    zero_stats,
+)
 
 
 @triton.jit
 def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H,
                             R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
-    rr = tl.arange(0, R)
-    vv = tl.arange(0, V)
-    tt = tl.arange(0, BT)
-    k_seq = k + b * T * H * R + h * R
-    v_seq = v + b * T * H * V + h * V
-    G = tl.zeros([R, R], dtype=tl.float32)
-    M = tl.zeros([R, R], dtype=tl.float32)
-    CT = tl.zeros([R, V], dtype=tl.float32)
-    best = tl.cast(-1.0, tl.float32)
-    arg = tl.cast(0, tl.int32)
+    k_seq = head_seq(k, pid, T, H, R)
+    v_seq = head_seq(v, pid, T, H, V)
+    G, M, CT, best, arg = zero_stats(R, V)
     for t0 in range(0, T, BT):
-        rows = t0 + tt
-        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
-        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
-        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
-        ktT = tl.trans(kt)
-        G += tl.dot(ktT, kt, input_precision=PREC)
-        M += tl.dot(ktT, kp, input_precision=PREC)
-        CT += tl.dot(ktT, vt, input_precision=PREC)
-        n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
-        tile_best = tl.max(n2, axis=0)
-        tile_arg = tl.max(tl.where(n2 == tile_best, rows, -1), axis=0)
-        arg = tl.where(tile_best >= best, tile_arg, arg)
-        best = tl.maximum(best, tile_best)
-    mat = pid * R * R + rr[:, None] * R + rr[None, :]
-    tl.store(g_buf + mat, G)
-    tl.store(m_buf + mat, M)
-    tl.store(c_buf + pid * R * V + rr[:, None] * V + vv[None, :], CT)
-    tl.store(n_buf + pid * 2, best)
-    tl.store(n_buf + pid * 2 + 1, arg.to(tl.float32))
+        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, t0, T, H, G, M, CT, best, arg, R, V, BT, PREC)
+    store_stats(g_buf, m_buf, c_buf, n_buf, pid, G, M, CT, best, arg, R, V)
 
 
 @triton.jit
@@ -126,13 +108,11 @@ def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, BH, ridge,
 def ska_global_out_kernel(q, psi_buf, o, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    q_seq = q + b * T * H * R + h * R
-    o_seq = o + b * T * H * V + h * V
+    q_seq = head_seq(q, pid, T, H, R)
+    o_seq = head_seq(o, pid, T, H, V)
     psi = tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :])
     for t0 in range(0, T, BT):
         rows = t0 + tt
@@ -145,22 +125,21 @@ def ska_global_out_kernel(q, psi_buf, o, T, H, R: tl.constexpr, V: tl.constexpr,
 def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    q_off = b * T * H * R + h * R
-    do_seq = do + b * T * H * V + h * V
+    q_seq = head_seq(q, pid, T, H, R)
+    dq_seq = head_seq(dq, pid, T, H, R)
+    do_seq = head_seq(do, pid, T, H, V)
     psiT = tl.trans(tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :]))
     qdo = tl.zeros([R, V], dtype=tl.float32)
     for t0 in range(0, T, BT):
         rows = t0 + tt
-        qt = load_rows(q + q_off, rows, rr, T, H * R, 0)
+        qt = load_rows(q_seq, rows, rr, T, H * R, 0)
         dot_ = load_rows(do_seq, rows, vv, T, H * V, 0)
         qdo += tl.dot(tl.trans(qt), dot_, input_precision=PREC)
         dq_t = tl.dot(dot_, psiT, input_precision=PREC)
-        tl.store(dq + q_off + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dq_t.to(dq.dtype.element_ty),
+        tl.store(dq_seq + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dq_t.to(dq.dtype.element_ty),
                  mask=(rows < T)[:, None])
     tl.store(qdo_buf + pid * R * V + rr[:, None] * V + vv[None, :], qdo)
 
@@ -213,13 +192,13 @@ def ska_global_operator_bwd_kernel(g_buf, m_buf, c_buf, n_buf, qdo_buf, sg_buf, 
 def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H,
                           R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    k_off = b * T * H * R + h * R
-    v_off = b * T * H * V + h * V
+    k_seq = head_seq(k, pid, T, H, R)
+    v_seq = head_seq(v, pid, T, H, V)
+    dk_seq = head_seq(dk, pid, T, H, R)
+    dv_seq = head_seq(dv, pid, T, H, V)
     mat = pid * R * R + rr[:, None] * R + rr[None, :]
     S = tl.load(sg_buf + mat)                       # dG₀ + dG₀ᵀ
     dM = tl.load(dm_buf + mat)
@@ -230,16 +209,16 @@ def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T
     holder = tl.load(n_buf + pid * 2 + 1).to(tl.int32)
     for t0 in range(0, T, BT):
         rows = t0 + tt
-        kt = load_rows(k + k_off, rows, rr, T, H * R, 0)
-        kp = load_rows(k + k_off, rows, rr, T, H * R, -1)
-        kn = load_rows(k + k_off, rows, rr, T, H * R, 1)
-        vt = load_rows(v + v_off, rows, vv, T, H * V, 0)
+        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
+        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
+        kn = load_rows(k_seq, rows, rr, T, H * R, 1)
+        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
         dk_t = tl.dot(kt, S, input_precision=PREC) + tl.dot(kp, dMT, input_precision=PREC)
         dk_t += tl.dot(kn, dM, input_precision=PREC) + tl.dot(vt, dC, input_precision=PREC)
         dk_t += tl.where(rows == holder, ds, 0.0)[:, None] * kt
         dv_t = tl.dot(kt, dCT, input_precision=PREC)
         live = (rows < T)[:, None]
-        tl.store(dk + k_off + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dk_t.to(dk.dtype.element_ty),
+        tl.store(dk_seq + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dk_t.to(dk.dtype.element_ty),
                  mask=live)
-        tl.store(dv + v_off + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], dv_t.to(dv.dtype.element_ty),
+        tl.store(dv_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], dv_t.to(dv.dtype.element_ty),
                  mask=live)

@@ -23,6 +23,61 @@ def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
     return x.to(tl.float32)
 
 
+@triton.jit
+def head_seq(ptr, pid, T, H, D):
+    """Start of (batch, head) ``pid``'s sequence in a contiguous (B, T, H, D) tensor."""
+    b = pid // H
+    h = pid % H
+    return ptr + b * T * H * D + h * D
+
+
+@triton.jit
+def zero_stats(R: tl.constexpr, V: tl.constexpr):
+    """Empty raw statistics (G₀, M, Cᵀ, largest ‖k‖², its token): the start of every scan over a sequence."""
+    G = tl.zeros([R, R], dtype=tl.float32)
+    M = tl.zeros([R, R], dtype=tl.float32)
+    CT = tl.zeros([R, V], dtype=tl.float32)
+    best = tl.cast(-1.0, tl.float32)
+    arg = tl.cast(0, tl.int32)
+    return G, M, CT, best, arg
+
+
+@triton.jit
+def accumulate_stats(k_seq, v_seq, t0, T, H, G, M, CT, best, arg,
+                     R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    """The raw statistics with the BT tokens from t0 added: G₀ += Σ k kᵀ, M += Σ k_t k_{t−1}ᵀ, Cᵀ += Σ k vᵀ, and
+    the running largest ‖k‖² with its token (ties: the later token holds the max)."""
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    rows = t0 + tl.arange(0, BT)
+    kt = load_rows(k_seq, rows, rr, T, H * R, 0)
+    kp = load_rows(k_seq, rows, rr, T, H * R, -1)
+    vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+    ktT = tl.trans(kt)
+    G += tl.dot(ktT, kt, input_precision=PREC)
+    M += tl.dot(ktT, kp, input_precision=PREC)
+    CT += tl.dot(ktT, vt, input_precision=PREC)
+    n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
+    tile_best = tl.max(n2, axis=0)
+    tile_arg = tl.max(tl.where(n2 == tile_best, rows, -1), axis=0)
+    arg = tl.where(tile_best >= best, tile_arg, arg)
+    best = tl.maximum(best, tile_best)
+    return G, M, CT, best, arg
+
+
+@triton.jit
+def store_stats(g_buf, m_buf, c_buf, n_buf, slot, G, M, CT, best, arg, R: tl.constexpr, V: tl.constexpr):
+    """Write raw statistics to their ``slot`` of the statistics buffers (the token index as fp32 next to ‖k‖²)."""
+    rr = tl.arange(0, R)
+    vv = tl.arange(0, V)
+    mat = slot * R * R + rr[:, None] * R + rr[None, :]
+    tl.store(g_buf + mat, G)
+    tl.store(m_buf + mat, M)
+    tl.store(c_buf + slot * R * V + rr[:, None] * V + vv[None, :], CT)
+    tl.store(n_buf + slot * 2, best)
+    tl.store(n_buf + slot * 2 + 1, arg.to(tl.float32))
+
+
 # Floor of the norms the power iteration divides by (an exactly zero M keeps a zero iterate, σ̂ = 0 → EPS).
 TINY = tl.constexpr(1e-30)
 
