@@ -99,6 +99,15 @@ def check_bool(name: str, value) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
+def check_int(name: str, value, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
 def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None], layout: str) -> None:
     """Check ``tensor.shape`` against ``expected`` (``None`` matches any size); ``layout`` names the axes."""
     if tensor.dim() != len(expected) or any(e is not None and s != e for s, e in zip(tensor.shape, expected)):

@@ -57,7 +57,6 @@ def _config(**overrides):
     ({"models": ["resnet_does_not_exist"]}, "unknown model"),
     ({"models": ["no_such_family_*"]}, "matches no timm model"),
     ({"batch_size": 0}, "batch_size"),
-    ({"batch_size": 2.5}, "batch_size"),
     ({"img_size": -1}, "img_size"),
     ({"repeats": 0}, "repeats"),
     ({"warmup": -1}, "warmup"),
@@ -74,6 +73,11 @@ def _config(**overrides):
 def test_bad_arguments_raise_value_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         bench.validate_config(_config(**overrides))
+
+
+def test_a_count_of_the_wrong_type_raises_type_error():
+    with pytest.raises(TypeError, match="batch_size must be an int, got float"):
+        bench.validate_config(_config(batch_size=2.5))
 
 
 def test_unknown_model_suggests_close_names():

@@ -20,7 +20,7 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import tuning
-from ..utils import check_bool, check_dtype
+from ..utils import check_bool, check_dtype, check_int
 from .naive import mixer_prologue_reference
 
 __all__ = ["OP", "Prologue", "TRANSITIONS", "mixer_prologue", "mixer_prologue_reference"]
@@ -46,14 +46,6 @@ class Prologue(NamedTuple):
     gate: torch.Tensor | None
 
 
-def _require_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_head_param(name: str, value, heads: int, device, required: bool) -> None:
     if value is None:
         if required:
@@ -67,7 +59,7 @@ def _check_head_param(name: str, value, heads: int, device, required: bool) -> N
 
 
 def _check_columns(name: str, start, width: int, first_free: int, total: int) -> None:
-    _require_int(name, start, 0)
+    check_int(name, start, 0)
     if start < first_free or start + width > total:
         raise ValueError(f"{name}={start}: columns [{start}, {start + width}) must lie in [{first_free}, {total}) "
                          f"(after the q, k, v columns, inside proj)")
@@ -78,7 +70,7 @@ def _validate(proj, conv_weight, H, K, V, causal, cols: dict, params: dict, tran
     if proj.dim() != 3 or proj.shape[0] < 1 or proj.shape[1] < 1:
         raise ValueError(f"proj must have shape (B, L, N) with B, L >= 1, got {tuple(proj.shape)}")
     for name, value in (("num_heads", H), ("key_dim", K), ("value_dim", V)):
-        _require_int(name, value, 1)
+        check_int(name, value, 1)
     check_bool("causal", causal)
     width = 2 * H * K + H * V
     N = proj.shape[2]
@@ -97,7 +89,7 @@ def _validate(proj, conv_weight, H, K, V, causal, cols: dict, params: dict, tran
     if gate_cols is not None:
         if not (isinstance(gate_cols, tuple) and len(gate_cols) == 2):
             raise TypeError(f"gate_cols must be a (start, width) tuple, got {gate_cols!r}")
-        _require_int("gate_cols width", gate_cols[1], 1)
+        check_int("gate_cols width", gate_cols[1], 1)
         _check_columns("gate_cols start", gate_cols[0], gate_cols[1], width, N)
     has_decay = cols["decay_col"] is not None
     _check_head_param("A_log", params["A_log"], H, proj.device, has_decay)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from visionssm.kernels.utils import check_int
 from visionssm.layers import mixer_kernel_ops
 
 __all__ = ["CHART_AXES", "COMPILE_MODES", "DTYPES", "FLOP_RULE", "MODES", "PRECISIONS", "TIMING_RULE",
@@ -95,27 +96,20 @@ def resolve_models(names: Sequence[str], skipped: list[str] | None = None) -> li
     return resolved
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def validate_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
-    """Check and normalise every field; raise ``ValueError`` naming the bad argument."""
+    """Check and normalise every field; raise ``ValueError`` naming the bad argument (``TypeError`` for a count that
+    is not an int)."""
     if not cfg.models:
         raise ValueError("models: give at least one timm model name")
     cfg.skipped = []
     cfg.models = resolve_models(cfg.models, cfg.skipped if cfg.skip_unknown else None)
     if not cfg.models:
         raise ValueError("models: none of the given names is a timm model: " + "; ".join(cfg.skipped))
-    _check_int("batch_size", cfg.batch_size, 1)
-    _check_int("img_size", cfg.img_size, 1)
-    _check_int("warmup", cfg.warmup, 0)
-    _check_int("repeats", cfg.repeats, 1)
-    _check_int("num_classes", cfg.num_classes, 1)
+    check_int("batch_size", cfg.batch_size, 1)
+    check_int("img_size", cfg.img_size, 1)
+    check_int("warmup", cfg.warmup, 0)
+    check_int("repeats", cfg.repeats, 1)
+    check_int("num_classes", cfg.num_classes, 1)
     dtype = str(cfg.dtype).lower().replace("torch.", "")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(set(DTYPES))}, got {cfg.dtype!r}")
@@ -153,7 +147,7 @@ def _validate_device(cfg: BenchmarkConfig) -> None:
     elif cfg.cuda_graph:
         raise ValueError("cuda_graph needs a CUDA device")
     cfg.device = str(device)
-    _check_int("data_parallel", cfg.data_parallel, 1)
+    check_int("data_parallel", cfg.data_parallel, 1)
     if device.type == "cuda" and cfg.data_parallel > torch.cuda.device_count():
         raise ValueError(f"data_parallel={cfg.data_parallel} but only {torch.cuda.device_count()} GPU(s) are visible")
 

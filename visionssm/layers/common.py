@@ -9,15 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from visionssm.kernels.utils import check_int
+
 __all__ = ["GatedRMSNorm", "ShortConv1d", "init_log_decay_", "l2_normalize", "require_int", "require_positive"]
 
 
-def require_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+# the kernels' own argument check: one rule for ints in the ops and in the layers
+require_int = check_int
 
 
 def require_positive(name: str, value) -> float:
