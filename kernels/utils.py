@@ -129,12 +129,15 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 # Kernel-launch helpers (FLA's conventions)
 
 
+_NO_DEVICE_SWITCH = contextlib.nullcontext()
+
+
 def device_guard(tensor: torch.Tensor | None):
-    """A context making ``tensor``'s CUDA device current for kernel launches, or ``None`` when there is nothing to
-    switch (no tensor, a CPU tensor, or one GPU: skipping the context saves two driver calls per launch)."""
+    """A context making ``tensor``'s CUDA device current for kernel launches; a shared no-op context when there is
+    nothing to switch (no tensor, a CPU tensor, or one GPU: skipping the switch saves two driver calls per launch)."""
     if tensor is not None and tensor.is_cuda and torch.cuda.device_count() > 1:
         return torch.cuda.device(tensor.device)
-    return None
+    return _NO_DEVICE_SWITCH
 
 
 def input_guard(fn: Callable) -> Callable:
@@ -144,11 +147,8 @@ def input_guard(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-        guard = device_guard(next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda),
-                                  None))
-        if guard is None:
-            return fn(*args, **kwargs)
-        with guard:
+        with device_guard(next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_cuda),
+                               None)):
             return fn(*args, **kwargs)
 
     return wrapper

@@ -32,12 +32,8 @@ class CombaFunction(torch.autograd.Function):
         q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
             beta.contiguous()
         save = any(ctx.needs_input_grad[:6])
-        guard = device_guard(q)
-        if guard is None:
+        with device_guard(q):
             o, h0, inv, plan = _forward(q, k, v, p, g, beta, scale, causal, save)
-        else:
-            with guard:
-                o, h0, inv, plan = _forward(q, k, v, p, g, beta, scale, causal, save)
         if save:
             ctx.save_for_backward(q, k, v, p, g, beta, h0, inv)
         ctx.scale, ctx.causal, ctx.plan = scale, causal, plan
@@ -47,10 +43,7 @@ class CombaFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, p, g, beta, h0, inv = ctx.saved_tensors
         do = do.contiguous()
-        guard = device_guard(do)
-        if guard is None:
-            return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
-        with guard:
+        with device_guard(do):
             return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
 
 
@@ -65,8 +58,5 @@ def fused_comba(q, k, v, p, g, beta, *, scale: float, causal: bool) -> torch.Ten
     # nothing to differentiate: no autograd node, no saved state
     q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \
         beta.contiguous()
-    guard = device_guard(q)
-    if guard is None:
-        return _forward(q, k, v, p, g, beta, scale, causal, False)[0]
-    with guard:
+    with device_guard(q):
         return _forward(q, k, v, p, g, beta, scale, causal, False)[0]

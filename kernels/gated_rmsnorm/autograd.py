@@ -8,25 +8,19 @@ from ..utils import device_guard
 from .launch import get_plan, run_bwd, run_fwd
 
 
-def _call(fn, like, *args):
-    guard = device_guard(like)
-    if guard is None:
-        return fn(*args)
-    with guard:
-        return fn(*args)
-
-
 class GatedRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, gate, weight, plan):
         ctx.save_for_backward(o, gate, weight)
         ctx.plan = plan
-        return _call(run_fwd, o, plan, o, gate, weight)
+        with device_guard(o):
+            return run_fwd(plan, o, gate, weight)
 
     @staticmethod
     def backward(ctx, dy):
         o, gate, weight = ctx.saved_tensors
-        do, dgate, dweight = _call(run_bwd, o, ctx.plan, o, gate, weight, dy)
+        with device_guard(o):
+            do, dgate, dweight = run_bwd(ctx.plan, o, gate, weight, dy)
         return do, dgate, dweight, None
 
 
@@ -42,4 +36,5 @@ def fused_gated_rmsnorm(o, gate, weight, *, activation: str, eps: float) -> torc
     if torch.is_grad_enabled() and (o.requires_grad or weight.requires_grad
                                     or (gate is not None and gate.requires_grad)):
         return GatedRMSNormFunction.apply(o, gate, weight, plan)
-    return _call(run_fwd, o, plan, o, gate, weight)
+    with device_guard(o):
+        return run_fwd(plan, o, gate, weight)

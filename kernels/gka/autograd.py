@@ -9,25 +9,14 @@ so the inputs are made contiguous and the device set here, and autocast has no P
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..utils import device_guard
 
 __all__ = ["CausalGKAFunction", "GlobalGKAFunction", "gka_triton"]
 
-_NO_GUARD = contextlib.nullcontext()
-
-
 def _contiguous(*tensors):
     return tuple(None if t is None else t.contiguous() for t in tensors)
-
-
-def _on_device(tensor):
-    """The tensor's device as the current one for launches (nothing to switch on a one-GPU machine)."""
-    guard = device_guard(tensor)
-    return _NO_GUARD if guard is None else guard
 
 
 class CausalGKAFunction(torch.autograd.Function):
@@ -39,7 +28,7 @@ class CausalGKAFunction(torch.autograd.Function):
         from .causal_launch import causal_fwd, fwd_plan
 
         q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
-        with _on_device(q):
+        with device_guard(q):
             plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
             o, saved = causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=True)
         x, fro, h0, s0 = saved
@@ -53,7 +42,7 @@ class CausalGKAFunction(torch.autograd.Function):
 
         q, k, v, g, beta, alpha, x, fro, h0, s0 = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
-        with _on_device(do):
+        with device_guard(do):
             grads = causal_bwd(ctx.plan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ctx.ridge)
         return (*grads, None, None, None)
 
@@ -67,7 +56,7 @@ class GlobalGKAFunction(torch.autograd.Function):
 
         q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
         plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)
-        with _on_device(q):
+        with device_guard(q):
             o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
         ctx.save_for_backward(q, k, v, beta, alpha, states)
         ctx.plan, ctx.ridge = plan, ridge
@@ -79,7 +68,7 @@ class GlobalGKAFunction(torch.autograd.Function):
 
         q, k, v, beta, alpha, states = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
-        with _on_device(do):
+        with device_guard(do):
             grads = global_bwd(ctx.plan, q, k, v, beta, alpha, states, do, ctx.ridge)
         return (*grads, None, None, None)
 
@@ -94,7 +83,7 @@ def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) 
     from .causal_launch import causal_fwd, fwd_plan
 
     q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
-    with _on_device(q):
+    with device_guard(q):
         plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
         return causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=False)[0]
 
@@ -106,7 +95,7 @@ def _global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> 
 
     q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
     plan = global_plan(q, v, beta, alpha, solver, num_iters, save=False)
-    with _on_device(q):
+    with device_guard(q):
         return global_fwd(plan, q, k, v, beta, alpha, ridge)[0]
 
 

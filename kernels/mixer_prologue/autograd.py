@@ -18,10 +18,7 @@ def _gate_view(proj, gate_cols):
 
 
 def _run_fwd(plan, proj, conv_weight, params):
-    guard = device_guard(proj)
-    if guard is None:
-        return run_fwd(plan, proj, conv_weight, params)
-    with guard:
+    with device_guard(proj):
         return run_fwd(plan, proj, conv_weight, params)
 
 
@@ -38,13 +35,9 @@ class PrologueFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv, dp, dg, dbeta, dalpha, dgate):
         proj, conv_weight, *params = ctx.saved_tensors
-        guard = device_guard(proj)
         grads = (dq, dk, dv, dp, dg, dbeta, dalpha)
-        if guard is None:
+        with device_guard(proj):
             dproj, dweight, head_grads = run_bwd(ctx.plan, proj, conv_weight, params, grads, dgate)
-        else:
-            with guard:
-                dproj, dweight, head_grads = run_bwd(ctx.plan, proj, conv_weight, params, grads, dgate)
         param_grads = tuple(None if p is None or not needed else head_grads[slot].to(p.dtype)
                             for p, slot, needed in zip(params, _PARAM_SLOTS, ctx.needs_input_grad[2:8]))
         return (dproj, dweight, *param_grads, None)

@@ -14,20 +14,13 @@ def _forward(q, k, v, causal: bool, options: tuple, save: bool):
     return (*run(plan, q, k, v, save), plan)
 
 
-def _guarded(fn, anchor, *args):
-    guard = device_guard(anchor)
-    if guard is None:
-        return fn(*args)
-    with guard:
-        return fn(*args)
-
-
 class SKAFunction(torch.autograd.Function):
     # The inputs are made contiguous and the device set here directly; autocast has no PyTorch op inside to act on.
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, saved, plan = _guarded(_forward, q, q, k, v, causal, (ridge, power, num_iters, normalize), True)
+        with device_guard(q):
+            o, saved, plan = _forward(q, k, v, causal, (ridge, power, num_iters, normalize), True)
         ctx.save_for_backward(q, k, v, *saved)
         ctx.causal, ctx.plan = causal, plan
         return o
@@ -39,7 +32,8 @@ class SKAFunction(torch.autograd.Function):
         if do.dtype != v.dtype:
             do = do.to(v.dtype)
         run = run_causal_bwd if ctx.causal else run_global_bwd
-        dq, dk, dv = _guarded(run, do, ctx.plan, q, k, v, do, saved)
+        with device_guard(do):
+            dq, dk, dv = run(ctx.plan, q, k, v, do, saved)
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -51,4 +45,5 @@ def fused_ska(q, k, v, *, causal: bool, ridge: float, power: int, num_iters: int
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return SKAFunction.apply(q, k, v, causal, ridge, power, num_iters, normalize)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return _guarded(_forward, q, q, k, v, causal, (ridge, power, num_iters, normalize), False)[0]
+    with device_guard(q):
+        return _forward(q, k, v, causal, (ridge, power, num_iters, normalize), False)[0]
