@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import measure_row, time_fn
+from visionssm.utils.benchmark import kernel_times_us, measure_row, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -123,18 +123,8 @@ SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"positions": 8}), ((256
          ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
 
 
-def _device_us(event) -> float:
-    for name in ("device_time_total", "cuda_time_total"):
-        value = getattr(event, name, None)
-        if value:
-            return float(value)
-    return 0.0
-
-
 def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None, reps: int = 10) -> dict:
     """GPU µs per kernel of one causal forward+backward (torch.profiler), and the CUDA-graph fwd and fwd+bwd ms."""
-    from torch.profiler import ProfilerActivity, profile
-
     from visionssm.kernels.gka import gka
     from visionssm.kernels.tuning import launch_overrides
 
@@ -143,13 +133,7 @@ def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None
         leaves = [q, k, v, g, beta, alpha]
         do = torch.randn_like(v)
         step = lambda: torch.autograd.grad(gka(q, k, v, g, beta, alpha), leaves, do)
-        step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                step()
-            torch.cuda.synchronize()
-        kernels = {e.key: _device_us(e) / reps for e in prof.key_averages() if _device_us(e) > 0}
+        kernels = kernel_times_us(step, reps)
         fwd = time_fn(lambda: gka(q, k, v, g, beta, alpha), warmup=3, repeats=20, cuda_graph=True).median_ms
         both = time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms
     return {"kernels": kernels, "fwd_ms": fwd, "fwdbwd_ms": both}

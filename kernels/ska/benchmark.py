@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import measure_row, time_op
+from visionssm.utils.benchmark import kernel_times_us, measure_row, time_op
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -113,30 +113,14 @@ def sweep(shapes=((256, 196, 8), (256, 49, 16))) -> None:
         torch.cuda.empty_cache()
 
 
-def _device_us(event) -> float:
-    for name in ("device_time_total", "cuda_time_total"):
-        value = getattr(event, name, None)
-        if value:
-            return float(value)
-    return 0.0
-
-
 def profile_stages(B: int, T: int, H: int, causal: bool = False, reps: int = 10) -> dict:
     """GPU µs per kernel of one forward+backward (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from visionssm.kernels.ska import ska
 
     q, k, v = (t.requires_grad_(True) for t in make_inputs(B, T, H))
     do = torch.randn_like(v)
     step = lambda: torch.autograd.grad(ska(q, k, v, causal=causal), (q, k, v), do)
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
-    return {e.key: _device_us(e) / reps for e in prof.key_averages() if _device_us(e) > 0}
+    return kernel_times_us(step, reps)
 
 
 def main(argv: list[str] | None = None) -> int:

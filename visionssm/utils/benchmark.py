@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn",
-           "measure_row", "time_op", "with_bandwidth"]
+           "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -153,6 +153,25 @@ def measure_row(op: str, shape: str, mode: str, impl: str, fn: Callable[[list], 
         with_bandwidth(row, bytes_moved, copy_gbps)
     print(f"{shape:>26} {mode:>18} {impl:>24} {timing.median_ms:8.4f} ms", flush=True)
     return row
+
+
+def kernel_times_us(step: Callable[[], object], reps: int = 10) -> dict[str, float]:
+    """GPU µs per call of every kernel ``step()`` launches (torch.profiler over ``reps`` calls after one warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        # the attribute's name changed across torch versions
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", None) or 0.0
+        if us > 0:
+            times[event.key] = float(us) / reps
+    return times
 
 
 def slug(text: str) -> str:
