@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -99,13 +100,24 @@ def check_bool(name: str, value) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-def check_int(name: str, value, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``; TypeError / ValueError naming ``name``."""
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) in [``minimum``, ``maximum``]; TypeError / ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
+    if maximum is None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {value}")
     return value
+
+
+def check_positive(name: str, value) -> float:
+    """``value`` as a float if it is a finite number > 0 (not a bool); TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return float(value)
 
 
 def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None], layout: str) -> None:

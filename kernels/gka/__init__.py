@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import check_bool, check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape
 
 __all__ = ["SOLVERS", "SUPPORTED_HEAD_DIMS", "gka", "resolve_solver"]
 
@@ -59,14 +59,8 @@ def _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters, solver):
     check_bool("causal", causal)
     if causal and g is None:
         raise ValueError("g must be given when causal=True (pass zeros for no forgetting)")
-    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
-        raise TypeError(f"ridge must be a float, got {type(ridge).__name__}")
-    if not ridge > 0 or ridge != ridge or ridge == float("inf"):
-        raise ValueError(f"ridge must be a finite number > 0, got {ridge}")
-    if isinstance(num_iters, bool) or not isinstance(num_iters, int):
-        raise TypeError(f"num_iters must be an int, got {type(num_iters).__name__}")
-    if num_iters < 1:
-        raise ValueError(f"num_iters must be >= 1, got {num_iters}")
+    check_positive("ridge", ridge)
+    check_int("num_iters", num_iters, 1)
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     check_same_device(q=q, k=k, v=v, g=g, beta=beta, alpha=alpha)

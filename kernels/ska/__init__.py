@@ -9,12 +9,10 @@ operators, chunked) in :mod:`.causal_kernels`, the small dense algebra both shar
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import dispatch as _dispatch
-from ..utils import check_bool, check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape
 from .naive import EPS, MAX_POWER, ska_parallel, ska_recurrent
 
 __all__ = ["EPS", "MAX_POWER", "SUPPORTED_HEAD_DIMS", "SUPPORTED_RANKS", "ska", "ska_parallel", "ska_recurrent"]
@@ -25,13 +23,6 @@ SUPPORTED_RANKS = (16, 32, 64)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _FUSED = None
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 def _validate(q, k, v, causal, ridge, power, num_iters, normalize) -> None:
@@ -53,12 +44,9 @@ def _validate(q, k, v, causal, ridge, power, num_iters, normalize) -> None:
     check_same_device(q=q, k=k, v=v)
     check_bool("causal", causal)
     check_bool("normalize", normalize)
-    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
-        raise TypeError(f"ridge must be a float, got {type(ridge).__name__}")
-    if not (math.isfinite(ridge) and ridge > 0):
-        raise ValueError(f"ridge must be a finite number > 0, got {ridge}")
-    _check_int("power", power, 0, MAX_POWER)
-    _check_int("num_iters", num_iters, 1, 64)
+    check_positive("ridge", ridge)
+    check_int("power", power, 0, MAX_POWER)
+    check_int("num_iters", num_iters, 1, 64)
 
 
 def ska(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, ridge: float = 1e-3,

@@ -9,21 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visionssm.kernels.utils import check_int
+from visionssm.kernels.utils import check_int, check_positive
 
 __all__ = ["GatedRMSNorm", "ShortConv1d", "init_log_decay_", "l2_normalize", "require_int", "require_positive"]
 
 
-# the kernels' own argument check: one rule for ints in the ops and in the layers
+# the kernels' own argument checks: one rule for the ops and the layers
 require_int = check_int
 
 
-def require_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return float(value)
+require_positive = check_positive
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
