@@ -22,6 +22,9 @@ Two implementations:
 * :func:`gka_chunked` — the same maths vectorised over all (batch, head) pairs and over the tokens of a chunk
   (``H_t`` materialised per token inside a chunk). This is the CPU path of :func:`visionssm.kernels.gka`; its
   gradients come from autograd through the iterations.
+
+:func:`gka_closed_form` writes the non-causal exact solve in closed form (one solve per (batch, head)): the fast
+float64 reference of the non-causal kernels at full-size shapes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import functools
 
 import torch
 
-__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_recurrent", "spd_solve"]
+__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_closed_form", "gka_recurrent", "spd_solve"]
 
 #: Added to ‖H_t‖_F inside λ_t so that an all-zero covariance still gives a regular system (see module docstring).
 EPS = 1e-6
@@ -127,6 +130,23 @@ def gka_recurrent(q, k, v, g=None, beta=None, alpha=None, *, causal: bool = True
         z = at * x + (1.0 - at) * qt
         outputs.append((U @ z.unsqueeze(-1)).squeeze(-1))
     return torch.stack(outputs, dim=1)
+
+
+def gka_closed_form(q, k, v, beta=None, alpha=None, *, ridge: float = 0.02) -> torch.Tensor:
+    """Non-causal GKA with the exact solve: one (H + λI) per (batch, head) for every query, differentiable; equals
+    ``gka_recurrent(..., causal=False, exact=True)`` (computes in ``q.dtype``)."""
+    B, T, NH, K = q.shape
+    beta = q.new_ones(B, T, NH) if beta is None else beta
+    alpha = q.new_ones(B, T, NH) if alpha is None else alpha
+    H = torch.einsum("bth,bthi,bthj->bhij", beta, k, k)
+    U = torch.einsum("bth,bthi,bthj->bhij", beta, v, k)
+    lam = ridge * (torch.linalg.matrix_norm(H) + EPS)
+    A = H + lam[..., None, None] * torch.eye(K, dtype=q.dtype, device=q.device)
+    qh = q.transpose(1, 2)
+    x = torch.linalg.solve(A, qh.transpose(-1, -2)).transpose(-1, -2)
+    a = alpha.transpose(1, 2).unsqueeze(-1)
+    z = a * x + (1.0 - a) * qh
+    return (z @ U.transpose(-1, -2)).transpose(1, 2)
 
 
 def _chunk_matvec(y, *, decay, H0, kT, A, kc):

@@ -16,7 +16,8 @@ import torch
 from gka_inputs import adversarial_keys, run_with_grads
 
 from visionssm.kernels.gka import gka
-from visionssm.kernels.gka.naive import EPS, gka_chunked, gka_recurrent
+from visionssm.kernels.gka.naive import gka_chunked, gka_recurrent
+from visionssm.kernels.gka.naive import gka_closed_form as closed_form_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 
@@ -29,22 +30,6 @@ DIRECT_FWD_TOL, DIRECT_GRAD_TOL = 1e-5, 1e-4
 CHEB_FWD_TOL, CHEB_GRAD_TOL = 5e-5, 2e-2
 #: [q, k, v, β, α] (no forgetting gate: non-causal)
 make_inputs = functools.partial(gka_inputs.make_inputs, causal=False)
-
-
-def closed_form_reference(q, k, v, beta=None, alpha=None, *, ridge=0.02):
-    """The exact non-causal solve with one (H + λI) per (batch, head), differentiable (float64 in, float64 out)."""
-    B, T, NH, K = q.shape
-    beta = q.new_ones(B, T, NH) if beta is None else beta
-    alpha = q.new_ones(B, T, NH) if alpha is None else alpha
-    H = torch.einsum("bth,bthi,bthj->bhij", beta, k, k)
-    U = torch.einsum("bth,bthi,bthj->bhij", beta, v, k)
-    lam = ridge * (torch.linalg.matrix_norm(H) + EPS)
-    A = H + lam[..., None, None] * torch.eye(K, dtype=q.dtype, device=q.device)
-    qh = q.transpose(1, 2)
-    x = torch.linalg.solve(A, qh.transpose(-1, -2)).transpose(-1, -2)
-    a = alpha.transpose(1, 2).unsqueeze(-1)
-    z = a * x + (1.0 - a) * qh
-    return (z @ U.transpose(-1, -2)).transpose(1, 2)
 
 
 def random_do(tensors, seed=1):
@@ -152,9 +137,12 @@ def test_interpreter_direct_vs_chebyshev(triton_interpreter, poison_outputs):
 
 
 def test_interpreter_bf16_split_products(triton_interpreter, poison_outputs):
-    # bf16 inputs take the split-bf16 path (its dots emulated in the interpreter); one pass loses more
+    # bf16 inputs take the bf16 tensor-core path (its dots emulated in the interpreter): by default one pass up to
+    # 64-wide heads; two passes (both bf16 halves of the fp32 operand) lose less
     tensors = make_inputs(2, 37, 2, 16, 32, dtype=torch.bfloat16, seed=5)
-    check(tensors, fwd_tol=1e-2, grad_tol=2e-2)
+    check(tensors, fwd_tol=2e-2, grad_tol=3e-2)
+    with launch_overrides("gka", global_passes=2):
+        check(tensors, fwd_tol=1e-2, grad_tol=2e-2)
     with launch_overrides("gka", global_passes=1, global_block_t=16):
         check(tensors, fwd_tol=2e-2, grad_tol=3e-2)
 
