@@ -3,9 +3,12 @@
 For each vision shape: forward (inputs requiring grad, as in training), inference forward (no grad) and
 forward+backward (gradients of q, k, v, β, α for GKA; q, k, v for SDPA), each eager and replayed from a CUDA graph
 (GPU time without launch gaps); ratios GKA / SDPA against the targets. ``--sweep`` then times fwd+bwd for a few
-launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names).
+launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names). ``--precision`` sets
+one bf16 product pass against two (``global_passes``): the relative error of o and of every gradient against the
+float64 closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the
+fwd+bwd GPU time of each (CUDA graph, best of three interleaved rounds).
 
-    python benchmarks/gka_global_timing.py [--sweep] [--out DIR]
+    python benchmarks/gka_global_timing.py [--sweep] [--precision] [--out DIR]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from visionssm.kernels.gka import gka
+from visionssm.kernels.gka.naive import gka_closed_form
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.utils.benchmark import environment, save_results, slug, time_fn
 
@@ -123,9 +127,72 @@ def sweep(rows: list[dict], deadline: float) -> None:
                   flush=True)
 
 
+def _errors(outs, refs) -> str:
+    """Relative Frobenius error / max-abs error over the reference's max-abs, per tensor (o, then the gradients)."""
+    cells = []
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dbeta", "dalpha"), outs, refs):
+        a, b = a.double(), b.double()
+        cells.append(f"{name} {((a - b).norm() / b.norm()).item():.2e}/"
+                     f"{((a - b).abs().max() / b.abs().max()).item():.2e}")
+    return "  ".join(cells)
+
+
+def _precision_steps(leaves, do) -> dict:
+    """fwd+bwd steps returning (o, gradients): GKA with one and with two bf16 product passes, SDPA on the same data."""
+    sq, sk, sv = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in leaves[:3])
+    sdo = do.transpose(1, 2).contiguous()
+
+    def gka_step(passes):
+        def run():
+            with launch_overrides("gka", global_passes=passes):
+                out = gka(*leaves[:3], None, *leaves[3:], causal=False)
+                return (out.detach(), *torch.autograd.grad(out, leaves, do))
+        return run
+
+    def sdpa_step():
+        out = F.scaled_dot_product_attention(sq, sk, sv)
+        return (out.detach(), *torch.autograd.grad(out, (sq, sk, sv), sdo))
+
+    return {"passes=2": gka_step(2), "passes=1": gka_step(1), "sdpa": sdpa_step, "sdpa_inputs": (sq, sk, sv, sdo)}
+
+
+def _float64_grads(fn, leaves, do) -> tuple:
+    exact = [t.detach().double().requires_grad_(True) for t in leaves]
+    out = fn(*exact)
+    return (out.detach(), *torch.autograd.grad(out, exact, do.double()))
+
+
+def precision(rows: list[dict]) -> None:
+    for name, B, T, H, D, _ in SHAPES:
+        shape = f"B{B} T{T} H{H} D{D}"
+        leaves = make_inputs(B, T, H, D)
+        do = torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16)
+        steps_ = _precision_steps(leaves, do)
+        refs = _float64_grads(gka_closed_form, leaves, do)
+        for label in ("passes=2", "passes=1"):
+            print(f"precision {name} {shape} {label}  {_errors(steps_[label](), refs)}", flush=True)
+        *sdpa_leaves, sdo = steps_.pop("sdpa_inputs")
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            refs = _float64_grads(F.scaled_dot_product_attention, sdpa_leaves, sdo)
+        print(f"precision {name} {shape} sdpa-bf16  {_errors(steps_['sdpa'](), refs)}", flush=True)
+        del refs
+        best: dict[str, float] = {}
+        for _ in range(3):
+            for label, fn in steps_.items():
+                best[label] = min(best.get(label, float("inf")), timed(fn, True))
+        for label, ms in best.items():
+            rows.append({"shape": shape, "id": name, "mode": "precision", "config": label,
+                         "fwdbwd_graph_ms": round(ms, 5), "ratio": round(ms / best["sdpa"], 4)})
+        print(f"precision {name} {shape} fwd+bwd CUDA graph  " + "  ".join(
+            f"{label} {ms:.4f} ms ({ms / best['sdpa']:.3f}x sdpa)" for label, ms in best.items()), flush=True)
+        del leaves, steps_, sdpa_leaves
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--precision", action="store_true", help="one bf16 product pass against two: error and time")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
                         "benchmarks/results)")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
@@ -134,7 +201,10 @@ def main() -> None:
     env = environment()
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
-    main_table(rows)
+    if args.precision:
+        precision(rows)
+    else:
+        main_table(rows)
     save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
     if args.sweep:
         sweep(rows, start + args.budget)
