@@ -56,23 +56,28 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
+    # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64; 1.06× at
+    # B4 T2048 H8 D128); one pass when one wave of 64-wide programs covers the problem (0.85× at B64 T1024 H4 D64)
+    # and for small states (per-chunk 1.07× at B256 T196 H10 D16)
+    split_bwd = wide and not (BK == 64 and programs <= 512)
     cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
            "dir_loop": ND == 2 and BH * NV >= 1024,
-           # off the walk's sequential path: B256 T197 H6 D64 non-causal forward 0.88×; 16-wide 1.30–1.36× slower
-           "inv_pass": wide,
+           # off the walk's sequential path where the per-chunk backward follows: B256 T197 H6 D64 non-causal forward
+           # 0.88×; 16-wide 1.30–1.36× slower; before the 64-wide one-pass backward, the inverse pass and the stored
+           # inverse together cost 1.04× (B64 T1024 H4 D64 causal, fwd+bwd)
+           "inv_pass": split_bwd,
            # W and U0 stored up front pay off only when the value dimension is split over programs (the walk would
            # repeat the K-side work per block): B64 T1024 H4 D64 (one block) forward 0.82× without
            "pre_wy": NV > 1 and programs < 1024 and T > 64,
            # 16-wide non-causal forward 0.93× without (two directions in one program), causal 1.04×
            "prefetch": wide or ND == 1,
-           # 16-wide one-pass backward: 0.89× causal, 0.90× non-causal (B256 T196 H10 D16)
-           "bwd_prefetch": True,
-           # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64;
-           # 1.06× at B4 T2048 H8 D128); one pass when one wave of 64-wide programs covers the problem (0.85× at
-           # B64 T1024 H4 D64) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
-           "split_bwd": wide and not (BK == 64 and programs <= 512),
-           # 16-wide: recomputing the inverse in the backward beats storing and reloading it (0.92–0.93×)
-           "store_inv": wide}
+           # 16-wide one-pass backward: 0.89× causal, 0.90× non-causal (B256 T196 H10 D16); the 64-wide one-pass
+           # backward holds too much already: its kernel takes 1.11× the time with it (B64 T1024 H4 D64 causal)
+           "bwd_prefetch": not wide,
+           "split_bwd": split_bwd,
+           # 16-wide, and 64-wide in one pass: recomputing the inverse in the backward beats storing and reloading it
+           # (0.92–0.93× at 16-wide heads)
+           "store_inv": split_bwd}
     forced = tuning.overrides(OP)
     if forced:
         tuning.check_names(OP, forced, SETTINGS)
