@@ -88,8 +88,9 @@ def _print_ratios(rows: list[dict]) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Diagnostics (not part of the suite): launch-setting variants and per-kernel GPU time at the target shapes
 
-SWEEP = [{}, {"block_t": 32}, {"block_t": 128}, {"num_warps": 2}, {"num_warps": 8}, {"operators": 2},
-         {"operators": 8}, {"operator_warps": 4}]
+SWEEP = [{}, {"block_t": 32}, {"num_warps": 8}, {"operators": 2}, {"operators": 8}, {"operator_warps": 4},
+         {"operators": 2, "operator_warps": 4}, {"operators": 1, "operator_warps": 2}, {"operators": 1,
+                                                                                      "operator_warps": 4}]
 
 
 def sweep(shapes=((256, 196, 8), (256, 49, 16))) -> None:

@@ -8,13 +8,14 @@ Forward:
 1. ``ska_global_stats_kernel``: raw statistics from k and v — G₀ = Σ k kᵀ, M = Σ k_t k_{t−1}ᵀ, Cᵀ = Σ k vᵀ,
    the largest ‖k‖² and the token holding it (ties: the later token).
 2. ``ska_global_operator_kernel``: normalise by s, G⁻¹, σ̂, the filter ``Ψ = (G⁻¹Mᵀ/σ̂)^p G⁻¹Cᵀ`` (R×V); stores
-   Ψ/s, so that ``o = q Ψ / s``.
+   Ψ/s, so that ``o = q Ψ / s``, and, when a backward follows, G⁻¹, N = G⁻¹Mᵀ/σ̂, W₀ = G⁻¹Cᵀ and 1/σ̂.
 3. ``ska_global_out_kernel``: o = q (Ψ/s).
 
 Backward (σ̂ detached):
 
 4. ``ska_global_dq_kernel``: dq = do (Ψ/s)ᵀ and Σ q doᵀ (dΨ up to 1/s).
-5. ``ska_global_operator_bwd_kernel``: the algebra differentiated down to the raw statistics — dG₀ (stored as
+5. ``ska_global_operator_bwd_kernel``: from the saved G⁻¹, N, W₀, 1/σ̂, the algebra differentiated down to the raw
+   statistics — dG₀ (stored as
    dG₀ + dG₀ᵀ), dM, dCᵀ — and the sequence max's share ds = 2λ tr(dG_n)/s (s enters only through the ridge term
    λ s² I of the raw Gram matrix).
 6. ``ska_global_dkv_kernel``: dk (the adjoints applied to each key, its predecessor and its successor, plus ds on
@@ -52,21 +53,40 @@ def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H,
 
 
 @triton.jit
-def _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
-               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
-    """The NB operators of this program, from their raw statistics: (problem index, live, ‖k‖ max², 1/s, G_n⁻¹,
-    M_n, Cᵀ_n, 1/σ̂, N = G_n⁻¹M_nᵀ/σ̂, W₀ = G_n⁻¹Cᵀ_n); 3-D [NB, ·, ·] tensors."""
+def _problems(n_buf, BH, NB: tl.constexpr, EPS: tl.constexpr):
+    """This program's NB operators: (problem index, live, ‖k‖ max², 1/s), [NB] each."""
     prob = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
     live = prob < BH
-    rr = tl.arange(0, R)
-    vv = tl.arange(0, V)
-    mat = prob[:, None, None] * R * R + rr[None, :, None] * R + rr[None, None, :]
-    G = tl.load(g_buf + mat, mask=live[:, None, None], other=0.0)
-    M = tl.load(m_buf + mat, mask=live[:, None, None], other=0.0)
-    CT = tl.load(c_buf + prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :],
-                 mask=live[:, None, None], other=0.0)
     best = tl.load(n_buf + prob * 2, mask=live, other=0.0)
-    inv_s = 1.0 / tl.maximum(tl.sqrt(best), EPS)
+    return prob, live, best, 1.0 / tl.maximum(tl.sqrt(best), EPS)
+
+
+@triton.jit
+def _load_blocks(ptr, prob, live, R: tl.constexpr, C: tl.constexpr):
+    """The [NB, R, C] fp32 blocks of problems ``prob`` (row-major R×C per problem; 0 for dead ones)."""
+    rr = tl.arange(0, R)
+    cc = tl.arange(0, C)
+    return tl.load(ptr + prob[:, None, None] * R * C + rr[None, :, None] * C + cc[None, None, :],
+                   mask=live[:, None, None], other=0.0)
+
+
+@triton.jit
+def _store_blocks(ptr, prob, live, x, R: tl.constexpr, C: tl.constexpr):
+    rr = tl.arange(0, R)
+    cc = tl.arange(0, C)
+    tl.store(ptr + prob[:, None, None] * R * C + rr[None, :, None] * C + cc[None, None, :], x,
+             mask=live[:, None, None])
+
+
+@triton.jit
+def _operators(g_buf, m_buf, c_buf, prob, live, inv_s, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
+               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
+    """The operators from their raw statistics: (G_n⁻¹, M_n, Cᵀ_n, 1/σ̂, N = G_n⁻¹M_nᵀ/σ̂, W₀ = G_n⁻¹Cᵀ_n), 3-D
+    [NB, ·, ·] tensors (1/σ̂: [NB])."""
+    rr = tl.arange(0, R)
+    G = _load_blocks(g_buf, prob, live, R, R)
+    M = _load_blocks(m_buf, prob, live, R, R)
+    CT = _load_blocks(c_buf, prob, live, R, V)
     inv_s2 = (inv_s * inv_s)[:, None, None]
     eye = (rr[:, None] == rr[None, :]).to(tl.float32)[None, :, :]
     Gn = 0.5 * (G + tl.permute(G, (0, 2, 1))) * inv_s2 + ridge * eye
@@ -79,7 +99,7 @@ def _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R: tl.constexpr, V: tl.con
         isig = tl.full([NB], 1.0, tl.float32)
     N = tl.dot(Gi, tl.permute(Mn, (0, 2, 1)), input_precision="ieee") * isig[:, None, None]
     W0 = tl.dot(Gi, CTn, input_precision="ieee")
-    return prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0
+    return Gi, Mn, CTn, isig, N, W0
 
 
 @triton.jit
@@ -92,16 +112,21 @@ def _power(N, W0, POWER: tl.constexpr):
 
 
 @triton.jit
-def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, BH, ridge,
+def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, nn_buf, w0_buf, isig_buf, BH, ridge,
                                R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
-                               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
-    prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R, V, NB,
-                                                                   NUM_ITERS, NORMALIZE, EPS)
-    psi = _power(N, W0, POWER) * inv_s[:, None, None]
-    rr = tl.arange(0, R)
-    vv = tl.arange(0, V)
-    tl.store(psi_buf + prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :], psi,
-             mask=live[:, None, None])
+                               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr,
+                               SAVE: tl.constexpr):
+    """Ψ/s per operator; SAVE (a backward follows): also G_n⁻¹, N, W₀ and 1/σ̂, which the backward would otherwise
+    rebuild (the inverse and the power iteration are most of this kernel's latency)."""
+    prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
+    Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, prob, live, inv_s, ridge, R, V, NB, NUM_ITERS,
+                                          NORMALIZE, EPS)
+    _store_blocks(psi_buf, prob, live, _power(N, W0, POWER) * inv_s[:, None, None], R, V)
+    if SAVE:
+        _store_blocks(gi_buf, prob, live, Gi, R, R)
+        _store_blocks(nn_buf, prob, live, N, R, R)
+        _store_blocks(w0_buf, prob, live, W0, R, V)
+        tl.store(isig_buf + prob, isig, mask=live)
 
 
 @triton.jit
@@ -145,15 +170,17 @@ def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, R: tl.constexpr, V: 
 
 
 @triton.jit
-def ska_global_operator_bwd_kernel(g_buf, m_buf, c_buf, n_buf, qdo_buf, sg_buf, dm_buf, dc_buf, ds_buf, BH, ridge,
-                                   R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
-                                   NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr):
-    prob, live, best, inv_s, Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, n_buf, BH, ridge, R, V, NB,
-                                                                   NUM_ITERS, NORMALIZE, EPS)
-    rr = tl.arange(0, R)
-    vv = tl.arange(0, V)
-    rv = prob[:, None, None] * R * V + rr[None, :, None] * V + vv[None, None, :]
-    dPsi = tl.load(qdo_buf + rv, mask=live[:, None, None], other=0.0) * inv_s[:, None, None]
+def ska_global_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, isig_buf, qdo_buf, sg_buf, dm_buf,
+                                   dc_buf, ds_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
+                                   POWER: tl.constexpr, EPS: tl.constexpr):
+    prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
+    Mn = _load_blocks(m_buf, prob, live, R, R) * (inv_s * inv_s)[:, None, None]
+    CTn = _load_blocks(c_buf, prob, live, R, V) * inv_s[:, None, None]
+    Gi = _load_blocks(gi_buf, prob, live, R, R)
+    N = _load_blocks(nn_buf, prob, live, R, R)
+    W0 = _load_blocks(w0_buf, prob, live, R, V)
+    isig = tl.load(isig_buf + prob, mask=live, other=1.0)
+    dPsi = _load_blocks(qdo_buf, prob, live, R, V) * inv_s[:, None, None]
     NT = tl.permute(N, (0, 2, 1))
     # Ψ = N^p W₀: dN = Σ_j (Nᵀ)^{p−j} dΨ (N^{j−1} W₀)ᵀ, dW₀ = (Nᵀ)^p dΨ
     dN = tl.zeros_like(N)
@@ -177,10 +204,10 @@ def ska_global_operator_bwd_kernel(g_buf, m_buf, c_buf, n_buf, qdo_buf, sg_buf, 
     # to the raw statistics; s moves only the ridge term λ s² I: ds = 2λ tr(dG_n)/s, to the key holding the max
     inv_s2 = (inv_s * inv_s)[:, None, None]
     dGr = dGn * inv_s2
-    mat = prob[:, None, None] * R * R + rr[None, :, None] * R + rr[None, None, :]
-    tl.store(sg_buf + mat, dGr + tl.permute(dGr, (0, 2, 1)), mask=live[:, None, None])
-    tl.store(dm_buf + mat, dMn * inv_s2, mask=live[:, None, None])
-    tl.store(dc_buf + rv, dCTn * inv_s[:, None, None], mask=live[:, None, None])
+    _store_blocks(sg_buf, prob, live, dGr + tl.permute(dGr, (0, 2, 1)), R, R)
+    _store_blocks(dm_buf, prob, live, dMn * inv_s2, R, R)
+    _store_blocks(dc_buf, prob, live, dCTn * inv_s[:, None, None], R, V)
+    rr = tl.arange(0, R)
     diag = (rr[:, None] == rr[None, :])[None, :, :]
     trace = tl.sum(tl.sum(tl.where(diag, dGn, 0.0), axis=2), axis=1)
     ds = 2.0 * ridge * trace * inv_s

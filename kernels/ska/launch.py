@@ -56,10 +56,13 @@ def launch_config(R: int, V: int, T: int) -> dict:
         # 64-token tiles: a T = 196 window is four of them; T = 49 one
         "block_t": 64 if T > 32 else 32 if T > 16 else 16,
         "num_warps": 8 if wide else 4,
-        # a block of NB operators holds [NB, R, V] tensors of 4096 floats; the backward's dozen of them needs eight
-        # warps not to spill at R = 16, V = 64 (sm_90a: 255 registers, no spills; 856 bytes of spills at four)
-        "operators": max(1, 4096 // (R * V)),
-        "operator_warps": 8,
+        # The operator kernels are latency-bound (a sequential inverse and power iteration per operator): up to
+        # R·V = 1024, one operator per two-warp program keeps the most of them in flight (H100, fwd+bwd at R = 16,
+        # V = 64: 0.91× / 0.83× the time of four per eight-warp program at T = 196 / 49; sm_90a: at most 168
+        # registers, no spills, also at R = V = 32). Wider ones: NB operators of R·V ≤ 4096 floats per program on
+        # eight warps (two warps spill heavily at R = V = 64).
+        "operators": 1 if R * V <= 1024 else max(1, 4096 // (R * V)),
+        "operator_warps": 2 if R * V <= 1024 else 8,
         # the backward walk keeps three suffix sums and a dozen 16-token tiles live: eight warps, no pipelining
         # (sm_90a at R = 16, V = 64: 12 bytes of spills; 284 at four warps)
         "walk_warps": 8,
@@ -82,7 +85,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 class GlobalPlan:
-    __slots__ = ("stats_shapes", "psi_shape", "grad_shapes", "stats", "operator", "out", "dq", "operator_bwd", "dkv")
+    __slots__ = ("stats_shapes", "psi_shape", "factor_shapes", "grad_shapes", "stats", "operator", "operator_save",
+                 "out", "dq", "operator_bwd", "dkv")
 
 
 class CausalPlan:
@@ -96,43 +100,53 @@ def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normaliz
     plan = GlobalPlan()
     plan.stats_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH, 2))
     plan.psi_shape = (BH, R, V)
+    # what the forward's operator kernel keeps for the backward: G_n⁻¹, N, W₀, 1/σ̂
+    plan.factor_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
     plan.grad_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
     stream = {"R": R, "V": V, "BT": cfg["block_t"], "PREC": _precision(dtype)}
     operator = {"R": R, "V": V, "NB": NB, "POWER": power, "NUM_ITERS": num_iters, "NORMALIZE": normalize, "EPS": EPS}
     warps = {"num_warps": cfg["num_warps"]}
     operator_warps = {"num_warps": cfg["operator_warps"]}
     plan.stats = DirectLaunch(ska_global_stats_kernel, (BH,), (T, H), stream, warps)
-    plan.operator = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge), operator, operator_warps)
+    plan.operator = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
+                                 {**operator, "SAVE": False}, operator_warps)
+    plan.operator_save = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
+                                      {**operator, "SAVE": True}, operator_warps)
     plan.out = DirectLaunch(ska_global_out_kernel, (BH,), (T, H), stream, warps)
     plan.dq = DirectLaunch(ska_global_dq_kernel, (BH,), (T, H), stream, warps)
-    plan.operator_bwd = DirectLaunch(ska_global_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge), operator,
-                                     operator_warps)
+    plan.operator_bwd = DirectLaunch(ska_global_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge),
+                                     {"R": R, "V": V, "NB": NB, "POWER": power, "EPS": EPS}, operator_warps)
     plan.dkv = DirectLaunch(ska_global_dkv_kernel, (BH,), (T, H), stream, warps)
     return plan
 
 
 def run_global_fwd(plan: GlobalPlan, q, k, v, save: bool):
-    """o, and what the backward needs (the raw statistics and Ψ/s; ``None`` unless ``save``)."""
+    """o, and what the backward needs (the raw statistics, Ψ/s and the operators' factors; ``None`` unless
+    ``save``)."""
     device = v.device
     stats = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.stats_shapes]
     psi = empty_output(plan.psi_shape, device=device, dtype=torch.float32)
     aligned = aligned16(q, k, v)
     plan.stats(aligned, k, v, *stats)
-    plan.operator(True, *stats, psi)
+    if save:
+        factors = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.factor_shapes]
+        plan.operator_save(True, *stats, psi, *factors)
+    else:
+        plan.operator(True, *stats, psi, psi, psi, psi, psi)   # the factor pointers are not written without SAVE
     o = empty_output_like(v)
     plan.out(aligned, q, psi, o)
-    return o, ([*stats, psi] if save else None)
+    return o, ([*stats, psi, *factors] if save else None)
 
 
 def run_global_bwd(plan: GlobalPlan, q, k, v, do, saved):
     device = v.device
-    *stats, psi = saved
+    stats, psi, factors = saved[:4], saved[4], saved[5:]
     dq, dk, dv = empty_output_like(q), empty_output_like(k), empty_output_like(v)
     qdo = empty_output(plan.psi_shape, device=device, dtype=torch.float32)
     grads = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.grad_shapes]
     aligned = aligned16(q, k, v, do)
     plan.dq(aligned, q, do, psi, dq, qdo)
-    plan.operator_bwd(True, *stats, qdo, *grads)
+    plan.operator_bwd(True, *stats[1:], *factors, qdo, *grads)
     plan.dkv(aligned, k, v, stats[3], *grads, dk, dv)
     return dq, dk, dv
 
