@@ -12,8 +12,12 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
 * ``global_block_t`` — tokens per tile (16, 32, 64 or 128);
 * ``global_num_warps`` / ``global_num_warps_bwd`` — warps of the forward / backward program;
 * ``global_num_stages`` — software pipelining depth of the token loops;
-* ``global_passes`` — bf16 inputs: 1 (the default up to 64-wide heads) multiplies the exact operand by the fp32
-  matrix rounded to bf16, 2 (the default for wider heads) by both of its bf16 halves (see :mod:`.global_kernels`);
+* ``global_passes`` — bf16 inputs: 2 (default) multiplies the exact operand by both bf16 halves of the fp32
+  matrix, 1 by the matrix rounded to bf16 (see :mod:`.global_kernels`). One pass takes 0.87× the fwd+bwd time at
+  B256 T196 H10 D16 (H100) for 2.7–3.5e-3 relative error against the float64 solve where two give 1.7e-3 (SDPA in
+  bf16: 2.1–2.4e-3; ``benchmarks/gka_global_timing.py --precision``), but on gradients that are cancelling sums over
+  the tokens (the layer's β bias) it loses up to 2.7× more than the same layer composed of plain bf16 ops, so it
+  stays an opt-in;
 * ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads).
 """
 
@@ -47,12 +51,6 @@ def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prec": "tf32x3", "sprec": "tf32x3"}
-    if width <= 64 and not full and dtype == torch.bfloat16:
-        # one pass: 0.87× the fwd+bwd time at B256 T196 H10 D16 (0.94× at T49 H20, 0.96× at T197 H6 D64), for a
-        # relative error against the float64 solve of 2.7–3.5e-3 in o and every gradient where two passes give
-        # 1.7e-3 and SDPA in bf16 gives 2.1–2.4e-3 against its own float64 result (H100, same inputs): the error
-        # stays that of bf16 attention (the statistics H, Uᵀ keep both halves whatever this setting)
-        cfg["passes"] = 1
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
         # take 0.141 / 0.091 ms at B256 T196 H10 / B256 T49 H20 against 0.187 / 0.149 for 64 tokens and two warps

@@ -137,12 +137,9 @@ def test_interpreter_direct_vs_chebyshev(triton_interpreter, poison_outputs):
 
 
 def test_interpreter_bf16_split_products(triton_interpreter, poison_outputs):
-    # bf16 inputs take the bf16 tensor-core path (its dots emulated in the interpreter): by default one pass up to
-    # 64-wide heads; two passes (both bf16 halves of the fp32 operand) lose less
+    # bf16 inputs take the split-bf16 path (its dots emulated in the interpreter); one pass loses more
     tensors = make_inputs(2, 37, 2, 16, 32, dtype=torch.bfloat16, seed=5)
-    check(tensors, fwd_tol=2e-2, grad_tol=3e-2)
-    with launch_overrides("gka", global_passes=2):
-        check(tensors, fwd_tol=1e-2, grad_tol=2e-2)
+    check(tensors, fwd_tol=1e-2, grad_tol=2e-2)
     with launch_overrides("gka", global_passes=1, global_block_t=16):
         check(tensors, fwd_tol=2e-2, grad_tol=3e-2)
 
