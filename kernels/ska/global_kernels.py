@@ -15,9 +15,8 @@ Backward (σ̂ detached):
 
 4. ``ska_global_dq_kernel``: dq = do (Ψ/s)ᵀ and Σ q doᵀ (dΨ up to 1/s).
 5. ``ska_global_operator_bwd_kernel``: from the saved G⁻¹, N, W₀, 1/σ̂, the algebra differentiated down to the raw
-   statistics — dG₀ (stored as
-   dG₀ + dG₀ᵀ), dM, dCᵀ — and the sequence max's share ds = 2λ tr(dG_n)/s (s enters only through the ridge term
-   λ s² I of the raw Gram matrix).
+   statistics — dG₀ (stored as dG₀ + dG₀ᵀ), dM, dCᵀ — and the sequence max's share ds = 2λ tr(dG_n)/s (s enters
+   only through the ridge term λ s² I of the raw Gram matrix).
 6. ``ska_global_dkv_kernel``: dk (the adjoints applied to each key, its predecessor and its successor, plus ds on
    the key holding the max) and dv = k dCᵀ.
 
