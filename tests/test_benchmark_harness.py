@@ -99,3 +99,24 @@ def test_measure_row_reports_a_failing_implementation_and_goes_on(capsys):
     row = measure_row("op", "S", "fwdbwd", "ours", lambda a: a[0].sin(), (torch.randn(3),), torch.ones(3),
                       backward=True, cuda_graph=False, bytes_moved=24, copy_gbps=None)
     assert row["op"] == "op" and row["impl"] == "ours" and row["ms"] > 0 and "GB/s" in row and "%copy" not in row
+
+
+def test_measure_impls_rows_in_order_with_forward_only_and_bandwidth_for_ours(capsys):
+    from visionssm.utils.benchmark import measure_impls
+
+    x = (torch.randn(3),)
+
+    def broken(args):
+        raise RuntimeError("no kernel")
+
+    impls = {"ours": (x, lambda a: a[0].sin(), torch.ones(3)), "anchor": (x, lambda a: a[0].cos(), torch.ones(3)),
+             "fwd_only": (x, lambda a: a[0].exp(), torch.ones(3)), "broken": (x, broken, torch.ones(3))}
+    asked = []
+    rows = measure_impls("op", "S", "causal", impls, ours=("ours",), graphed=(),
+                         bytes_moved=lambda backward: asked.append(backward) or 24, forward_only=("fwd_only",))
+    assert [(r["impl"], r["mode"]) for r in rows] == [("ours", "fwd causal"), ("ours", "fwdbwd causal"),
+                                                      ("anchor", "fwd causal"), ("anchor", "fwdbwd causal"),
+                                                      ("fwd_only", "fwd causal")]
+    assert asked == [False, True]
+    assert all(("GB/s" in r) == (r["impl"] == "ours") for r in rows)
+    assert "broken S fwd causal failed" in capsys.readouterr().out

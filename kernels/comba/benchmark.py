@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import measure_row
+from visionssm.utils.benchmark import measure_impls
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
 SDPA_GRAPH = "sdpa (CUDA graph)"
 #: Timed by replaying a captured CUDA graph.
 GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+OURS = ("visionssm", OURS_GRAPH)
 SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (64, 1024, 4, 64), (4, 2048, 8, 128), (256, 197, 6, 64)]
 
 
@@ -94,17 +95,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             if causal and fla_chunk_comba is not None:
                 impls["fla_chunk_comba"] = ((q, k, v, p, g, beta), lambda a: fla_chunk_comba(
                     q=a[0], k=a[1], v=a[2], p=a[3], g=a[4], beta=a[5])[0], do)
-            for impl, (args, fn, grad_out) in impls.items():
-                for backward in (False, True):
-                    if backward and impl == "fla_chunk_comba" and not fla_backward_ok:
-                        continue
-                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    is_ours = impl in ("visionssm", OURS_GRAPH)
-                    row = measure_row("comba", shape, mode, impl, fn, args, grad_out, backward=backward,
-                                      cuda_graph=impl in GRAPHED, copy_gbps=copy_gbps,
-                                      bytes_moved=_bytes(B, T, H, D, causal, backward) if is_ours else None)
-                    if row is not None:
-                        rows.append(row)
+            rows += measure_impls("comba", shape, tag, impls, ours=OURS, graphed=GRAPHED,
+                                  bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd),
+                                  copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else ("fla_chunk_comba",))
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_row, time_fn
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
 SDPA_GRAPH = "sdpa (CUDA graph)"
 GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+OURS = ("visionssm", OURS_GRAPH)
 FLA = "fla_gated_delta_rule"
 #: (B, T, H, D, causal modes)
 SHAPES = [(256, 196, 10, 16, (True, False)), (256, 49, 20, 16, (True, False)), (256, 197, 6, 64, (True, False)),
@@ -66,13 +67,13 @@ def _impls(B, T, H, D, causal: bool, fla):
     sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     do = torch.randn_like(v)
     sdo = do.transpose(1, 2).contiguous()
-    ours = ((q, k, v, g if causal else None, beta, alpha), lambda a, c=causal: gka(*a, causal=c), do, True)
-    sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo, True)
+    ours = ((q, k, v, g if causal else None, beta, alpha), lambda a, c=causal: gka(*a, causal=c), do)
+    sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo)
     impls = {"visionssm": ours, "sdpa": sdpa, OURS_GRAPH: ours, SDPA_GRAPH: sdpa}
     if causal and fla is not None and D >= 64:
         gdn_g = g.float()
         impls[FLA] = ((q, k, v, gdn_g, beta), lambda a, d=D: fla(q=a[0], k=a[1], v=a[2], g=a[3], beta=a[4],
-                                                                 scale=d ** -0.5)[0], do, False)
+                                                                 scale=d ** -0.5)[0], do)
     return impls
 
 
@@ -86,15 +87,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         shape = f"B{B} T{T} H{H} D{D}"
         for causal in modes:
             tag = "causal" if causal else "noncausal"
-            for impl, (args, fn, grad_out, with_backward) in _impls(B, T, H, D, causal, fla).items():
-                for backward in (False, True) if with_backward else (False,):
-                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    is_ours = impl in ("visionssm", OURS_GRAPH)
-                    row = measure_row("gka", shape, mode, impl, fn, args, grad_out, backward=backward,
-                                      cuda_graph=impl in GRAPHED, copy_gbps=copy_gbps,
-                                      bytes_moved=_bytes(B, T, H, D, backward) if is_ours else None)
-                    if row is not None:
-                        rows.append(row)
+            rows += measure_impls("gka", shape, tag, _impls(B, T, H, D, causal, fla), ours=OURS, graphed=GRAPHED,
+                                  bytes_moved=lambda bwd, s=(B, T, H, D): _bytes(*s, bwd), copy_gbps=copy_gbps,
+                                  forward_only=(FLA,))
             torch.cuda.empty_cache()
     _print_ratios(rows)
     return rows

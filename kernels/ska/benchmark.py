@@ -16,12 +16,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_row, time_op
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, time_op
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
 SDPA_GRAPH = "sdpa (CUDA graph)"
 GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+OURS = ("visionssm", OURS_GRAPH)
 RANK, VALUE = 16, 64
 #: (B, T, H)
 SHAPES = [(256, 196, 8), (256, 49, 16), (256, 1024, 4)]
@@ -62,15 +63,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         shape = f"B{B} T{T} H{H} R{RANK} V{VALUE}"
         for causal in (False, True):
             tag = "causal" if causal else "noncausal"
-            for impl, (args, fn, grad_out) in _impls(B, T, H, causal).items():
-                for backward in (False, True):
-                    mode = f"{'fwdbwd' if backward else 'fwd'} {tag}"
-                    is_ours = impl in ("visionssm", OURS_GRAPH)
-                    row = measure_row("ska", shape, mode, impl, fn, args, grad_out, backward=backward,
-                                      cuda_graph=impl in GRAPHED, copy_gbps=copy_gbps,
-                                      bytes_moved=_bytes(B, T, H, backward) if is_ours else None)
-                    if row is not None:
-                        rows.append(row)
+            rows += measure_impls("ska", shape, tag, _impls(B, T, H, causal), ours=OURS, graphed=GRAPHED,
+                                  bytes_moved=lambda bwd, s=(B, T, H): _bytes(*s, bwd), copy_gbps=copy_gbps)
             torch.cuda.empty_cache()
     _print_ratios(rows)
     return rows

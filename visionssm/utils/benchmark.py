@@ -155,6 +155,24 @@ def measure_row(op: str, shape: str, mode: str, impl: str, fn: Callable[[list], 
     return row
 
 
+def measure_impls(op: str, shape: str, tag: str, impls: dict, *, ours: Sequence[str], graphed: Sequence[str],
+                  bytes_moved: Callable[[bool], int], copy_gbps: float | None = None,
+                  forward_only: Sequence[str] = ()) -> list[dict]:
+    """The rows of one suite shape: for every implementation ``name: (args, fn, grad_out)`` of ``impls``, the
+    forward (mode ``"fwd <tag>"``) and, unless it is in ``forward_only``, forward+backward (``"fwdbwd <tag>"``),
+    replayed from a CUDA graph where its name is in ``graphed``; ``ours`` get the bandwidth of
+    ``bytes_moved(backward)``. Failing implementations are reported and left out (:func:`measure_row`)."""
+    rows = []
+    for impl, (args, fn, grad_out) in impls.items():
+        for backward in (False,) if impl in forward_only else (False, True):
+            row = measure_row(op, shape, f"{'fwdbwd' if backward else 'fwd'} {tag}", impl, fn, args, grad_out,
+                              backward=backward, cuda_graph=impl in graphed, copy_gbps=copy_gbps,
+                              bytes_moved=bytes_moved(backward) if impl in ours else None)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
 def kernel_times_us(step: Callable[[], object], reps: int = 10) -> dict[str, float]:
     """GPU µs per call of every kernel ``step()`` launches (torch.profiler over ``reps`` calls after one warm-up)."""
     from torch.profiler import ProfilerActivity, profile
