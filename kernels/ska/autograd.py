@@ -5,20 +5,21 @@ from __future__ import annotations
 import torch
 
 from ..utils import device_guard
-from .launch import get_plan, run_causal_bwd, run_causal_fwd, run_global_bwd, run_global_fwd
+from .launch import get_plan, kernel_inputs, run_causal_bwd, run_causal_fwd, run_global_bwd, run_global_fwd
 
 
 def _forward(q, k, v, causal: bool, options: tuple, save: bool):
-    plan = get_plan(q, v, causal, *options)
+    plan = get_plan(q, k, v, causal, *options)
     run = run_causal_fwd if causal else run_global_fwd
     return (*run(plan, q, k, v, save), plan)
 
 
 class SKAFunction(torch.autograd.Function):
-    # The inputs are made contiguous and the device set here directly; autocast has no PyTorch op inside to act on.
+    # The inputs are laid out for the kernels and the device set here directly; autocast has no PyTorch op inside
+    # to act on.
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = kernel_inputs(q, k, v, causal)
         with device_guard(q):
             o, saved, plan = _forward(q, k, v, causal, (ridge, power, num_iters, normalize), True)
         ctx.save_for_backward(q, k, v, *saved)
@@ -44,6 +45,6 @@ def fused_ska(q, k, v, *, causal: bool, ridge: float, power: int, num_iters: int
     """Triton SKA (validated arguments expected; see :func:`visionssm.kernels.ska`)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return SKAFunction.apply(q, k, v, causal, ridge, power, num_iters, normalize)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = kernel_inputs(q, k, v, causal)
     with device_guard(q):
         return _forward(q, k, v, causal, (ridge, power, num_iters, normalize), False)[0]

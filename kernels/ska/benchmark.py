@@ -82,29 +82,36 @@ def _print_ratios(rows: list[dict]) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Diagnostics (not part of the suite): launch-setting variants and per-kernel GPU time at the target shapes
 
-SWEEP = [{}, {"block_t": 32}, {"num_warps": 8}, {"operators": 2}, {"operators": 8}, {"operator_warps": 4},
-         {"operators": 2, "operator_warps": 4}, {"operators": 1, "operator_warps": 2}, {"operators": 1,
-                                                                                      "operator_warps": 4}]
+SWEEP = [{}, {"operator_warps": 2}, {"operator_warps": 4}, {"operators": 2, "operator_warps": 2}, {"num_warps": 4},
+         {"block_t": 64}, {"block_t": 64, "num_warps": 4}]
 
 
-def sweep(shapes=((256, 196, 8), (256, 49, 16))) -> None:
-    """Non-causal forward and forward+backward (CUDA graph) for each variant of :data:`SWEEP`."""
+def sweep(shapes=((256, 196, 8), (256, 49, 16), (256, 1024, 4))) -> None:
+    """Non-causal forward and forward+backward (CUDA graph) and GPU µs per kernel for each variant of
+    :data:`SWEEP`, next to SDPA's forward+backward (CUDA graph) in the same run."""
     from visionssm.kernels.ska import ska
     from visionssm.kernels.tuning import launch_overrides
 
     for B, T, H in shapes:
         q, k, v = make_inputs(B, T, H)
         do = torch.randn_like(v)
+        sq, sk, sv = (torch.randn(B, H, T, VALUE, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        sdpa = time_op(lambda a: F.scaled_dot_product_attention(*a), (sq, sk, sv), torch.randn_like(sv),
+                       backward=True, cuda_graph=True).median_ms
+        print(f"## sweep B{B} T{T} H{H} sdpa fwd+bwd {sdpa:.4f} ms", flush=True)
         for overrides in SWEEP:
             try:
                 with launch_overrides("ska", **overrides):
                     fwd, both = (time_op(lambda a: ska(*a, causal=False), (q, k, v), do, backward=backward,
                                          cuda_graph=True).median_ms for backward in (False, True))
+                    kernels = profile_stages(B, T, H)
             except Exception as exc:  # noqa: BLE001 - report and keep going
                 print(f"# sweep B{B} T{T} H{H} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
                 continue
-            print(f"## sweep B{B} T{T} H{H} {overrides or 'defaults'}: fwd {fwd:.4f} ms, fwd+bwd {both:.4f} ms",
-                  flush=True)
+            stages = ", ".join(f"{name.replace('ska_global_', '').replace('_kernel', '')} {us:.0f}"
+                               for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            print(f"## sweep B{B} T{T} H{H} {overrides or 'defaults'}: fwd {fwd:.4f} ms, fwd+bwd {both:.4f} ms = "
+                  f"{both / sdpa:.3f}x sdpa | µs per kernel: {stages}", flush=True)
         torch.cuda.empty_cache()
 
 

@@ -49,7 +49,8 @@ def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,
     G, M, CT, best, arg = zero_stats(R, V)
     for c in range(NT):
         store_stats(g_buf, m_buf, c_buf, n_buf, pid * NT + c, G, M, CT, best, arg, R, V)
-        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, c * BT, T, H, G, M, CT, best, arg, R, V, BT, PREC)
+        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, c * BT, T, H * R, H * V, G, M, CT, best, arg,
+                                               R, V, BT, PREC)
 
 
 @triton.jit

@@ -35,19 +35,21 @@ from .kernel_common import (
     power_sigma_rows,
     spd_inverse_rows,
     store_stats,
+    strided_head_seq,
     zero_stats,
 )
 
 
 @triton.jit
-def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H,
+def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_stride, k_row, v_seq_stride, v_row,
                             R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    k_seq = head_seq(k, pid, T, H, R)
-    v_seq = head_seq(v, pid, T, H, V)
+    k_seq = strided_head_seq(k, pid, H, k_seq_stride, R)
+    v_seq = strided_head_seq(v, pid, H, v_seq_stride, V)
     G, M, CT, best, arg = zero_stats(R, V)
     for t0 in range(0, T, BT):
-        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, t0, T, H, G, M, CT, best, arg, R, V, BT, PREC)
+        G, M, CT, best, arg = accumulate_stats(k_seq, v_seq, t0, T, k_row, v_row, G, M, CT, best, arg, R, V, BT,
+                                               PREC)
     store_stats(g_buf, m_buf, c_buf, n_buf, pid, G, M, CT, best, arg, R, V)
 
 
@@ -129,37 +131,37 @@ def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, nn_b
 
 
 @triton.jit
-def ska_global_out_kernel(q, psi_buf, o, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                          PREC: tl.constexpr):
+def ska_global_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
+                          BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    q_seq = head_seq(q, pid, T, H, R)
+    q_seq = strided_head_seq(q, pid, H, q_seq_stride, R)
     o_seq = head_seq(o, pid, T, H, V)
     psi = tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :])
     for t0 in range(0, T, BT):
         rows = t0 + tt
-        out = tl.dot(load_rows(q_seq, rows, rr, T, H * R, 0), psi, input_precision=PREC)
+        out = tl.dot(load_rows(q_seq, rows, rr, T, q_row, 0), psi, input_precision=PREC)
         tl.store(o_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], out.to(o.dtype.element_ty),
                  mask=(rows < T)[:, None])
 
 
 @triton.jit
-def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         PREC: tl.constexpr):
+def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    q_seq = head_seq(q, pid, T, H, R)
+    q_seq = strided_head_seq(q, pid, H, q_seq_stride, R)
     dq_seq = head_seq(dq, pid, T, H, R)
     do_seq = head_seq(do, pid, T, H, V)
     psiT = tl.trans(tl.load(psi_buf + pid * R * V + rr[:, None] * V + vv[None, :]))
     qdo = tl.zeros([R, V], dtype=tl.float32)
     for t0 in range(0, T, BT):
         rows = t0 + tt
-        qt = load_rows(q_seq, rows, rr, T, H * R, 0)
+        qt = load_rows(q_seq, rows, rr, T, q_row, 0)
         dot_ = load_rows(do_seq, rows, vv, T, H * V, 0)
         qdo += tl.dot(tl.trans(qt), dot_, input_precision=PREC)
         dq_t = tl.dot(dot_, psiT, input_precision=PREC)
@@ -215,14 +217,14 @@ def ska_global_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, 
 
 
 @triton.jit
-def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H,
-                          R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H, k_seq_stride, k_row, v_seq_stride,
+                          v_row, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
-    k_seq = head_seq(k, pid, T, H, R)
-    v_seq = head_seq(v, pid, T, H, V)
+    k_seq = strided_head_seq(k, pid, H, k_seq_stride, R)
+    v_seq = strided_head_seq(v, pid, H, v_seq_stride, V)
     dk_seq = head_seq(dk, pid, T, H, R)
     dv_seq = head_seq(dv, pid, T, H, V)
     mat = pid * R * R + rr[:, None] * R + rr[None, :]
@@ -235,10 +237,10 @@ def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T
     holder = tl.load(n_buf + pid * 2 + 1).to(tl.int32)
     for t0 in range(0, T, BT):
         rows = t0 + tt
-        kt = load_rows(k_seq, rows, rr, T, H * R, 0)
-        kp = load_rows(k_seq, rows, rr, T, H * R, -1)
-        kn = load_rows(k_seq, rows, rr, T, H * R, 1)
-        vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+        kt = load_rows(k_seq, rows, rr, T, k_row, 0)
+        kp = load_rows(k_seq, rows, rr, T, k_row, -1)
+        kn = load_rows(k_seq, rows, rr, T, k_row, 1)
+        vt = load_rows(v_seq, rows, vv, T, v_row, 0)
         dk_t = tl.dot(kt, S, input_precision=PREC) + tl.dot(kp, dMT, input_precision=PREC)
         dk_t += tl.dot(kn, dM, input_precision=PREC) + tl.dot(vt, dC, input_precision=PREC)
         dk_t += tl.where(rows == holder, ds, 0.0)[:, None] * kt

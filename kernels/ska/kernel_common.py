@@ -26,9 +26,16 @@ def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
 @triton.jit
 def head_seq(ptr, pid, T, H, D):
     """Start of (batch, head) ``pid``'s sequence in a contiguous (B, T, H, D) tensor."""
+    return strided_head_seq(ptr, pid, H, T * H * D, D)
+
+
+@triton.jit
+def strided_head_seq(ptr, pid, H, seq_stride, D):
+    """Start of (batch, head) ``pid``'s sequence in a (B, T, H, D) tensor whose (H, D) block is contiguous and whose
+    batch stride is ``seq_stride`` (its token stride goes to :func:`load_rows`)."""
     b = pid // H
     h = pid % H
-    return ptr + b * T * H * D + h * D
+    return ptr + b * seq_stride + h * D
 
 
 @triton.jit
@@ -43,16 +50,17 @@ def zero_stats(R: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def accumulate_stats(k_seq, v_seq, t0, T, H, G, M, CT, best, arg,
+def accumulate_stats(k_seq, v_seq, t0, T, k_row, v_row, G, M, CT, best, arg,
                      R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     """The raw statistics with the BT tokens from t0 added: G₀ += Σ k kᵀ, M += Σ k_t k_{t−1}ᵀ, Cᵀ += Σ k vᵀ, and
-    the running largest ‖k‖² with its token (ties: the later token holds the max)."""
+    the running largest ‖k‖² with its token (ties: the later token holds the max). ``k_row``, ``v_row``: token
+    strides of k and v."""
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     rows = t0 + tl.arange(0, BT)
-    kt = load_rows(k_seq, rows, rr, T, H * R, 0)
-    kp = load_rows(k_seq, rows, rr, T, H * R, -1)
-    vt = load_rows(v_seq, rows, vv, T, H * V, 0)
+    kt = load_rows(k_seq, rows, rr, T, k_row, 0)
+    kp = load_rows(k_seq, rows, rr, T, k_row, -1)
+    vt = load_rows(v_seq, rows, vv, T, v_row, 0)
     ktT = tl.trans(kt)
     G += tl.dot(ktT, kt, input_precision=PREC)
     M += tl.dot(ktT, kp, input_precision=PREC)

@@ -53,16 +53,22 @@ def launch_config(R: int, V: int, T: int) -> dict:
     """Launch settings of one problem (R: key width, V: value width, T: tokens)."""
     wide = R * V >= 64 * 64 or R >= 64
     cfg = {
-        # 64-token tiles: a T = 196 window is four of them; T = 49 one
-        "block_t": 64 if T > 32 else 32 if T > 16 else 16,
-        "num_warps": 8 if wide else 4,
-        # The operator kernels are latency-bound (a sequential inverse and power iteration per operator): up to
-        # R·V = 1024, one operator per two-warp program keeps the most of them in flight (H100, fwd+bwd at R = 16,
-        # V = 64: 0.91× / 0.83× the time of four per eight-warp program at T = 196 / 49; sm_90a: at most 168
-        # registers, no spills, also at R = V = 32). Wider ones: NB operators of R·V ≤ 4096 floats per program on
-        # eight warps (two warps spill heavily at R = V = 64).
+        # H100, R = 16, V = 64, fwd+bwd (CUDA graph): 32-token tiles on two warps took 0.94× / 0.95× the time of
+        # 64-token tiles on four at T = 196 / 49 (sm_90a: at most 205 registers, no spills, also at R = V = 32);
+        # 64-token tiles spill on two warps (dkv at R = 16, V = 64; stats at R = V = 32), so longer sequences keep
+        # four
+        "block_t": 64 if T > 256 else 32 if T > 16 else 16,
+        "num_warps": 8 if wide else 2 if T <= 256 and R * V <= 1024 else 4,
+        # The operator kernels are latency-bound (a sequential inverse and power iteration per operator), so the
+        # fewer warps share one operator, the fewer of its reductions cross warps and the more operators are in
+        # flight. H100, fwd+bwd at R = 16, V = 64, CUDA graph: one operator per one-warp program took 0.87× / 0.77×
+        # the time of one per two-warp program at T = 196 / 49 (operator kernels 26 + 57 µs against 42 + 86 at
+        # T = 196); sm_90a: 167 / 247 registers (forward / backward), no spills. One warp spills from R = 32 on
+        # (R = V = 32: 1–2.6 KB), where one operator per two-warp program stays spill-free up to R·V = 1024. Wider
+        # ones: NB operators of R·V ≤ 4096 floats per program on eight warps (two warps spill heavily at
+        # R = V = 64).
         "operators": 1 if R * V <= 1024 else max(1, 4096 // (R * V)),
-        "operator_warps": 2 if R * V <= 1024 else 8,
+        "operator_warps": 1 if R <= 16 and V <= 64 else 2 if R * V <= 1024 else 8,
         # the backward walk keeps three suffix sums and a dozen 16-token tiles live: eight warps, no pipelining
         # (sm_90a at R = 16, V = 64: 12 bytes of spills; 284 at four warps)
         "walk_warps": 8,
@@ -94,8 +100,10 @@ class CausalPlan:
                  "bwd_walk")
 
 
-def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize) -> GlobalPlan:
+def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize, strides) -> GlobalPlan:
+    """``strides``: (batch, token) strides of q, k and v, which may be views of one projection's output."""
     cfg = launch_config(R, V, T)
+    q_strides, k_strides, v_strides = strides
     BH, NB = B * H, cfg["operators"]
     plan = GlobalPlan()
     plan.stats_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH, 2))
@@ -107,16 +115,16 @@ def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normaliz
     operator = {"R": R, "V": V, "NB": NB, "POWER": power, "NUM_ITERS": num_iters, "NORMALIZE": normalize, "EPS": EPS}
     warps = {"num_warps": cfg["num_warps"]}
     operator_warps = {"num_warps": cfg["operator_warps"]}
-    plan.stats = DirectLaunch(ska_global_stats_kernel, (BH,), (T, H), stream, warps)
+    plan.stats = DirectLaunch(ska_global_stats_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
     plan.operator = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
                                  {**operator, "SAVE": False}, operator_warps)
     plan.operator_save = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
                                       {**operator, "SAVE": True}, operator_warps)
-    plan.out = DirectLaunch(ska_global_out_kernel, (BH,), (T, H), stream, warps)
-    plan.dq = DirectLaunch(ska_global_dq_kernel, (BH,), (T, H), stream, warps)
+    plan.out = DirectLaunch(ska_global_out_kernel, (BH,), (T, H, *q_strides), stream, warps)
+    plan.dq = DirectLaunch(ska_global_dq_kernel, (BH,), (T, H, *q_strides), stream, warps)
     plan.operator_bwd = DirectLaunch(ska_global_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge),
                                      {"R": R, "V": V, "NB": NB, "POWER": power, "EPS": EPS}, operator_warps)
-    plan.dkv = DirectLaunch(ska_global_dkv_kernel, (BH,), (T, H), stream, warps)
+    plan.dkv = DirectLaunch(ska_global_dkv_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
     return plan
 
 
@@ -151,7 +159,8 @@ def run_global_bwd(plan: GlobalPlan, q, k, v, do, saved):
     return dq, dk, dv
 
 
-def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize) -> CausalPlan:
+def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize, strides=None) -> CausalPlan:
+    """``strides`` is unused: the causal kernels take contiguous inputs (:func:`kernel_inputs`)."""
     cfg = launch_config(R, V, T)
     BH, NT = B * H, cdiv(T, CHUNK)
     plan = CausalPlan()
@@ -203,15 +212,27 @@ _PLANS: dict = {}
 _GENERATION = [tuning.generation()]
 
 
-def get_plan(q, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
+def kernel_inputs(q, k, v, causal: bool):
+    """q, k, v as the kernels read them. The non-causal kernels take any batch and token strides as long as each
+    token's (H, D) block is contiguous, so the q, k, v views a layer splits off one projection's output are read in
+    place (a copy each would cost as much memory traffic as the forward's own passes); everything else, and every
+    input of the causal kernels, is made contiguous."""
+    if causal:
+        return q.contiguous(), k.contiguous(), v.contiguous()
+    return tuple(t if t.stride(3) == 1 and t.stride(2) == t.shape[3] else t.contiguous() for t in (q, k, v))
+
+
+def get_plan(q, k, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
+    """The plan of inputs as :func:`kernel_inputs` returns them."""
     if _GENERATION[0] != tuning.generation():
         _PLANS.clear()
         _GENERATION[0] = tuning.generation()
-    key = (q.shape, v.shape[3], q.dtype, v.dtype, q.device, causal, ridge, power, num_iters, normalize)
+    strides = None if causal else tuple(t.stride()[:2] for t in (q, k, v))
+    key = (q.shape, v.shape[3], q.dtype, v.dtype, q.device, causal, ridge, power, num_iters, normalize, strides)
     plan = _PLANS.get(key)
     if plan is None:
         B, T, H, R = q.shape
         build = build_causal if causal else build_global
-        plan = build(B, T, H, R, v.shape[3], q.dtype, q.device, ridge, power, num_iters, normalize)
+        plan = build(B, T, H, R, v.shape[3], q.dtype, q.device, ridge, power, num_iters, normalize, strides)
         _PLANS[key] = plan
     return plan

@@ -75,6 +75,42 @@ def test_interpreter_matches_spec(triton_interpreter, poison_outputs, causal, T)
     check_against_spec(make_inputs(1, T, 1 if T > 100 else 2, 16, 16, seed=T), causal=causal, ridge=ridge_for(T))
 
 
+def projection_views(q, k, v, batch_pad=0, token_pad=3):
+    """q, k, v as views of one (B, T, ·) buffer, each token's (H, D) blocks side by side (how a layer splits one
+    projection's output), with padding columns and batch rows so that every stride differs from a contiguous one;
+    the buffer's padding holds NaN (a read outside the views shows)."""
+    B, T, H, R = q.shape
+    V = v.shape[3]
+    width = H * (2 * R + V) + token_pad
+    buf = torch.full((B + batch_pad, T, width), float("nan"), dtype=q.dtype)[batch_pad:]
+    views = []
+    start = 0
+    for t in (q, k, v):
+        view = buf[:, :, start:start + H * t.shape[3]].unflatten(2, (H, t.shape[3]))
+        view.copy_(t)
+        views.append(view)
+        start += H * t.shape[3]
+    return views
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_interpreter_reads_projection_views(triton_interpreter, poison_outputs, causal):
+    """Non-causal kernels read q, k, v views of one projection's output in place (the causal ones copy them): same
+    forward and gradients as contiguous inputs."""
+    tensors = make_inputs(2, 21, 2, 16, 32, seed=21)
+    views = projection_views(*tensors, batch_pad=1)
+    assert not any(view.is_contiguous() for view in views)
+    do = torch.randn(tensors[2].shape, generator=torch.Generator().manual_seed(2))
+    fn = lambda q, k, v: ska(q, k, v, causal=causal, ridge=1e-2)  # noqa: E731
+    out, grads = with_grads(fn, tensors, do)
+    view_leaves = [view.detach().requires_grad_(True) for view in views]
+    view_out = fn(*view_leaves)
+    view_out.backward(do)
+    assert_close(view_out.detach(), out, tol=1e-6, name="o")
+    for name, leaf, g in zip("qkv", view_leaves, grads):
+        assert_close(leaf.grad, g, tol=1e-6, name=f"d{name}")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("R, V, T", [(32, 32, 37), (64, 128, 11), (16, 64, 33), (16, 128, 18)])
 def test_interpreter_ranks_and_value_widths(triton_interpreter, poison_outputs, causal, R, V, T):

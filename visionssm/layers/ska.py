@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
+from torch.nn import functional as F
 
 from visionssm import kernels
 from visionssm.kernels.ska import MAX_POWER, SUPPORTED_HEAD_DIMS, SUPPORTED_RANKS
@@ -115,9 +116,11 @@ class SKAMixer(SequenceMixer):
         o = kernels.ska(q.reshape(B, L, H, self.rank), k.reshape(B, L, H, self.rank),
                         v.reshape(B, L, H, self.head_dim), causal=self.causal, ridge=self.ridge, power=self.power,
                         num_iters=self.num_iters, normalize=self.normalize)
+        # the per-head output scale α·γ^p goes into the output projection's columns (a (C, H·V) product) rather
+        # than over the (B, L, H, V) output: one pass over the largest activation less
         scale = self.alpha * self.gamma ** self.power                   # (H,)
-        o = o * scale.to(o.dtype)[:, None]
-        return self.out_proj(o.reshape(B, L, H * self.head_dim))
+        weight = (self.out_proj.weight.unflatten(1, (H, self.head_dim)) * scale[:, None]).flatten(1)
+        return F.linear(o.reshape(B, L, H * self.head_dim), weight)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, rank={self.rank}, head_dim={self.head_dim}, "
