@@ -215,8 +215,8 @@ _GENERATION = [tuning.generation()]
 def kernel_inputs(q, k, v, causal: bool):
     """q, k, v as the kernels read them. The non-causal kernels take any batch and token strides as long as each
     token's (H, D) block is contiguous, so the q, k, v views a layer splits off one projection's output are read in
-    place (a copy each would cost as much memory traffic as the forward's own passes); everything else, and every
-    input of the causal kernels, is made contiguous."""
+    place (copies of them would cost about as much memory traffic as the forward's own passes); everything else,
+    and every input of the causal kernels, is made contiguous."""
     if causal:
         return q.contiguous(), k.contiguous(), v.contiguous()
     return tuple(t if t.stride(3) == 1 and t.stride(2) == t.shape[3] else t.contiguous() for t in (q, k, v))
