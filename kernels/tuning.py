@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-__all__ = ["ENV", "check_names", "generation", "launch_overrides", "overrides"]
+__all__ = ["ENV", "PlanCache", "apply_overrides", "check_names", "generation", "launch_overrides", "overrides"]
 
 ENV = "VISIONSSM_LAUNCH"
 
@@ -88,6 +88,25 @@ def launch_overrides(op: str, **settings) -> Iterator[None]:
         else:
             _from_code[op] = previous
         _generation += 1
+
+
+class PlanCache(dict):
+    """An op's launch plans by key, emptied whenever a launch override starts or ends (a plan built under an override
+    must not outlive it, nor one built without it serve inside it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._generation = _generation
+
+    def get_or_build(self, key, build: Callable[[], object]):
+        """The plan of ``key``, built by ``build()`` on first use."""
+        if self._generation != _generation:
+            self.clear()
+            self._generation = _generation
+        plan = self.get(key)
+        if plan is None:
+            plan = self[key] = build()
+        return plan
 
 
 def apply_overrides(op: str, cfg: dict, known: Iterable[str]) -> dict:

@@ -78,10 +78,7 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
            # 16-wide, and 64-wide in one pass: recomputing the inverse in the backward beats storing and reloading it
            # (0.92–0.93× at 16-wide heads)
            "store_inv": split_bwd}
-    forced = tuning.overrides(OP)
-    if forced:
-        tuning.check_names(OP, forced, SETTINGS)
-        cfg.update(forced)
+    tuning.apply_overrides(OP, cfg, SETTINGS)
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
     return cfg
@@ -227,43 +224,31 @@ def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
     return dq, dk, dv, dp, dg, dbeta
 
 
-# Plan caches, emptied whenever a launch override starts or ends (tuning.generation() changes).
-_FWD_PLANS: dict = {}
-_BWD_PLANS: dict = {}
-_GENERATION = [tuning.generation()]
-
-
-def _caches() -> tuple[dict, dict]:
-    if _GENERATION[0] != tuning.generation():
-        _FWD_PLANS.clear()
-        _BWD_PLANS.clear()
-        _GENERATION[0] = tuning.generation()
-    return _FWD_PLANS, _BWD_PLANS
+_FWD_PLANS = tuning.PlanCache()
+_BWD_PLANS = tuning.PlanCache()
 
 
 def fwd_plan(q, v, g, beta, causal: bool, save_state: bool) -> FwdPlan:
-    plans = _caches()[0]
     key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, q.device, causal, save_state)
-    plan = plans.get(key)
-    if plan is None:
-        B, T, H, K = q.shape
-        V = v.shape[3]
-        ND = 1 if causal else 2
-        plan = build_fwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, q.dtype, q.device, save_state)
-        plan.cached = True
-        plans[key] = plan
+    return _FWD_PLANS.get_or_build(key, lambda: _build_cached_fwd(q, v, causal, save_state))
+
+
+def _build_cached_fwd(q, v, causal: bool, save_state: bool) -> FwdPlan:
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    ND = 1 if causal else 2
+    plan = build_fwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, q.dtype, q.device, save_state)
+    plan.cached = True
     return plan
 
 
 def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool) -> BwdPlan:
-    plans = _caches()[1]
     key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv)
-    plan = plans.get(key)
-    if plan is None:
-        B, T, H, K = q.shape
-        V = v.shape[3]
-        ND = 1 if causal else 2
-        cfg = launch_config(K, V, T, B * H, ND)
-        plan = build_bwd(cfg, B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv)
-        plans[key] = plan
-    return plan
+    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, causal, BT, has_inv))
+
+
+def _build_cached_bwd(q, v, causal: bool, BT: int, has_inv: bool) -> BwdPlan:
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    ND = 1 if causal else 2
+    return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv)

@@ -75,18 +75,11 @@ def run_bwd(plan: Plan, o, gate, weight, dy):
     return do, dgate, dw_partial.sum(0).to(weight.dtype)
 
 
-# Plans per call signature, emptied whenever a launch override starts or ends (tuning.generation() changes).
-_PLANS: dict = {}
-_GENERATION = [tuning.generation()]
+# Plans per call signature.
+_PLANS = tuning.PlanCache()
 
 
 def get_plan(o, gate, weight, activation: str, eps: float) -> Plan:
-    if _GENERATION[0] != tuning.generation():
-        _PLANS.clear()
-        _GENERATION[0] = tuning.generation()
     key = (o.shape, o.dtype, o.device, weight.dtype, None if gate is None else (gate.stride(), gate.dtype),
            activation, eps)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _build(o, gate, activation, eps)
-    return plan
+    return _PLANS.get_or_build(key, lambda: _build(o, gate, activation, eps))

@@ -185,24 +185,22 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     return plan
 
 
-_FWD_PLANS: dict = {}
+_FWD_PLANS = tuning.PlanCache()
 
 
 def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
     """The cached forward plan of this problem (``solver`` resolved: "direct" or "chebyshev")."""
     key = (q.shape, v.shape[3], q.dtype, v.dtype, g.dtype, None if beta is None else beta.dtype,
-           None if alpha is None else alpha.dtype, q.device, solver, num_iters, ridge if solver == "direct" else None,
-           tuning.generation())
-    plan = _FWD_PLANS.get(key)
-    if plan is not None:
-        return plan
+           None if alpha is None else alpha.dtype, q.device, solver, num_iters, ridge if solver == "direct" else None)
+    return _FWD_PLANS.get_or_build(key, lambda: _new_fwd_plan(key, q, v, beta, alpha, solver, num_iters, ridge))
+
+
+def _new_fwd_plan(key, q, v, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
     K, V = q.shape[3], v.shape[3]
     per_token = solver == "direct" and K == 16
     iters = num_iters if solver == "chebyshev" else converged_iters(ridge)
     cfg = launch_config(K, V, per_token)
-    plan = _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
-    _FWD_PLANS[key] = plan
-    return plan
+    return _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
 
 
 def causal_fwd(plan: _FwdPlan, q, k, v, g, beta, alpha, ridge: float, save: bool):

@@ -110,25 +110,24 @@ class GlobalPlan:
                                 {"num_warps": cfg["num_warps_bwd"], "num_stages": cfg["num_stages"]}) if save else None
 
 
-_PLANS: dict = {}
+_PLANS = tuning.PlanCache()
 
 
 def global_plan(q, v, beta, alpha, solver: str, num_iters: int, save: bool) -> GlobalPlan:
     """The cached plan for this call (built on first use of its shape, dtypes, device, flags and overrides)."""
     key = (q.shape, v.shape[3], q.dtype, v.dtype, None if beta is None else beta.dtype,
-           None if alpha is None else alpha.dtype, q.device, solver, num_iters, save, tuning.generation())
-    plan = _PLANS.get(key)
-    if plan is None:
-        B, T, H, K = q.shape
-        if T * H * max(K, v.shape[3]) >= 2**31:
-            raise ValueError(f"q: one sequence of T·H·K elements must stay below 2**31 for the Triton kernels, got "
-                             f"shape {tuple(q.shape)} with V = {v.shape[3]}")
-        plan = GlobalPlan(B, T, H, K, v.shape[3], dtype=q.dtype, v_dtype=v.dtype, device=q.device,
-                          has_beta=beta is not None,
-                          has_alpha=alpha is not None, solver=solver, num_iters=num_iters if solver == "chebyshev"
-                          else 0, save=save)
-        _PLANS[key] = plan
-    return plan
+           None if alpha is None else alpha.dtype, q.device, solver, num_iters, save)
+    return _PLANS.get_or_build(key, lambda: _new_plan(q, v, beta, alpha, solver, num_iters, save))
+
+
+def _new_plan(q, v, beta, alpha, solver: str, num_iters: int, save: bool) -> GlobalPlan:
+    B, T, H, K = q.shape
+    if T * H * max(K, v.shape[3]) >= 2**31:
+        raise ValueError(f"q: one sequence of T·H·K elements must stay below 2**31 for the Triton kernels, got "
+                         f"shape {tuple(q.shape)} with V = {v.shape[3]}")
+    return GlobalPlan(B, T, H, K, v.shape[3], dtype=q.dtype, v_dtype=v.dtype, device=q.device,
+                      has_beta=beta is not None, has_alpha=alpha is not None, solver=solver,
+                      num_iters=num_iters if solver == "chebyshev" else 0, save=save)
 
 
 def global_fwd(plan: GlobalPlan, q, k, v, beta, alpha, ridge: float):

@@ -148,24 +148,20 @@ def run_bwd(plan: Plan, proj, conv_weight, params: tuple, grads: tuple, dgate):
     return dproj, dweight, partials.sum(0)
 
 
-# Plans per call signature, emptied whenever a launch override starts or ends (tuning.generation() changes).
-_PLANS: dict = {}
-_GENERATION = [tuning.generation()]
+# Plans per call signature.
+_PLANS = tuning.PlanCache()
 
 
 def get_plan(proj, conv_weight, params: tuple, H: int, K: int, V: int, causal: bool, cols: tuple, gate_cols,
              transition: str, eps: float) -> Plan:
-    if _GENERATION[0] != tuning.generation():
-        _PLANS.clear()
-        _GENERATION[0] = tuning.generation()
     key = (proj.shape, proj.stride(), proj.dtype, proj.device, conv_weight.shape, conv_weight.dtype,
            tuple(None if t is None else t.dtype for t in params), H, K, V, causal, cols, gate_cols, transition, eps)
-    plan = _PLANS.get(key)
-    if plan is None:
-        beta_bias, alpha_bias, _, _, feedback, _ = params
-        flags = {"HAS_BETA_BIAS": beta_bias is not None, "HAS_ALPHA": cols[1] is not None,
-                 "HAS_ALPHA_BIAS": alpha_bias is not None, "HAS_DECAY": cols[2] is not None,
-                 "FEEDBACK": feedback is not None, "IPLR": transition == "iplr"}
-        plan = build_plan(proj, conv_weight.shape[-1], H, K, V, causal, cols, gate_cols, flags, eps)
-        _PLANS[key] = plan
-    return plan
+    return _PLANS.get_or_build(key, lambda: build_plan(proj, conv_weight.shape[-1], H, K, V, causal, cols, gate_cols,
+                                                       _flags(params, cols, transition), eps))
+
+
+def _flags(params: tuple, cols: tuple, transition: str) -> dict:
+    beta_bias, alpha_bias, _, _, feedback, _ = params
+    return {"HAS_BETA_BIAS": beta_bias is not None, "HAS_ALPHA": cols[1] is not None,
+            "HAS_ALPHA_BIAS": alpha_bias is not None, "HAS_DECAY": cols[2] is not None,
+            "FEEDBACK": feedback is not None, "IPLR": transition == "iplr"}

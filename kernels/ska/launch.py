@@ -77,10 +77,7 @@ def launch_config(R: int, V: int, T: int) -> dict:
         # one [BS, R, R] block of 4096 floats: every token of a chunk at R = 16, 4 at R = 32, 1 at R = 64
         "block_tokens": max(1, min(CHUNK, 4096 // (R * R))),
     }
-    forced = tuning.overrides(OP)
-    if forced:
-        tuning.check_names(OP, forced, SETTINGS)
-        cfg.update(forced)
+    tuning.apply_overrides(OP, cfg, SETTINGS)
     return cfg
 
 
@@ -159,8 +156,7 @@ def run_global_bwd(plan: GlobalPlan, q, k, v, do, saved):
     return dq, dk, dv
 
 
-def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize, strides=None) -> CausalPlan:
-    """``strides`` is unused: the causal kernels take contiguous inputs (:func:`kernel_inputs`)."""
+def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize) -> CausalPlan:
     cfg = launch_config(R, V, T)
     BH, NT = B * H, cdiv(T, CHUNK)
     plan = CausalPlan()
@@ -207,9 +203,7 @@ def run_causal_bwd(plan: CausalPlan, q, k, v, do, states):
     return dq, dk, dv
 
 
-# Plan caches, emptied whenever a launch override starts or ends (tuning.generation() changes).
-_PLANS: dict = {}
-_GENERATION = [tuning.generation()]
+_PLANS = tuning.PlanCache()
 
 
 def kernel_inputs(q, k, v, causal: bool):
@@ -224,15 +218,12 @@ def kernel_inputs(q, k, v, causal: bool):
 
 def get_plan(q, k, v, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool):
     """The plan of inputs as :func:`kernel_inputs` returns them."""
-    if _GENERATION[0] != tuning.generation():
-        _PLANS.clear()
-        _GENERATION[0] = tuning.generation()
     strides = None if causal else tuple(t.stride()[:2] for t in (q, k, v))
     key = (q.shape, v.shape[3], q.dtype, v.dtype, q.device, causal, ridge, power, num_iters, normalize, strides)
-    plan = _PLANS.get(key)
-    if plan is None:
-        B, T, H, R = q.shape
-        build = build_causal if causal else build_global
-        plan = build(B, T, H, R, v.shape[3], q.dtype, q.device, ridge, power, num_iters, normalize, strides)
-        _PLANS[key] = plan
-    return plan
+    return _PLANS.get_or_build(key, lambda: _build(q, v, causal, (ridge, power, num_iters, normalize), strides))
+
+
+def _build(q, v, causal: bool, options: tuple, strides):
+    problem = (*q.shape, v.shape[3], q.dtype, q.device, *options)
+    # the causal kernels take contiguous inputs (kernel_inputs), so only the non-causal plan has strides
+    return build_causal(*problem) if causal else build_global(*problem, strides)

@@ -103,3 +103,24 @@ def test_import_needs_no_gpu_and_compiles_no_kernels():
 @pytest.mark.cuda
 def test_cuda_tensors_take_triton(automatic):
     assert dispatch.select_backend(torch.zeros(2, device="cuda")) == "triton"
+
+
+def test_plan_cache_builds_once_and_forgets_plans_across_overrides():
+    """Every op's launch-plan cache (kernels.tuning.PlanCache): one build per key; a launch override starting or
+    ending empties it, so no plan built under an override outlives it and no earlier plan serves inside it."""
+    from visionssm.kernels import tuning
+
+    cache = tuning.PlanCache()
+    builds = []
+
+    def build(tag):
+        builds.append(tag)
+        return object()
+
+    first = cache.get_or_build("key", lambda: build("first"))
+    assert cache.get_or_build("key", lambda: build("again")) is first and builds == ["first"]
+    with tuning.launch_overrides("comba", num_warps=2):
+        inside = cache.get_or_build("key", lambda: build("inside"))
+        assert inside is not first and len(cache) == 1
+    after = cache.get_or_build("key", lambda: build("after"))
+    assert after is not inside and builds == ["first", "inside", "after"]
