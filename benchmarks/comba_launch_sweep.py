@@ -35,6 +35,9 @@ VARIANTS = {
     "dh_warps2": {"dh_num_warps": 2},
     "pre_wy": {"pre_wy": True},
     "no_pre_wy": {"pre_wy": False},
+    "state_fp32": {"state_lp": False},
+    "walk_regs_free": {"walk_max_registers": None},
+    "fwd_lp": {"fwd_lp": True},
 }
 # (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S mixer, two LM shapes
 SHAPES = {"d16": [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True)],

@@ -55,8 +55,9 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
 
 def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
     """Traffic of our kernels' design at this shape: bf16 q,k,p,v,o (+ do and 4 gradients) and the gates, plus what
-    the launch layout stores and reads back: the fp32 state entering every chunk, the chunk inverses (64-wide heads)
-    and, for the split backward, the state gradient leaving every chunk. (The op's own floor, inputs read once and
+    the launch layout stores and reads back: the state entering every chunk (bf16 for bf16 inputs with ``state_lp``,
+    else fp32), the chunk inverses (64-wide heads) and, for the split backward, the state gradient leaving every
+    chunk (the states' dtype). (The op's own floor, inputs read once and
     outputs written once, is the first and last terms alone.)"""
     from visionssm.kernels.comba.launch import CHUNK, launch_config
 
@@ -67,9 +68,10 @@ def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
     directions = 1 if causal else 2
     cfg = launch_config(D, D, T, B * H, directions)
     chunks = directions * B * H * (-(-T // CHUNK))
-    states = 2 * chunks * D * D * 4
+    state_bytes = elem if cfg["state_lp"] and elem == 2 else 4
+    states = 2 * chunks * D * D * state_bytes
     inverses = 2 * chunks * CHUNK * CHUNK * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
-    state_grads = 2 * chunks * D * D * 4 if cfg["split_bwd"] else 0
+    state_grads = 2 * chunks * D * D * state_bytes if cfg["split_bwd"] else 0
     return fwd + states + inverses + state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 

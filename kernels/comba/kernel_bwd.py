@@ -27,6 +27,7 @@ from .kernel_common import (
     _input_dot,
     _load_raw,
     _load_token,
+    _lp_dot,
     _unit_lower_inverse,
     _walk_masks,
 )
@@ -60,7 +61,8 @@ def _token_bwd(q, k, p, v, g, beta, do, b_h0, b_dh1, dq_base, dk_base, dp_base, 
 
 @triton.jit
 def _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl, dq_ptrs, m_tk, scale, lp_ty, REV: tl.constexpr,
-                     ACC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr):
+                     ACC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
+                     STATE_LP: tl.constexpr):
     """Gradients through o = e^{Gi} ⊙ (q_s h0) + Mq u and h_end = e^{Gl} h0 + kdᵀ u (Mq = q_s kᵀ ⊙ D, kd =
     e^{Gl − Gi} k): stores dq; returns du, dk (its output part) and the output parts of dGi and dGl."""
     before, upto = _walk_masks(REV, BT)
@@ -70,18 +72,20 @@ def _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl, dq_ptrs, m_tk, 
     b_Mq = _input_dot(b_q, b_k, lp_ty, PREC, LP_DOT) * (b_D * scale)
     b_kdecay = tl.exp(b_Gl - b_Gi)
     b_kd = b_k * b_kdecay[:, None]
-    b_du = tl.dot(tl.trans(b_Mq), b_do, input_precision=PREC) + tl.dot(b_kd, b_dh, input_precision=PREC)
-    b_dMq = tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
+    b_du = (_lp_dot(tl.trans(b_Mq), b_do, lp_ty, PREC, LP_DOT, STATE_LP)
+            + _lp_dot(b_kd, b_dh, lp_ty, PREC, LP_DOT, STATE_LP))
+    b_dMq = _lp_dot(b_do, tl.trans(b_u), lp_ty, PREC, LP_DOT, STATE_LP)
     b_dMqD = b_dMq * b_D
-    b_doh = tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+    b_doh = _lp_dot(b_do, tl.trans(b_h), lp_ty, PREC, LP_DOT, STATE_LP)
     # gradients are stored as soon as they are final: fewer tiles live at once (register pressure)
-    _accumulate(dq_ptrs, scale * (b_eG[:, None] * b_doh + tl.dot(b_dMqD, b_k, input_precision=PREC)), m_tk, ACC)
-    b_udh = tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
-    b_dk = tl.dot(tl.trans(b_dMqD), b_qs, input_precision=PREC) + b_kdecay[:, None] * b_udh
+    b_dq = scale * (b_eG[:, None] * b_doh + _lp_dot(b_dMqD, b_k, lp_ty, PREC, LP_DOT, STATE_LP))
+    _accumulate(dq_ptrs, b_dq, m_tk, ACC)
+    b_udh = _lp_dot(b_u, tl.trans(b_dh), lp_ty, PREC, LP_DOT, STATE_LP)
+    b_dk = _lp_dot(tl.trans(b_dMqD), b_qs, lp_ty, PREC, LP_DOT, STATE_LP) + b_kdecay[:, None] * b_udh
     b_term = b_dMq * b_Mq
     b_c = tl.sum(b_kd * b_udh, 1)
     b_dGi = tl.sum(b_qs * b_doh, 1) * b_eG + tl.sum(b_term, 1) - tl.sum(b_term, 0) - b_c
-    b_dGl = tl.exp(b_Gl) * tl.sum(tl.sum(b_dh * b_h, 1), 0) + tl.sum(b_c, 0)
+    b_dGl = tl.exp(b_Gl) * tl.sum(tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1), 0) + tl.sum(b_c, 0)
     return b_du, b_dk, b_dGi, b_dGl
 
 
@@ -89,7 +93,7 @@ def _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl, dq_ptrs, m_tk, 
 def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base, dv_base, dg_base,
                db_base, scale, row, m_t, o_k, o_v, lp_ty, REV: tl.constexpr, ACC: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
-               LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, need_dh):
+               LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, STATE_LP: tl.constexpr, need_dh):
     """Every gradient of one chunk, given the state entering it (``b_h``) and the gradient of the state leaving it
     (``b_dh``); stores them and (``need_dh``, a run-time flag) returns the gradient of the entering state."""
     m_tk = m_t[:, None] & (o_k < K)[None, :]
@@ -99,29 +103,31 @@ def _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base,
     b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV, BT, PREC, LP_DOT)
     if not LOAD_INV:
         b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
-    b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC), input_precision=PREC)
+    b_u = tl.dot(b_inv, b_v * b_beta[:, None] - _lp_dot(b_pw, b_h, lp_ty, PREC, LP_DOT, STATE_LP),
+                 input_precision=PREC)
     b_du, b_dk, b_dGi, b_dGl = _bwd_output_side(b_q, b_k, b_do, b_h, b_dh, b_u, b_Gi, b_Gl,
                                                 dq_base + row[:, None] * K + o_k[None, :], m_tk, scale, lp_ty, REV,
-                                                ACC, BT, PREC, LP_DOT)
+                                                ACC, BT, PREC, LP_DOT, STATE_LP)
     # u = inv (βv − pw h0) with pw = β e^{Ge} p,  A = β_t e^{Ge_t − Gi_s} p_t·k_s (s ≺ t). With dRv = invᵀ du (the
     # gradient of inv's right-hand side): d(pw) = −dRv h0ᵀ, dA = −dRv uᵀ and dh0 gets −pwᵀ dRv.
     b_dRv = tl.dot(tl.trans(b_inv), b_du, input_precision=PREC)
-    b_dRp = -tl.dot(b_dRv, tl.trans(b_h), input_precision=PREC)
-    b_dA = -tl.dot(b_dRv, tl.trans(b_u), input_precision=PREC)
+    b_dRp = -_lp_dot(b_dRv, tl.trans(b_h), lp_ty, PREC, LP_DOT, STATE_LP)
+    b_dA = -_lp_dot(b_dRv, tl.trans(b_u), lp_ty, PREC, LP_DOT, STATE_LP)
     b_dh_prev = b_dh
     if need_dh:
         b_qe = b_q * (scale * tl.exp(b_Gi))[:, None]
-        b_dh_prev = (tl.dot(tl.trans(b_qe), b_do, input_precision=PREC) + tl.exp(b_Gl) * b_dh
-                     - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
+        # (in the state's own dtype: a split program's stored dh may be 16-bit)
+        b_dh_prev = (_lp_dot(tl.trans(b_qe), b_do, lp_ty, PREC, LP_DOT, STATE_LP) + tl.exp(b_Gl) * b_dh
+                     - _lp_dot(tl.trans(b_pw), b_dRv, lp_ty, PREC, LP_DOT, STATE_LP)).to(b_dh.dtype)
     b_eGe = tl.exp(b_Ge)
     b_rp = tl.sum(b_dRp * b_p, 1)
     _accumulate(dv_base + row[:, None] * V + o_v[None, :], b_dRv * b_beta[:, None], m_tv, ACC)
     b_dS = b_dA * b_E
     b_dbeta = b_rp * b_eGe + tl.sum(b_dRv * b_v, 1) + tl.sum(b_dS * b_pk, 1)
     b_dS = b_dS * b_beta[:, None]
-    b_dp = b_dRp * (b_beta * b_eGe)[:, None] + tl.dot(b_dS, b_k, input_precision=PREC)
+    b_dp = b_dRp * (b_beta * b_eGe)[:, None] + _lp_dot(b_dS, b_k, lp_ty, PREC, LP_DOT, STATE_LP)
     _accumulate(dp_base + row[:, None] * K + o_k[None, :], b_dp, m_tk, ACC)
-    b_dk += tl.dot(tl.trans(b_dS), b_p, input_precision=PREC)
+    b_dk += _lp_dot(tl.trans(b_dS), b_p, lp_ty, PREC, LP_DOT, STATE_LP)
     _accumulate(dk_base + row[:, None] * K + o_k[None, :], b_dk, m_tk, ACC)
     b_Aterm = b_dA * b_A
     b_dGe = b_beta * b_eGe * b_rp + tl.sum(b_Aterm, 1)
@@ -155,7 +161,7 @@ def _bwd_gradients(q, k, v, p, g, beta, do, h_base, inv_base, dh_base, dq_base, 
                    db_base, scale, i_b, i_h, i_v, i_c, T, NT, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                    LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REV: tl.constexpr, ACC: tl.constexpr,
                    SPLIT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
-                   LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+                   LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """One direction's gradients: of every chunk, in reverse walk order with ``dh`` carried in registers, or
     (``SPLIT``) of chunk ``i_c`` alone, from the state gradient the dh walk stored for it. The single-token chunk
     (``TAIL``) goes with the last full chunk: the forward walk's last step comes first here, the reversed walk's
@@ -183,7 +189,7 @@ def _bwd_gradients(q, k, v, p, g, beta, do, h_base, inv_base, dh_base, dq_base, 
         if last:  # the forward walk's last step: the single-token chunk
             b_h = tl.load(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0)
             b_dh = _token_bwd(q, k, p, v, g, beta, do, b_h, b_dh, dq_base, dk_base, dp_base, dv_base, dg_base,
-                              db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC)
+                              db_base, scale, i_b, i_h, NF * BT, o_k, o_v, T, H, K, V, ACC).to(b_dh.dtype)
     # the gradient of the state entering a chunk: needed by the next chunk of a pass, or by the reversed walk's
     # first step; a split program's neighbour got it from the dh walk
     if SPLIT:
@@ -209,7 +215,7 @@ def _bwd_gradients(q, k, v, p, g, beta, do, h_base, inv_base, dh_base, dq_base, 
                 q, k, p, v, g, beta, do, h_base, inv_base, i_b, i_h, i_w, NF, o_k, o_v, T, H, K, V, BT, LOAD_INV)
         b_dh = _chunk_bwd(r_q, r_k, r_p, r_v, r_g, r_beta, r_do, b_h, b_dh, b_inv, dq_base, dk_base, dp_base,
                           dv_base, dg_base, db_base, scale, row, m_t, o_k, o_v, lp_ty, REV, ACC, K, V, BT, LOG2_BT,
-                          PREC, LP_DOT, LOAD_INV, need_dh)
+                          PREC, LP_DOT, LOAD_INV, STATE_LP, need_dh)
     if TAIL and REV:  # noqa: SIM102
         if last:  # the reversed walk's first step, from the zero state
             _token_bwd(q, k, p, v, g, beta, do, tl.zeros([BK, BV], dtype=tl.float32), b_dh, dq_base, dk_base,
@@ -221,7 +227,7 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
                      SPLIT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
-                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """The backward's gradients (grid: chunk with ``SPLIT`` else 1, batch·head, value block × directions on the
     grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients;
     otherwise each direction writes its own partial gradients (summed afterwards)."""
@@ -237,7 +243,7 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
             _bwd_gradients(q, k, v, p, g, beta, do, h0 + seq * K * V, inv + seq * BT * BT, dh + seq * K * V,
                            dq + i_part * K, dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V,
                            dg + i_part, dbeta + i_part, scale, i_b, i_h, i_v, i_c, T, NT, H, K, V, BT, LOG2_BT, BK,
-                           BV, d == 1, DIR_LOOP and d == 1, SPLIT, PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL)
+                           BV, d == 1, DIR_LOOP and d == 1, SPLIT, PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL, STATE_LP)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction adds onto what other threads of this program stored
 
@@ -245,7 +251,7 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
 @triton.jit
 def _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV: tl.constexpr,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
-              LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr):
+              LP_DOT: tl.constexpr, LOAD_INV: tl.constexpr, STATE_LP: tl.constexpr):
     """The state gradient through one chunk, without u or h: du = Mqᵀ do + kd dh, dRv = invᵀ du,
     dh ← (q_s e^{Gi})ᵀ do + e^{Gl} dh − pwᵀ dRv."""
     # do is loaded in v's place (same shape)
@@ -258,11 +264,12 @@ def _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_t
     before, upto = _walk_masks(REV, BT)
     b_Mq = _input_dot(b_q, b_k, lp_ty, PREC, LP_DOT) * (_decay(b_Gi, b_Gi, upto) * scale)
     b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
-    b_du = tl.dot(tl.trans(b_Mq), b_do, input_precision=PREC) + tl.dot(b_kd, b_dh, input_precision=PREC)
+    b_du = (_lp_dot(tl.trans(b_Mq), b_do, lp_ty, PREC, LP_DOT, STATE_LP)
+            + _lp_dot(b_kd, b_dh, lp_ty, PREC, LP_DOT, STATE_LP))
     b_dRv = tl.dot(tl.trans(b_inv), b_du, input_precision=PREC)
     b_qe = b_q * (scale * tl.exp(b_Gi))[:, None]
-    return (tl.dot(tl.trans(b_qe), b_do, input_precision=PREC) + tl.exp(b_Gl) * b_dh
-            - tl.dot(tl.trans(b_pw), b_dRv, input_precision=PREC))
+    return (_lp_dot(tl.trans(b_qe), b_do, lp_ty, PREC, LP_DOT, STATE_LP) + tl.exp(b_Gl) * b_dh
+            - _lp_dot(tl.trans(b_pw), b_dRv, lp_ty, PREC, LP_DOT, STATE_LP))
 
 
 @triton.jit
@@ -278,7 +285,7 @@ def _token_dh(q, k, p, do, g, beta, b_dh1, scale, i_b, i_h, t, o_k, o_v, T, H, K
 def _dh_walk(q, k, p, g, beta, inv_base, do, dh_base, scale, i_b, i_h, i_v, T, NT, H, K: tl.constexpr,
              V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              REV: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
-             LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
+             LOAD_INV: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """One direction's state-gradient walk: stores dh[c], the gradient of the state leaving chunk c, for every
     full chunk but the walk's last (its dh is zero, or comes from the single token that the split program of that
     chunk handles itself)."""
@@ -300,16 +307,17 @@ def _dh_walk(q, k, p, g, beta, inv_base, do, dh_base, scale, i_b, i_h, i_v, T, N
         if LOAD_INV:
             b_inv = tl.load(inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :])
         b_dh = _dh_chunk(q, k, p, do, g, beta, b_dh, b_inv, scale, row, m_t, o_k, o_v, lp_ty, REV, K, V, BT, LOG2_BT,
-                         PREC, LP_DOT, LOAD_INV)
+                         PREC, LP_DOT, LOAD_INV, STATE_LP)
         i_to = i_c + 1 if REV else i_c - 1
-        tl.store(dh_base + i_to * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+        tl.store(dh_base + i_to * K * V + o_k[:, None] * V + o_v[None, :], b_dh.to(dh_base.dtype.element_ty),
+                 mask=m_kv)
 
 
 @triton.jit
 def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         N_DIR: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
-                        LOAD_INV: tl.constexpr, TAIL: tl.constexpr):
+                        LOAD_INV: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """The state-gradient walks of the split backward (grid: value block, batch·head, direction)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -317,4 +325,4 @@ def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl
         seq = (d * B * H + i_bh).to(tl.int64) * NT
         if (tl.program_id(2) == d) | (N_DIR == 1):
             _dh_walk(q, k, p, g, beta, inv + seq * BT * BT, do, dh + seq * K * V, scale, i_b, i_h, i_v, T, NT, H, K, V,
-                     BT, LOG2_BT, BK, BV, d == 1, PREC, LP_DOT, LOAD_INV, TAIL)
+                     BT, LOG2_BT, BK, BV, d == 1, PREC, LP_DOT, LOAD_INV, TAIL, STATE_LP)

@@ -122,6 +122,21 @@ def _input_dot(a, b, lp_ty, PREC: tl.constexpr, LP_DOT: tl.constexpr):
 
 
 @triton.jit
+def _lp_dot(a, b, lp_ty, PREC: tl.constexpr, LP_DOT: tl.constexpr, LP: tl.constexpr):
+    """a @ b. With ``LP`` both operands are rounded to the 16-bit input dtype and multiplied on 16-bit tensor cores
+    (emulated by the rounding alone where LP_DOT is off, so the interpreter checks the same numerics); otherwise
+    TF32 / fp32 as ``PREC`` says. The accumulation is fp32 either way."""
+    # (if/else, not early returns: the code after a compile-time return is still compiled)
+    if LP and LP_DOT:
+        out = tl.dot(a.to(lp_ty), b.to(lp_ty))
+    elif LP:
+        out = tl.dot(a.to(lp_ty).to(tl.float32), b.to(lp_ty).to(tl.float32), input_precision=PREC)
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+@triton.jit
 def _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
               LP_DOT: tl.constexpr):
     """The chunk's state-independent quantities in ``REV``'s walk order: Gi, Ge, Gl, p·kᵀ, the decays E of A, A

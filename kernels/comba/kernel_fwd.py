@@ -23,6 +23,7 @@ from .kernel_common import (
     _input_dot,
     _load_raw,
     _load_token,
+    _lp_dot,
     _unit_lower_inverse,
     _walk_masks,
 )
@@ -76,14 +77,15 @@ def _fwd_token(q, k, p, v, g, beta, o_base, b_h, t, scale, i_b, i_h, o_k, o_v, T
 @triton.jit
 def _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0, p_o, m_tv, p_inv, m_inv, scale, lp_ty,
                REV: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
-               LP_DOT: tl.constexpr, INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, SAVE_INV: tl.constexpr):
+               LP_DOT: tl.constexpr, INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, SAVE_INV: tl.constexpr,
+               STATE_LP: tl.constexpr):
     """One chunk of the walk: writes (or adds) its output and returns the state leaving it."""
     b_q, b_k, b_p, b_v = r_q.to(tl.float32), r_k.to(tl.float32), r_p.to(tl.float32), r_v.to(tl.float32)
     b_g, b_beta = r_g.to(tl.float32), r_beta.to(tl.float32)
     before, upto = _walk_masks(REV, BT)
     if LOAD_WY:
         b_Gi, b_Ge, b_Gl = _gate_sums(b_g, REV)
-        b_u = b_U0 - tl.dot(b_W, b_h, input_precision=PREC)
+        b_u = b_U0 - _lp_dot(b_W, b_h, lp_ty, PREC, LP_DOT, STATE_LP)
     else:
         b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV, BT, PREC, LP_DOT)
         if not INV_IN:
@@ -91,13 +93,14 @@ def _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0, p_o, m_tv
             if SAVE_INV:
                 tl.store(p_inv, b_inv, mask=m_inv)
         # u = U0 − W h = inv (βv − pw h): one product with the inverse instead of W and U0
-        b_u = tl.dot(b_inv, b_v * b_beta[:, None] - tl.dot(b_pw, b_h, input_precision=PREC), input_precision=PREC)
+        b_u = tl.dot(b_inv, b_v * b_beta[:, None] - _lp_dot(b_pw, b_h, lp_ty, PREC, LP_DOT, STATE_LP),
+                     input_precision=PREC)
     b_qk = _input_dot(b_q, b_k, lp_ty, PREC, LP_DOT) * (_decay(b_Gi, b_Gi, upto) * scale)
-    b_o = tl.dot(b_q * (scale * tl.exp(b_Gi))[:, None], b_h, input_precision=PREC)
-    b_o += tl.dot(b_qk, b_u, input_precision=PREC)
+    b_o = _lp_dot(b_q * (scale * tl.exp(b_Gi))[:, None], b_h, lp_ty, PREC, LP_DOT, STATE_LP)
+    b_o += _lp_dot(b_qk, b_u, lp_ty, PREC, LP_DOT, STATE_LP)
     _accumulate(p_o, b_o, m_tv, ACC)
     b_kd = b_k * tl.exp(b_Gl - b_Gi)[:, None]
-    return b_h * tl.exp(b_Gl) + tl.dot(tl.trans(b_kd), b_u, input_precision=PREC)
+    return b_h * tl.exp(b_Gl) + _lp_dot(tl.trans(b_kd), b_u, lp_ty, PREC, LP_DOT, STATE_LP)
 
 
 @triton.jit
@@ -105,7 +108,7 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, REV: tl.constexpr, ACC: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
               INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
-              LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+              LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """One direction's walk over the chunks. With ``TAIL`` (T % BT == 1) the last chunk holds one token: the
     forward direction ends with it as a rank-1 step, the reversed one starts with it (from the zero state)."""
     o_t = tl.arange(0, BT)
@@ -132,7 +135,8 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
         else:
             r_q, r_k, r_p, r_v, r_g, r_beta = _load_raw(q, k, p, v, g, beta, row, m_t, o_k, o_v, K, V)
         if SAVE_H:
-            tl.store(h_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
+            tl.store(h_base + i_c * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(h_base.dtype.element_ty),
+                     mask=m_kv)
         p_inv = inv_base + i_c * BT * BT + o_t[:, None] * BT + o_t[None, :]
         # placeholders for the operands a layout does not use
         b_inv = b_h
@@ -148,10 +152,11 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
             b_inv = tl.load(p_inv)
         b_h = _fwd_chunk(r_q, r_k, r_p, r_v, r_g, r_beta, b_h, b_inv, b_W, b_U0,
                          o_base + row[:, None] * V + o_v[None, :], m_t[:, None] & (o_v < V)[None, :], p_inv, m_inv,
-                         scale, lp_ty, REV, ACC, BT, LOG2_BT, PREC, LP_DOT, INV_IN, LOAD_WY, SAVE_INV)
+                         scale, lp_ty, REV, ACC, BT, LOG2_BT, PREC, LP_DOT, INV_IN, LOAD_WY, SAVE_INV, STATE_LP)
     if TAIL and not REV:
         if SAVE_H:
-            tl.store(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
+            tl.store(h_base + NF * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(h_base.dtype.element_ty),
+                     mask=m_kv)
         _fwd_token(q, k, p, v, g, beta, o_base, b_h, NF * BT, scale, i_b, i_h, o_k, o_v, T, H, K, V, ACC)
 
 
@@ -160,7 +165,7 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
                      BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
                      INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
-                     LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+                     LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """The state walk (grid: value block, batch·head, directions on the grid). ``DIR_LOOP``: this program runs
     both directions, the reversed one adding onto its own forward output; otherwise program_id(2) is the direction
     and each writes its own fp32 partial (summed afterwards)."""
@@ -176,6 +181,6 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
         if (tl.program_id(2) == d) | (DIR_LOOP or N_DIR == 1):
             _fwd_walk(q, k, v, p, g, beta, o_base, h0 + state * K * V, inv + state * BT * BT, w + state * BT * K,
                       u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT, LOG2_BT, BK, BV, d == 1,
-                      DIR_LOOP and d == 1, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL)
+                      DIR_LOOP and d == 1, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL, STATE_LP)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction reads back what other threads of this program stored

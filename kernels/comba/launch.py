@@ -4,20 +4,26 @@ Layout heuristics (:func:`launch_config`), fitted to H100/H200 measurements (``b
 prints the variants side by side; its logs are in ``benchmarks/results/``). Every setting can be forced through
 :mod:`visionssm.kernels.tuning` under the op name ``"comba"``, e.g. ``launch_overrides("comba", split_bwd=False)``:
 
-============== ==========================================================================================
-setting        meaning
-============== ==========================================================================================
-value_block    value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
-num_warps      warps of every kernel but the chunk-parallel inverse pass (one or two)
-dh_num_warps   warps of the split backward's state-gradient walk
-dir_loop       non-causal: one program runs both directions (else one per program, fp32 partial outputs)
-inv_pass       compute every chunk's inverse in a chunk-parallel pass before the forward walk
-pre_wy         also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
-prefetch       the forward walk loads chunk i+1 while chunk i is computed
-bwd_prefetch   the same in the one-pass backward
-split_bwd      backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
-store_inv      the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
-============== ==========================================================================================
+================== ====================================================================================================
+setting            meaning
+================== ====================================================================================================
+value_block        value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
+num_warps          warps of every kernel but the chunk-parallel inverse pass (one, two or four)
+dh_num_warps       warps of the split backward's state-gradient walk
+dir_loop           non-causal: one program runs both directions (else one per program, fp32 partial outputs)
+inv_pass           compute every chunk's inverse in a chunk-parallel pass before the forward walk
+pre_wy             also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
+prefetch           the forward walk loads chunk i+1 while chunk i is computed
+bwd_prefetch       the same in the one-pass backward
+split_bwd          backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
+store_inv          the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
+state_lp           bf16 inputs: the states kept for the backward (h0, dh) are stored in bf16 and every backward
+                   product but those with a chunk's inverse runs on 16-bit tensor cores (else fp32 storage and TF32
+                   products; the walks carry their state in fp32 either way)
+fwd_lp             with state_lp, the forward walk's products (but the inverse's) on 16-bit tensor cores too
+walk_max_registers register cap per thread of the forward walk and the split backward's state-gradient walk (None: the
+                   compiler's choice)
+================== ====================================================================================================
 
 Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (layout,
 buffer shapes, grids, the kernels' scalar and constexpr arguments) is worked out once per such key and cached, so
@@ -36,7 +42,7 @@ from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
 SETTINGS = ("value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch", "bwd_prefetch",
-            "split_bwd", "store_inv")
+            "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers")
 #: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
 #: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
 CHUNK = 16
@@ -77,7 +83,22 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
            "split_bwd": split_bwd,
            # 16-wide, and 64-wide in one pass: recomputing the inverse in the backward beats storing and reloading it
            # (0.92–0.93× at 16-wide heads)
-           "store_inv": split_bwd}
+           "store_inv": split_bwd,
+           # bf16 states and the backward's products with them, fwd+bwd: 0.80x at B256 T197 H6 D64 non-causal, 0.77x at
+           # B64 T1024 H4 D64 causal, 0.55x at B4 T2048 H8 D128 causal, 0.92-0.97x at 16-wide heads; then its other
+           # products: a further 0.81-0.94x. Gradient error against the float64 spec (relative Frobenius): 2.0-3.5e-3
+           # -> 2.6-4.3e-3 on random inputs (SDPA's own bf16 error is about 2e-3), 0.4-1.3e-2 -> 1.3-2.3e-2 on the hard
+           # cases of the tests (nearly parallel keys, iplr gain near 2; allowed 4e-2)
+           "state_lp": True,
+           # the forward's products too: its time 0.91-0.96x, but the output error on those hard cases goes from
+           # 0.2-0.8e-2 to 1.0-2.0e-2 (2e-2 allowed; 3.3e-2 through the iplr prologue, 3e-2 allowed), so off
+           "fwd_lp": False,
+           # many walks: three per SM instead of two. At B256 T197 H6 D64 the dh walk (no spills at 168 registers)
+           # takes 0.83x its time. The forward took 0.86x with its state products in bf16; in TF32, as it is now, the
+           # capped forward measured 0.425-0.436 ms there, uncapped 0.443 ms (other runs; no gain shown).
+           # With fewer walks than SM slots (B4 T2048 H8 D128, B64 T1024 H4 D64) the cap only cost: forward 1.22x /
+           # 1.10x. Capping the gradient kernel instead spilled 1.7 KB and took 1.48x.
+           "walk_max_registers": 168 if wide and programs >= 1024 else None}
     tuning.apply_overrides(OP, cfg, SETTINGS)
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
@@ -87,10 +108,16 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
 def _precision(dtype: torch.dtype, device_type: str) -> dict:
     """PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside their
     tolerance; three-pass TF32 for the inverse was 1.12–1.81× slower in the forward) and the products of two input
-    tiles on 16-bit tensor cores. Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path
-    (covered by cuda tests)."""
+    tiles on 16-bit tensor cores (with ``state_lp``, bf16 inputs take every backward product but the inverse's there).
+    Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
     low = dtype in (torch.float16, torch.bfloat16)
     return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
+
+
+def _state_dtype(cfg: dict, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the stored states: bf16 for bf16 inputs with ``state_lp`` (fp16's range is too small for a
+    state), else fp32."""
+    return torch.bfloat16 if cfg["state_lp"] and dtype == torch.bfloat16 else torch.float32
 
 
 def _tail(T: int, BT: int) -> int:
@@ -104,8 +131,8 @@ def _directions(cfg: dict, ND: int) -> tuple[int, int]:
 
 
 class FwdPlan:
-    __slots__ = ("BT", "save_state", "save_inv", "partial", "o_shape", "h0_shape", "inv_shape", "w_shape",
-                 "u0_shape", "pre", "main", "dummy", "bwd", "cached")
+    __slots__ = ("BT", "save_state", "save_inv", "partial", "o_shape", "h0_shape", "state_dtype", "inv_shape",
+                 "w_shape", "u0_shape", "pre", "main", "dummy", "bwd", "cached")
 
 
 class BwdPlan:
@@ -126,6 +153,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     plan.partial = grid_dirs > 1
     plan.o_shape = (grid_dirs, B, T, H, V)
     plan.h0_shape = (ND, B * H, NT, K, V) if save_state else None
+    plan.state_dtype = _state_dtype(cfg, dtype)
     plan.inv_shape = (ND, B * H, NT, BT, BT) if plan.save_inv or pre else None
     wy = pre and cfg["pre_wy"]
     plan.w_shape = (ND, B * H, NT, BT, K) if wy else None
@@ -144,8 +172,9 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     plan.main = DirectLaunch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
                              {**common, "BV": BV, "N_DIR": ND, "DIR_LOOP": cfg["dir_loop"], "SAVE_H": save_state,
                               "SAVE_INV": plan.save_inv and not pre, "INV_IN": pre and not wy, "LOAD_WY": wy,
-                              "PREFETCH": cfg["prefetch"], "TAIL": TAIL},
-                             {"num_warps": cfg["num_warps"]})
+                              "PREFETCH": cfg["prefetch"], "TAIL": TAIL,
+                              "STATE_LP": plan.state_dtype != torch.float32 and cfg["fwd_lp"]},
+                             _options(cfg["num_warps"], cfg["walk_max_registers"]))
     return plan
 
 
@@ -156,7 +185,7 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
     # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
     o = empty_output(plan.o_shape, device=device, dtype=torch.float32) if plan.partial else empty_output_like(v)
     dummy = plan.dummy
-    h0 = dummy if plan.h0_shape is None else empty_output(plan.h0_shape, device=device, dtype=torch.float32)
+    h0 = dummy if plan.h0_shape is None else empty_output(plan.h0_shape, device=device, dtype=plan.state_dtype)
     inv = dummy if plan.inv_shape is None else empty_output(plan.inv_shape, device=device, dtype=torch.float32)
     w = dummy if plan.w_shape is None else empty_output(plan.w_shape, device=device, dtype=torch.float32)
     u0 = dummy if plan.u0_shape is None else empty_output(plan.u0_shape, device=device, dtype=torch.float32)
@@ -181,17 +210,23 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     plan = BwdPlan()
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
               **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
+    state_lp = _state_dtype(cfg, dtype) != torch.float32
     dims = (T, NT, B, H)
     plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
-    plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims, common,
-                                                           {"num_warps": cfg["dh_num_warps"]})
+    plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims,
+                                                           {**common, "STATE_LP": state_lp},
+                                                           _options(cfg["dh_num_warps"], cfg["walk_max_registers"]))
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
     plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
                              {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
-                              "PREFETCH": cfg["bwd_prefetch"] and not split},
+                              "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
                              {"num_warps": cfg["num_warps"]})
     return plan
+
+
+def _options(num_warps: int, max_registers) -> dict:
+    return {"num_warps": num_warps} if max_registers is None else {"num_warps": num_warps, "maxnreg": max_registers}
 
 
 def _partials(count: int, like: torch.Tensor) -> torch.Tensor:
@@ -213,7 +248,7 @@ def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
     inv = h0 if inv is None else inv  # an unread pointer when the inverses are recomputed
     dh = h0  # an unread pointer without the dh walk
     if plan.dh_walk is not None:
-        dh = empty_output(plan.dh_shape, device=h0.device, dtype=torch.float32)
+        dh = empty_output(plan.dh_shape, device=h0.device, dtype=h0.dtype)
         plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
     plan.main(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
     if NP > 1:

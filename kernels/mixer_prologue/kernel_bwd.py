@@ -4,8 +4,8 @@
    q, k, v, p, g, beta, alpha back through the feedback/correction, the L2 norms and the SiLU to the convolution's
    output (``dconv``, (B, L, 2HK + HV)), writes the gate-logit columns of proj's gradient, and stores per-program
    partial sums of the per-head parameters' gradients (``partials``, (programs, SLOTS, H), summed on the host).
-2. ``conv_bwd_kernel``, one program per (batch element, BC channels) walking the tokens: the transposed
-   convolution of ``dconv`` into proj's gradient (q, k, v columns) and the weight gradient's per-batch partials.
+2. ``conv_bwd_kernel``, one program per (token block, batch element, BC channels): the transposed convolution of
+   ``dconv`` into proj's gradient (q, k, v columns) and the weight gradient's partial sums per program row.
 
 Two kernels because a token's input gradient needs its neighbours' ``dconv``, which depends on their whole heads.
 """
@@ -128,27 +128,29 @@ def conv_bwd_kernel(
     C: tl.constexpr, KS: tl.constexpr, LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BKS: tl.constexpr,
 ):
-    """dx[s, c] = Σ_j w[c, j] · dconv[s + LEFT − j, c];  dw[c, j] = Σ_t dconv[t, c] · x[t + j − LEFT, c]."""
-    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
-    c1 = pid_c * BC + tl.arange(0, BC)
-    c2 = c1[None, :]
+    """dx[s, c] = Σ_j w[c, j] · dconv[s + LEFT − j, c];  dw[c, j] = Σ_t dconv[t, c] · x[t + j − LEFT, c].
+
+    One program per (BT tokens, batch element, BC channels), all independent: the shifted reads of ``dconv`` and
+    ``x`` overlap their neighbours' and come from cache. Its weight-gradient partial sum goes to row
+    (batch element, token block) of ``dw_partial``."""
+    pid_t, pid_b, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    c2 = (pid_c * BC + tl.arange(0, BC))[None, :]
     mask_c = c2 < C
     taps = tl.arange(0, BKS)[:, None]
+    t = pid_t * BT + tl.arange(0, BT)[:, None]
+    mask = (t < L) & mask_c
     dc_row0 = dconv + pid_b.to(tl.int64) * L * C
     x_row0 = proj + pid_b.to(tl.int64) * stride_b
-    dx_row0 = dproj + pid_b.to(tl.int64) * dstride_b
+    dc = tl.load(dc_row0 + t * C + c2, mask=mask, other=0.0).to(tl.float32)
+    dx = tl.zeros([BT, BC], dtype=tl.float32)
     dw = tl.zeros([BKS, BC], dtype=tl.float32)
-    for t0 in range(0, L, BT):
-        t = t0 + tl.arange(0, BT)[:, None]
-        mask = (t < L) & mask_c
-        dc = tl.load(dc_row0 + t * C + c2, mask=mask, other=0.0).to(tl.float32)
-        dx = tl.zeros([BT, BC], dtype=tl.float32)
-        for j in tl.static_range(KS):
-            w = tl.load(conv_w + c2 * KS + j, mask=mask_c, other=0.0).to(tl.float32)
-            ts = t + (LEFT - j)
-            dx += w * tl.load(dc_row0 + ts * C + c2, mask=mask_c & (ts >= 0) & (ts < L), other=0.0).to(tl.float32)
-            tx = t + (j - LEFT)
-            x = tl.load(x_row0 + tx * stride_t + c2, mask=mask & (tx >= 0) & (tx < L), other=0.0).to(tl.float32)
-            dw += tl.where(taps == j, tl.sum(dc * x, axis=0)[None, :], 0.0)
-        tl.store(dx_row0 + t * dstride_t + c2, dx, mask=mask)
-    tl.store(dw_partial + (pid_b * KS + taps) * C + c2, dw, mask=(taps < KS) & mask_c)
+    for j in tl.static_range(KS):
+        w = tl.load(conv_w + c2 * KS + j, mask=mask_c, other=0.0).to(tl.float32)
+        ts = t + (LEFT - j)
+        dx += w * tl.load(dc_row0 + ts * C + c2, mask=mask_c & (ts >= 0) & (ts < L), other=0.0).to(tl.float32)
+        tx = t + (j - LEFT)
+        x = tl.load(x_row0 + tx * stride_t + c2, mask=mask & (tx >= 0) & (tx < L), other=0.0).to(tl.float32)
+        dw += tl.where(taps == j, tl.sum(dc * x, axis=0)[None, :], 0.0)
+    tl.store(dproj + pid_b.to(tl.int64) * dstride_b + t * dstride_t + c2, dx, mask=mask)
+    row = pid_b * tl.num_programs(0) + pid_t
+    tl.store(dw_partial + (row.to(tl.int64) * KS + taps) * C + c2, dw, mask=(taps < KS) & mask_c)

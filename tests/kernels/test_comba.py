@@ -146,6 +146,21 @@ def test_triton_interpreter_low_precision(dtype, triton_interpreter, poison_outp
     check_against_reference(comba_op, x, causal=False, fwd_tol=2e-2, grad_tol=4e-2)
 
 
+@pytest.mark.parametrize("overrides", [{"split_bwd": True}, {"split_bwd": False}, {"split_bwd": True, "fwd_lp": True}],
+                         ids=["split", "one-pass", "split-16-bit-forward"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_interpreter_bf16_states(overrides, causal, triton_interpreter, poison_outputs):
+    """bf16 inputs keep the states saved for the backward in bf16 and multiply on 16-bit tensor cores (here the
+    rounding alone): the float64 spec within bf16 tolerances, the single-token tail (T = 49) and the split backward's
+    bf16 state gradients included. The setting is live: fp32 states give different bits."""
+    x = make_inputs(B=1, T=49, H=2, K=16, V=32, dtype=torch.bfloat16)
+    with launch_overrides("comba", state_lp=True, **overrides):
+        low = check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
+    with launch_overrides("comba", state_lp=False, **overrides):
+        full = check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
+    assert not all(torch.equal(a, b) for a, b in zip(low, full))
+
+
 def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison_outputs):
     x = make_inputs(B=1, T=40, H=1, gate_scale=0.05)
     check_against_reference(comba_op, x, causal=True)

@@ -21,9 +21,9 @@ PARAMS = ("beta_bias", "alpha_bias", "A_log", "dt_bias", "feedback", "correction
 
 
 def make_problem(mode: str, B=2, L=7, H=2, K=8, V=8, KS=3, gate_width=5, seed=0, dtype=torch.float32,
-                 device="cpu", transition="splr", causal=True, aligned=False):
+                 device="cpu", transition="splr", causal=True, aligned=False, unused=0):
     """(proj, conv_weight, kwargs) laid out as the layers lay out their input projection: comba [q k v | decay
-    beta | gate], gka [q k v | gate | beta alpha (decay)]."""
+    beta | gate], gka [q k v | gate | beta alpha (decay)], then ``unused`` columns no output reads."""
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     C = 2 * H * K + H * V
@@ -41,7 +41,7 @@ def make_problem(mode: str, B=2, L=7, H=2, K=8, V=8, KS=3, gate_width=5, seed=0,
     else:  # the minimum: q, k, v and one gate without bias
         N = C + H
         kwargs.update(beta_col=C)
-    proj = rand(B, L, N)
+    proj = rand(B, L, N + unused)
     weight = 0.6 * rand(C, 1, KS)
     if aligned:  # nearly parallel keys, feedback gain near 2, slow decay: the hard case of the iplr transition
         proj[..., H * K:2 * H * K] = rand(B, 1, H * K) + 0.05 * rand(B, L, H * K)
@@ -174,6 +174,15 @@ def test_triton_interpreter_strided_proj(triton_interpreter, poison_outputs):
     """proj a column slice of a wider tensor (its gradient lands in that slice)."""
     proj, weight, kwargs = make_problem("gka", L=6, seed=3)
     check_against_reference(proj, weight, kwargs, view_of=(3, 5))
+
+
+def test_triton_interpreter_unused_columns(triton_interpreter, poison_outputs):
+    """Columns no output reads (a layer's alignment padding) get an exactly zero gradient, though the gradient
+    buffer starts out NaN-poisoned."""
+    proj, weight, kwargs = make_problem("comba", L=6, seed=4, unused=3)
+    check_against_reference(proj, weight, kwargs)
+    _, grads = run_with_grads(proj, weight, kwargs)
+    assert torch.equal(grads["proj"][..., -3:], torch.zeros_like(grads["proj"][..., -3:]))
 
 
 def test_triton_interpreter_low_precision(triton_interpreter, poison_outputs):

@@ -39,7 +39,7 @@ from torch import nn
 from visionssm import kernels
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, require_int, require_positive
+from .common import GatedRMSNorm, ShortConv1d, aligned_projection, init_log_decay_, require_int, require_positive
 
 __all__ = ["TRANSITIONS", "CombaMixer"]
 
@@ -133,7 +133,7 @@ class CombaMixer(SequenceMixer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         q, k, v, p, g, beta, _, gate = kernels.mixer_prologue(
-            self.in_proj(x), self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
+            aligned_projection(x, self.in_proj), self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
             value_dim=self.head_v_dim, causal=self.causal, beta_col=self._beta_col, decay_col=self._decay_col,
             A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
             transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)

@@ -43,7 +43,7 @@ from visionssm import kernels
 from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, init_log_decay_, require_int, require_positive
+from .common import GatedRMSNorm, ShortConv1d, aligned_projection, init_log_decay_, require_int, require_positive
 
 __all__ = ["GKAMixer"]
 
@@ -129,10 +129,11 @@ class GKAMixer(SequenceMixer):
         self.check_input(x)
         H, beta_col = self.num_heads, self._beta_col
         q, k, v, _, g, beta, alpha, gate = kernels.mixer_prologue(
-            self.in_proj(x), self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim, value_dim=self.head_dim,
-            causal=self.causal, beta_col=beta_col, beta_bias=self.beta_bias, alpha_col=beta_col + H,
-            alpha_bias=self.alpha_bias, decay_col=None if self.A_log is None else beta_col + 2 * H, A_log=self.A_log,
-            dt_bias=self.dt_bias, gate_cols=self._gate_cols, eps=L2_EPS)
+            aligned_projection(x, self.in_proj), self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim,
+            value_dim=self.head_dim, causal=self.causal, beta_col=beta_col, beta_bias=self.beta_bias,
+            alpha_col=beta_col + H, alpha_bias=self.alpha_bias,
+            decay_col=None if self.A_log is None else beta_col + 2 * H, A_log=self.A_log, dt_bias=self.dt_bias,
+            gate_cols=self._gate_cols, eps=L2_EPS)
         o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters,
                         solver=self.solver)
         return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="silu",
