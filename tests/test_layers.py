@@ -268,6 +268,29 @@ def test_aligned_projection_is_the_projection_padded(bias):
     assert aligned_projection(x, torch.nn.Linear(6, 16).double()).shape == (2, 5, 16)
 
 
+def test_aligned_projection_leaves_hooked_and_wrapped_linears_alone():
+    """A forward hook on the projection (feature extraction, FLOP counting) still sees the call, and a Linear
+    subclass (a LoRA-style wrapper) still runs its own forward: both unpadded."""
+    from visionssm.layers.common import aligned_projection
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    x = torch.randn(2, 5, 6)
+    linear = torch.nn.Linear(6, 13)
+    seen = []
+    handle = linear.register_forward_hook(lambda module, inputs, output: seen.append(output.shape))
+    try:
+        out = aligned_projection(x, linear)
+    finally:
+        handle.remove()
+    assert seen == [(2, 5, 13)] and out.shape == (2, 5, 13)
+    wrapped = Scaled(6, 13)
+    torch.testing.assert_close(aligned_projection(x, wrapped), 2 * torch.nn.functional.linear(x, wrapped.weight,
+                                                                                              wrapped.bias))
+
+
 def test_gka_parameter_budget():
     # gka_vision_T hosts this layer in 4 blocks of width 320 and 2 of width 640 (see the module docstring):
     # the six mixers must hold 0.99 M – 4.17 M parameters for the model to stay within 5 % of 31.8 M.

@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _module_state
 
 from visionssm.kernels.utils import check_int, check_positive
 
@@ -29,21 +30,22 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) -> torch.Tensor:
-    """``linear(x)`` with the output padded by zero columns to a multiple of ``multiple`` features; callers read
-    their columns by offset and never the padding.
+    """``linear(x)``, padded with zero columns to a multiple of ``multiple`` features when ``linear`` is a plain
+    ``nn.Linear`` that nothing hooks; callers read their columns by offset and never the padding.
 
     Why: a row of N 16-bit features starts 16-byte aligned only when N % 8 == 0; otherwise cuBLAS takes its
     2-element-aligned GEMM kernels. Comba-S's input projection (N = 1180) spent 246 µs per forward and 8.4 ms per
     training step in them on an H100. The padding is a few zero rows of the weight built per call (a copy of the
-    weight's size, not the activations'), so the parameter, and every checkpoint, keeps its N rows."""
-    weight = linear.weight
-    pad = -weight.shape[0] % multiple
-    if pad:
-        weight = F.pad(weight, (0, 0, 0, pad))
-    bias = linear.bias
-    if bias is not None and pad:
-        bias = F.pad(bias, (0, pad))
-    return F.linear(x, weight, bias)
+    weight's size, not the activations'), so the parameter, and every checkpoint, keeps its N rows. A subclass or a
+    wrapper in the Linear's place (LoRA, quantisation) or a forward hook on it (feature extraction, FLOP counters) is
+    called as it is, unpadded: the padded path reads the weight directly and would go around them."""
+    hooked = linear._forward_hooks or linear._forward_pre_hooks or _module_state._global_forward_hooks \
+        or _module_state._global_forward_pre_hooks
+    pad = -linear.out_features % multiple
+    if type(linear) is not nn.Linear or hooked or not pad:
+        return linear(x)
+    bias = None if linear.bias is None else F.pad(linear.bias, (0, pad))
+    return F.linear(x, F.pad(linear.weight, (0, 0, 0, pad)), bias)
 
 
 class ShortConv1d(nn.Module):
