@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import importlib
 import pkgutil
+import re
 import statistics
 import sys
 import time
@@ -58,9 +59,11 @@ def triton_kernel_names(package: str) -> set[str]:
 
 def categorise(name: str, mixer_names: set[str], layer_names: set[str]) -> str:
     lowered = name.lower()
-    if any(n in name for n in mixer_names):
+    # whole identifiers only: a Triton helper named ``mm`` is a substring of every "gemm" and of "GammaBeta"
+    identifiers = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", name))
+    if identifiers & mixer_names:
         return "mixer kernel"
-    if any(n in name for n in layer_names):
+    if identifiers & layer_names:
         return "fused layer ops"
     if any(mark in lowered for mark in GEMM_MARKS):
         return "GEMM"

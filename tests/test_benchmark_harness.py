@@ -120,3 +120,21 @@ def test_measure_impls_rows_in_order_with_forward_only_and_bandwidth_for_ours(ca
     assert asked == [False, True]
     assert all(("GB/s" in r) == (r["impl"] == "ours") for r in rows)
     assert "broken S fwd causal failed" in capsys.readouterr().out
+
+
+def test_layer_profile_categories_match_whole_kernel_names():
+    """benchmarks/profile_layers.py files a kernel under an op only for that op's whole kernel names: a Triton helper
+    called ``mm`` once put cuBLAS GEMMs and LayerNorm's GammaBeta kernel under "mixer kernel"."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_layers.py"
+    spec = importlib.util.spec_from_file_location("profile_layers", path)
+    profile_layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_layers)
+    mixer, layer = {"mm", "comba_bwd_kernel"}, {"prologue_fwd_kernel"}
+    cases = {"comba_bwd_kernel": "mixer kernel", "prologue_fwd_kernel": "fused layer ops",
+             "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>": "GEMM",
+             "void at::native::GammaBetaBackwardCUDAKernelTemplate<float, float, 256>": "elementwise / norm / other"}
+    for name, category in cases.items():
+        assert profile_layers.categorise(name, mixer, layer) == category, name
