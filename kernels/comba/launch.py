@@ -198,7 +198,9 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
 
 
 def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: int, dtype: torch.dtype,
-              device: torch.device, has_inv: bool) -> BwdPlan:
+              device: torch.device, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+    """``has_inv`` and ``state_dtype`` say what the forward stored (its inverses, its states' dtype): the backward
+    follows them, not the settings in force when it runs."""
     BV, NV = cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
@@ -210,7 +212,7 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     plan = BwdPlan()
     common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
               **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
-    state_lp = _state_dtype(cfg, dtype) != torch.float32
+    state_lp = state_dtype != torch.float32
     dims = (T, NT, B, H)
     plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
     plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims,
@@ -277,13 +279,14 @@ def _build_cached_fwd(q, v, causal: bool, save_state: bool) -> FwdPlan:
     return plan
 
 
-def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool) -> BwdPlan:
-    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv)
-    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, causal, BT, has_inv))
+def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv, state_dtype)
+    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, causal, BT, has_inv, state_dtype))
 
 
-def _build_cached_bwd(q, v, causal: bool, BT: int, has_inv: bool) -> BwdPlan:
+def _build_cached_bwd(q, v, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
     B, T, H, K = q.shape
     V = v.shape[3]
     ND = 1 if causal else 2
-    return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv)
+    return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv,
+                     state_dtype)

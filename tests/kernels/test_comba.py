@@ -161,6 +161,22 @@ def test_triton_interpreter_bf16_states(overrides, causal, triton_interpreter, p
     assert not all(torch.equal(a, b) for a, b in zip(low, full))
 
 
+@pytest.mark.parametrize("forward_lp", [True, False])
+def test_triton_interpreter_backward_follows_the_stored_states(forward_lp, triton_interpreter, poison_outputs):
+    """A backward run under another ``state_lp`` than its forward reads the states as the forward stored them."""
+    x = make_inputs(B=1, T=33, H=2, K=16, V=16, dtype=torch.bfloat16)
+    do = torch.randn(1, 33, 2, 16, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ref_o, ref_grads = reference_with_grads(x, do, causal=False)
+    leaves = [t.detach().clone().requires_grad_() for t in x]
+    with launch_overrides("comba", state_lp=forward_lp, split_bwd=True):
+        o = comba_op(*leaves, causal=False)
+    with launch_overrides("comba", state_lp=not forward_lp, split_bwd=True):
+        o.backward(do)
+    assert_close(o, ref_o, tol=2e-2, name="o")
+    for name, leaf, ref in zip(GRAD_NAMES, leaves, ref_grads):
+        assert_close(leaf.grad, ref, tol=4e-2, name=f"d{name}")
+
+
 def test_triton_interpreter_gate_extremes_and_no_grad(triton_interpreter, poison_outputs):
     x = make_inputs(B=1, T=40, H=1, gate_scale=0.05)
     check_against_reference(comba_op, x, causal=True)
