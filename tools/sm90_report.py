@@ -16,16 +16,20 @@ import subprocess
 import tempfile
 
 
-def sm90_report(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, num_stages: int = 3) -> dict:
-    """``{"registers", "spill_stores", "spill_loads", "stack", "shared"}`` of ``fn`` compiled for sm_90a."""
+def sm90_report(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, num_stages: int = 3,
+                max_registers: int | None = None) -> dict:
+    """``{"registers", "spill_stores", "spill_loads", "stack", "shared"}`` of ``fn`` compiled for sm_90a
+    (``max_registers``: Triton's ``maxnreg`` cap per thread, as a launch would pass it)."""
     import triton
     import triton.backends.nvidia.compiler as nvidia
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
         ptx.write(compiled.asm["ptx"])
         ptx.flush()

@@ -9,8 +9,10 @@ the forward, one for the backward, no torch operation in between.
 Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`, op ``"gka"``, names prefixed
 ``global_`` (the causal kernels read the op's other names):
 
-* ``global_block_t`` — tokens per tile (16, 32, 64 or 128);
+* ``global_block_t`` / ``global_block_t_bwd`` — tokens per tile (16, 32, 64 or 128) of the forward / backward;
 * ``global_num_warps`` / ``global_num_warps_bwd`` — warps of the forward / backward program;
+* ``global_max_registers`` / ``global_max_registers_bwd`` — a cap on the registers per thread of the forward /
+  backward program (Triton's ``maxnreg``; ``None``: the compiler's choice);
 * ``global_num_stages`` — software pipelining depth of the token loops;
 * ``global_passes`` — bf16 inputs: 2 (default) multiplies the exact operand by both bf16 halves of the fp32
   matrix, 1 by the matrix rounded to bf16 (see :mod:`.global_kernels`). One pass takes 0.87× the fwd+bwd time at
@@ -33,15 +35,16 @@ from .naive import EPS
 __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 
 _PREFIX = "global_"
-_KNOWN = ("global_block_t", "global_num_warps", "global_num_warps_bwd", "global_num_stages", "global_passes",
-          "global_reload")
+_KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
+          "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
-def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
-    """Launch settings by head width and input dtype, chosen from sm_90a compiles (registers, spills, shared memory
-    per program) and, for bf16 at the vision shapes, the H100 launch sweep of benchmarks/gka_global_timing.py
-    (64-wide heads: 32-token tiles, reload or 8 warps were all slower than the settings below).
+def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
+    """Launch settings by head width, sequence length and input dtype, chosen from sm_90a compiles (registers, spills,
+    shared memory per program) and, for bf16 at the vision shapes, the H100 launch sweeps of
+    benchmarks/gka_global_timing.py (64-wide heads: 32-token tiles, reload or 8 warps were all slower than the
+    settings below).
 
     ``prec`` / ``sprec``: the precision of the per-token fp32 products (non-bf16 inputs) and of the per-(batch, head)
     K×K products. fp32 inputs get exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3
@@ -50,12 +53,17 @@ def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
-           "prec": "tf32x3", "sprec": "tf32x3"}
+           "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
         # take 0.141 / 0.091 ms at B256 T196 H10 / B256 T49 H20 against 0.187 / 0.149 for 64 tokens and two warps
-        # (more programs resident per SM to hide the per-program latency); 4 warps or 128 tokens are slower still
-        cfg.update(block_t=32, num_warps=1)
+        # (more programs resident per SM to hide the per-program latency); 4 warps or 128 tokens are slower still.
+        # Then (2026-11-24) the same for the two programs apart, which are bound by how many of them fit an SM's
+        # registers: the forward in 16-token tiles (86 registers, 23 programs per SM, against 128 and 16) takes
+        # 0.052 ms at T196 against 0.058 (no change at T49); the backward keeps 32-token tiles (16: 1.17x, more
+        # loop steps) and at T196 is capped at 176 registers (11 programs per SM against 9, no spills at sm_90a;
+        # fwd+bwd 0.121 against 0.127 ms), while at T49 the cap cost 1.06x
+        cfg.update(block_t=16, block_t_bwd=32, num_warps=1, max_registers_bwd=176 if T > 64 else None)
     if full and width <= 32:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
@@ -63,16 +71,25 @@ def _launch_config(K: int, V: int, dtype: torch.dtype) -> dict:
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
+    cfg.setdefault("block_t_bwd", cfg["block_t"])
     cfg["num_warps_bwd"] = cfg["num_warps"]
     forced = {name: value for name, value in tuning.overrides("gka").items() if name.startswith(_PREFIX)}
     if forced:
         tuning.check_names("gka", forced, _KNOWN)
         cfg.update({name[len(_PREFIX):]: value for name, value in forced.items()})
-    if cfg["block_t"] not in (16, 32, 64, 128):
-        raise ValueError(f"gka launch setting global_block_t must be 16, 32, 64 or 128, got {cfg['block_t']}")
+    for name in ("block_t", "block_t_bwd"):
+        if cfg[name] not in (16, 32, 64, 128):
+            raise ValueError(f"gka launch setting global_{name} must be 16, 32, 64 or 128, got {cfg[name]}")
     if cfg["passes"] not in (1, 2):
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
     return cfg
+
+
+def _options(num_warps: int, num_stages: int, max_registers: int | None) -> dict:
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return options
 
 
 class GlobalPlan:
@@ -83,7 +100,7 @@ class GlobalPlan:
     def __init__(self, B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype, v_dtype: torch.dtype,
                  device: torch.device, has_beta: bool, has_alpha: bool, solver: str, num_iters: int, save: bool):
         full = dtype == torch.float32 or v_dtype == torch.float32
-        cfg = _launch_config(K, V, torch.float32 if full else dtype)
+        cfg = _launch_config(K, V, T, torch.float32 if full else dtype)
         interpreted = device.type != "cuda"
         # bf16 inputs: split products on bf16 tensor cores; fp32 inputs: exact fp32 FMAs where they fit (tf32x3's
         # 2⁻²¹ per product costs part of the 1e-4 gradient accuracy they are held to); fp16: tf32x3 (no room for a
@@ -92,7 +109,7 @@ class GlobalPlan:
         prec = "ieee" if interpreted else cfg["prec"]
         sprec = "ieee" if interpreted and cfg["sprec"] != "bf16x3" else cfg["sprec"]
         reload = bool(cfg["reload"])
-        common = {"K": K, "V": V, "BT": cfg["block_t"], "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
+        common = {"K": K, "V": V, "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
                   "RELOAD": reload, "LP": low, "PASSES": cfg["passes"], "PREC": prec, "SPREC": sprec,
                   "EMU": interpreted}
         # the forward writes the state when a backward follows, or as the read-out's operands (RELOAD)
@@ -103,11 +120,12 @@ class GlobalPlan:
         self.dummy = torch.empty(1, device=device, dtype=torch.float32)
         self.fwd = DirectLaunch(
             gka_global_fwd_kernel, (B * H,), (T, H),
-            {**{n: c for n, c in common.items() if n != "RELOAD"}, "SOLVER": _SOLVER_IDS[solver],
+            {**{n: c for n, c in common.items() if n != "RELOAD"}, "BT": cfg["block_t"], "SOLVER": _SOLVER_IDS[solver],
              "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS},
-            {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
-        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), common,
-                                {"num_warps": cfg["num_warps_bwd"], "num_stages": cfg["num_stages"]}) if save else None
+            _options(cfg["num_warps"], cfg["num_stages"], cfg["max_registers"]))
+        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**common, "BT": cfg["block_t_bwd"]},
+                                _options(cfg["num_warps_bwd"], cfg["num_stages"], cfg["max_registers_bwd"])
+                                ) if save else None
 
 
 _PLANS = tuning.PlanCache()

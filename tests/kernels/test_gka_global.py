@@ -154,6 +154,14 @@ def test_interpreter_reload_and_tiles(triton_interpreter, poison_outputs):
         check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
+def test_interpreter_forward_and_backward_tiles_apart(triton_interpreter, poison_outputs):
+    # the forward and backward programs take their own token tiles (and register caps, which the interpreter
+    # ignores); the 16-wide bf16 default at T > 64 is 16-token forward tiles, 32-token backward tiles, capped backward
+    with launch_overrides("gka", global_block_t=32, global_block_t_bwd=16):
+        check(make_inputs(1, 45, 2, 16, 16, seed=12))
+    check(make_inputs(1, 67, 2, 16, 16, dtype=torch.bfloat16, seed=13), fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -196,6 +204,8 @@ def test_launch_override_names(triton_interpreter):
     with launch_overrides("gka", global_chunk=32), pytest.raises(ValueError, match="global_chunk"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
     with launch_overrides("gka", global_block_t=24), pytest.raises(ValueError, match="global_block_t"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_block_t_bwd=8), pytest.raises(ValueError, match="global_block_t_bwd"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
 
 
