@@ -1,6 +1,6 @@
 """Launch variants of the Comba kernels, timed side by side (GPU time, CUDA graphs).
 
-    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|lm|all] [--rounds N] [--warm]
+    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|tiny|lm|all] [--rounds N] [--warm]
 
 Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
 settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
@@ -21,7 +21,9 @@ from visionssm.utils.benchmark import time_fn
 VARIANTS = {
     "default": {},
     "one_pass_bwd": {"split_bwd": False},
+    "one_pass_bwd_recompute": {"split_bwd": False, "inv_pass": False, "store_inv": False},
     "split_bwd": {"split_bwd": True},
+    "split_bwd_stored": {"split_bwd": True, "inv_pass": True, "store_inv": True},
     "inv_pass": {"inv_pass": True},
     "no_inv_pass": {"inv_pass": False},
     "store_inverse": {"store_inv": True},
@@ -39,9 +41,10 @@ VARIANTS = {
     "walk_regs_free": {"walk_max_registers": None},
     "fwd_lp": {"fwd_lp": True},
 }
-# (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S mixer, two LM shapes
+# (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S and comba_vision_T mixers, two LM shapes
 SHAPES = {"d16": [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True)],
           "d64": [(256, 197, 6, 64, False), (256, 197, 6, 64, True)], "d64nc": [(256, 197, 6, 64, False)],
+          "tiny": [(256, 197, 3, 64, False)],
           "lm": [(64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]}
 
 

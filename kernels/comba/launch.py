@@ -62,10 +62,11 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
-    # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64; 1.06× at
-    # B4 T2048 H8 D128); one pass when one wave of 64-wide programs covers the problem (0.85× at B64 T1024 H4 D64)
-    # and for small states (per-chunk 1.07× at B256 T196 H10 D16)
-    split_bwd = wide and not (BK == 64 and programs <= 512)
+    # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64
+    # non-causal, 3072 programs; 1.06× at B4 T2048 H8 D128); one pass up to 1536 64-wide programs (0.85× at B64 T1024
+    # H4 D64; at B256 T197 against the per-chunk backward with its inverse pass: 0.93× non-causal at H3, the
+    # comba_vision_T mixer, 0.86× causal at H6) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
+    split_bwd = wide and not (BK == 64 and programs <= 1536)
     cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
            "dir_loop": ND == 2 and BH * NV >= 1024,
            # off the walk's sequential path where the per-chunk backward follows: B256 T197 H6 D64 non-causal forward
