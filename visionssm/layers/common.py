@@ -1,5 +1,5 @@
 """Pieces the mixer layers share: argument checks, the depthwise short convolution over tokens, the per-head
-L2 normalisation, the gated per-head RMSNorm, and Mamba2's forgetting-gate initialisation."""
+L2 normalisation, the gated per-head RMSNorm, the blocks' LayerNorm, and Mamba2's forgetting-gate initialisation."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import math
 
 import torch
 import torch.nn.functional as F
+from timm.models import register_notrace_module
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from visionssm import kernels
 from visionssm.kernels.utils import check_int, check_positive
 
-__all__ = ["GatedRMSNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "l2_normalize", "require_int",
-           "require_positive"]
+__all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "l2_normalize",
+           "require_int", "require_positive"]
 
 
 # the kernels' own argument checks: one rule for the ops and the layers
@@ -71,6 +73,26 @@ class ShortConv1d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}"
+
+
+# it branches on its input (device, autocast): FX symbolic tracing (timm's feature extraction) keeps it as a leaf
+@register_notrace_module
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same arguments, parameters and state dict) computed by :func:`visionssm.kernels.layer_norm`
+    when it normalises over the last axis with a weight: the Triton kernels for CUDA tensors (PyTorch's weight-gradient
+    kernel is slow for the backbones' narrow rows), ``F.layer_norm`` otherwise. Under CUDA autocast the input is taken
+    in float32 and the result is float32, as autocast runs ``F.layer_norm`` there (other devices' autocast keeps its
+    own rules: plain ``nn.LayerNorm``); under ``torch.compile`` the module is plain ``nn.LayerNorm`` (the compiler
+    fuses it itself)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
+                or (autocast and x.device.type != "cuda")):
+            return super().forward(x)
+        if autocast:
+            x = x.float()
+        return kernels.layer_norm(x, self.weight, self.bias, eps=self.eps)
 
 
 class GatedRMSNorm(nn.Module):

@@ -54,6 +54,7 @@ from timm.models._manipulate import checkpoint
 from torch import nn
 
 from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
+from visionssm.layers.common import LayerNorm
 
 __all__ = ["CombaVision"]
 
@@ -77,7 +78,7 @@ class CombaBlock(nn.Module):
                  dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
         self.norm1 = norm_layer(dim, **dd)
         self.mixer = build_mixer(mixer, dim, causal=mixer_causal, kwargs=mixer_kwargs, offered={"num_heads": num_heads},
@@ -135,7 +136,7 @@ class CombaVision(nn.Module):
             raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
         if not isinstance(mixer_causal, bool):
             raise TypeError(f"mixer_causal must be a bool, got {type(mixer_causal).__name__}")
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
         if transition is not None:
             mixer_kwargs = {**(mixer_kwargs or {}), "transition": transition}
         self.num_classes = num_classes

@@ -1,0 +1,81 @@
+"""Launch layout and cached launch plans of the LayerNorm kernels.
+
+Settings (forced through :mod:`visionssm.kernels.tuning` under the op name ``"layer_norm"``): ``block_rows`` (rows
+per tile), ``bwd_programs_per_sm`` (backward programs per SM: each walks N / programs rows and writes one partial
+row of the weight and bias gradients), ``num_warps``; ``reference`` runs the PyTorch reference instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import tuning
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2
+from .kernel import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+
+OP = "layer_norm"
+SETTINGS = ("block_rows", "bwd_programs_per_sm", "num_warps", "reference")
+#: Elements of one [rows, channels] tile: 8 fp32 values per thread of four warps.
+TILE = 1024
+
+
+def launch_config(N: int, C: int) -> dict:
+    BC = next_pow2(C)
+    rows = max(1, min(next_pow2(N), TILE // BC))
+    tile = rows * BC
+    cfg = {"block_rows": rows, "bwd_programs_per_sm": 4,
+           "num_warps": 8 if tile >= 4096 else 4 if tile >= 1024 else 2 if tile >= 256 else 1}
+    return tuning.apply_overrides(OP, cfg, SETTINGS)
+
+
+class Plan:
+    __slots__ = ("fwd", "bwd", "bwd_args", "programs", "dummy", "has_bias")
+
+
+def _build(x2, has_bias: bool, eps: float) -> Plan:
+    N, C = x2.shape
+    cfg = launch_config(N, C)
+    BR = cfg["block_rows"]
+    plan = Plan()
+    plan.has_bias = has_bias
+    plan.dummy = torch.empty(1, device=x2.device, dtype=torch.float32)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 2
+    # whole tiles of rows per backward program
+    rows = max(BR, cdiv(cdiv(N, sms * cfg["bwd_programs_per_sm"]), BR) * BR)
+    plan.programs = cdiv(N, rows)
+    constexprs = {"C": C, "BR": BR, "BC": next_pow2(C), "HAS_BIAS": has_bias, "EPS": eps}
+    options = {"num_warps": cfg["num_warps"]}
+    plan.fwd = DirectLaunch(layer_norm_fwd_kernel, (cdiv(N, BR),), (N,), constexprs, options)
+    plan.bwd = {}
+    plan.bwd_args = (layer_norm_bwd_kernel, (plan.programs,), (N, rows), constexprs, options)
+    return plan
+
+
+def run_fwd(plan: Plan, x2, weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    y = empty_output(x2.shape, device=x2.device, dtype=out_dtype)
+    bias_ = plan.dummy if bias is None else bias
+    plan.fwd(aligned16(x2, weight, bias_, y), x2, weight, bias_, y)
+    return y
+
+
+def run_bwd(plan: Plan, x2, weight, dy):
+    """(dx, dweight, dbias or None)."""
+    dy = dy.contiguous()
+    dx = empty_output_like(x2)
+    C = x2.shape[1]
+    dw = empty_output((plan.programs, C), device=x2.device, dtype=torch.float32)
+    db = empty_output((plan.programs, C), device=x2.device, dtype=torch.float32) if plan.has_bias else plan.dummy
+    launch = plan.bwd.get(dy.dtype)
+    if launch is None:
+        launch = plan.bwd[dy.dtype] = DirectLaunch(*plan.bwd_args)
+    launch(aligned16(x2, weight, dy, dx, dw, db), x2, weight, dy, dx, dw, db)
+    return dx, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype) if plan.has_bias else None
+
+
+# Plans per call signature.
+_PLANS = tuning.PlanCache()
+
+
+def get_plan(x2, weight, bias, eps: float) -> Plan:
+    key = (x2.shape, x2.dtype, x2.device, weight.dtype, None if bias is None else bias.dtype, eps)
+    return _PLANS.get_or_build(key, lambda: _build(x2, bias is not None, eps))
