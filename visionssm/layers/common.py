@@ -90,7 +90,7 @@ class LayerNorm(nn.LayerNorm):
         if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
                 or (autocast and x.device.type != "cuda")):
             return super().forward(x)
-        if autocast:
+        if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
             x = x.float()
         return kernels.layer_norm(x, self.weight, self.bias, eps=self.eps)
 
