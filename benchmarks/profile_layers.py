@@ -123,6 +123,26 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def kernel_times(events, device_type: str) -> dict[str, list]:
+    """{name: [ms, calls]} of the profiled kernels: on CUDA the device-side events, without the profiler's user
+    annotations (``record_function`` ranges such as the optimizer's ``Optimizer.step#AdamW.step`` appear on the
+    GPU timeline too and would count their kernels twice); on CPU (tests) the leaf ops' CPU time."""
+    per_kernel: dict[str, list] = {}
+    for event in events:
+        if device_type == "cuda":
+            kernel = (str(getattr(event, "device_type", "")).endswith("CUDA") and event.device_time_total > 0
+                      and not getattr(event, "is_user_annotation", False))
+            ms = event.device_time_total / 1e3
+        else:
+            kernel = event.cpu_children == [] and event.cpu_time_total > 0
+            ms = event.cpu_time_total / 1e3
+        if kernel:
+            entry = per_kernel.setdefault(event.name, [0.0, 0])
+            entry[0] += ms
+            entry[1] += 1
+    return per_kernel
+
+
 def profile_steps(step, steps: int, device, mixer_names, layer_names) -> tuple[dict, list, float]:
     """(GPU ms per step by category, top kernels [(ms per step, calls per step, name)], total ms per step)."""
     from torch.profiler import ProfilerActivity, profile
@@ -133,17 +153,7 @@ def profile_steps(step, steps: int, device, mixer_names, layer_names) -> tuple[d
         for _ in range(steps):
             step()
         synchronize(device)
-    per_kernel: dict[str, list] = {}
-    for event in prof.events():
-        if device.type == "cuda":
-            if str(getattr(event, "device_type", "")).endswith("CUDA") and event.device_time_total > 0:
-                entry = per_kernel.setdefault(event.name, [0.0, 0])
-                entry[0] += event.device_time_total / 1e3
-                entry[1] += 1
-        elif event.cpu_children == [] and event.cpu_time_total > 0:  # CPU runs (tests): leaf ops' CPU time
-            entry = per_kernel.setdefault(event.name, [0.0, 0])
-            entry[0] += event.cpu_time_total / 1e3
-            entry[1] += 1
+    per_kernel = kernel_times(prof.events(), device.type)
     groups = dict.fromkeys(CATEGORIES, 0.0)
     for name, (ms, _) in per_kernel.items():
         groups[categorise(name, mixer_names, layer_names)] += ms / steps
