@@ -2,9 +2,9 @@
 
 Forward: one program per BR rows. Backward: one program per ``rows`` consecutive rows, walked BR at a time; it
 recomputes each row's mean and 1/σ from x (no statistics are stored) and accumulates its rows' share of the weight and
-bias gradients in registers, written as one fp32 partial row per program (summed on the host side). PyTorch's own
-weight-gradient kernel reduces over all N rows per column block, which for narrow rows (C = 192–384, N ≈ 50 k) leaves
-most of the GPU idle.
+bias gradients in registers, written as one fp32 partial row per program (a few hundred rows, summed by one reduction
+afterwards). PyTorch's own weight-gradient kernel measured ≈ 8× its byte floor at the backbones' narrow rows
+(C = 192–384, N ≈ 50 k) on an H100.
 """
 
 from __future__ import annotations
