@@ -19,6 +19,9 @@ timed with CUDA events (warm-up, then median and p20/p80 of ``--repeats`` runs; 
 one process per GPU (``torch.multiprocessing``, or the processes of ``accelerate launch`` / ``torchrun``), each at
 ``--batch-size`` images, training through DistributedDataParallel; the total img/s over all GPUs is reported
 (as in the GKA paper's Table 3). On one GPU or a CPU the data-parallel columns repeat the single-device numbers.
+With ``--cuda-graph`` the single-device inference, latency and whole training step (forward, loss, backward and a
+capturable fused AdamW) are captured once and replayed: the GPU's time without the host's per-op work, which small
+models at batch 256 can be bound by in eager mode (data-parallel training stays eager).
 
 It prints one line per model with ratios to ``--baseline`` and writes ``throughput-<device>-<date>.json``/``.csv``
 (with the GPU, software versions and date) and a ``.png`` chart of inference throughput against parameters or
@@ -60,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels-last", action="store_true", help="model and input in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time is in warm-up)")
     p.add_argument("--compile-mode", default="default", help=f"one of {COMPILE_MODES}")
-    p.add_argument("--cuda-graph", action="store_true", help="replay a captured CUDA graph (inference, latency)")
+    p.add_argument("--cuda-graph", action="store_true", help="replay a captured CUDA graph (inference, latency and, on "
+                   "one device, the whole training step: GPU time without the host's per-op work)")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {MODES}")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls (default 50; 5 on CPU)")

@@ -139,12 +139,15 @@ def inference_step(model, runner, cfg: BenchmarkConfig, batch: int, device: torc
     return step
 
 
-def training_step(model, runner, cfg: BenchmarkConfig, batch: int, device: torch.device):
+def training_step(model, runner, cfg: BenchmarkConfig, batch: int, device: torch.device, *, captured: bool = False):
+    """One training step as a closure; ``captured``: it will be replayed from a CUDA graph."""
     model.train()
     x = _input(cfg, batch, device)
     target = torch.randint(0, cfg.num_classes, (batch,), device=device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-6, fused=device.type == "cuda")
+    # a captured step needs the optimizer's step counts on the device (capturable); its state tensors are made by the
+    # eager warm-up steps before the capture, so the replayed graph updates them in place
+    optimizer = torch.optim.AdamW(params, lr=1e-6, fused=device.type == "cuda", capturable=captured)
 
     def step():
         with _autocast(cfg, device):
@@ -187,8 +190,9 @@ def measure_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> dict
             row["infer_peak_MiB"] = _peak_mib(device)
         if "train" in cfg.modes:
             _reset_memory(device)
-            step = training_step(model, runner, cfg, cfg.batch_size, device)
-            row.update(_timing_fields("train", time_fn(step, **timing_kwargs), cfg.batch_size))
+            step = training_step(model, runner, cfg, cfg.batch_size, device, captured=cfg.cuda_graph)
+            row.update(_timing_fields("train", time_fn(step, cuda_graph=cfg.cuda_graph, **timing_kwargs),
+                                      cfg.batch_size))
             row["train_peak_MiB"] = _peak_mib(device)
             model.zero_grad(set_to_none=True)
         if "latency" in cfg.modes:
