@@ -461,22 +461,14 @@ def test_cuda_graph_training_step_trains(model):
     import timm
 
     from visionssm.benchmark.measure import measure_model, training_step
+    from visionssm.utils.benchmark import capture_graph
 
     cfg = bench.BenchmarkConfig(models=[model], batch_size=4, img_size=96, device="cuda", repeats=3, warmup=1,
                                 cuda_graph=True, modes=["train"], count_flops=False)
     device = torch.device("cuda")
     net = timm.create_model(model).to(device)
     step = training_step(net, net, cfg, cfg.batch_size, device, captured=True)
-    # the capture as time_fn makes it: eager warm-up steps on a side stream, then one captured step
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)  # as time_fn captures it
     for _ in range(2):
         before = [p.detach().clone() for p in net.parameters()]
         graph.replay()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug", "time_fn",
-           "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
+__all__ = ["Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug",
+           "time_fn", "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -43,6 +43,21 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def capture_graph(fn: Callable[[], object], *, warmup_calls: int = 3) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after ``warmup_calls`` eager calls on a side stream (lazy initialisation,
+    allocator pools and Triton compiles happen outside the capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup_calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cuda_graph: bool = False,
             device: torch.device | str | None = None) -> Timing:
     """Time ``fn()`` (no arguments; close over the inputs). ``device`` defaults to the current CUDA device when
@@ -61,16 +76,7 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cu
         return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats)
 
     if cuda_graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
+        run = capture_graph(fn).replay
     else:
         run = fn
     for _ in range(warmup):
