@@ -15,7 +15,7 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
            "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "next_pow2"]
+           "heads_per_program", "launch_options", "next_pow2"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -207,6 +207,17 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.d
     if not err <= tol:
         nan_count = int(torch.isnan(actual).sum())
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e} (NaNs in actual: {nan_count})")
+
+
+def launch_options(num_warps: int, *, num_stages: int | None = None, max_registers: int | None = None) -> dict:
+    """Triton launch options: ``num_warps``, and ``num_stages`` / a per-thread register cap (``maxnreg``) where
+    given (``None``: Triton's default, the compiler's choice)."""
+    options = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return options
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -53,14 +53,15 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
     return q, k, v, p, g, beta
 
 
-def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
-    """Traffic of our kernels' design at this shape: bf16 q,k,p,v,o (+ do and 4 gradients) and the gates, plus what
-    the launch layout stores and reads back: the state entering every chunk (bf16 for bf16 inputs with ``state_lp``,
-    else fp32), the chunk inverses (64-wide heads) and, for the split backward, the state gradient leaving every
-    chunk (the states' dtype). (The op's own floor, inputs read once and
-    outputs written once, is the first and last terms alone.)"""
-    from visionssm.kernels.comba.launch import CHUNK, launch_config
+def _bytes(B, T, H, D, causal: bool, backward: bool, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Traffic of our kernels' design at this shape: q,k,p,v,o in ``dtype`` (+ do and 4 gradients) and the gates,
+    plus what the launch layout stores and reads back: the state entering every chunk (in the dtype the op stores
+    it in), the chunk inverses (64-wide heads) and, for the split backward, the state gradient leaving every chunk
+    (the states' dtype). (The op's own floor, inputs read once and outputs written once, is the first and last terms
+    alone.)"""
+    from visionssm.kernels.comba.launch import CHUNK, _state_dtype, launch_config
 
+    elem = dtype.itemsize
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
     if not backward:
@@ -68,7 +69,7 @@ def _bytes(B, T, H, D, causal: bool, backward: bool, elem: int = 2) -> int:
     directions = 1 if causal else 2
     cfg = launch_config(D, D, T, B * H, directions)
     chunks = directions * B * H * (-(-T // CHUNK))
-    state_bytes = elem if cfg["state_lp"] and elem == 2 else 4
+    state_bytes = _state_dtype(cfg, dtype).itemsize
     states = 2 * chunks * D * D * state_bytes
     inverses = 2 * chunks * CHUNK * CHUNK * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
     state_grads = 2 * chunks * D * D * state_bytes if cfg["split_bwd"] else 0

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, next_pow2
 from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
@@ -175,7 +175,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
                               "SAVE_INV": plan.save_inv and not pre, "INV_IN": pre and not wy, "LOAD_WY": wy,
                               "PREFETCH": cfg["prefetch"], "TAIL": TAIL,
                               "STATE_LP": plan.state_dtype != torch.float32 and cfg["fwd_lp"]},
-                             _options(cfg["num_warps"], cfg["walk_max_registers"]))
+                             launch_options(cfg["num_warps"], max_registers=cfg["walk_max_registers"]))
     return plan
 
 
@@ -216,9 +216,9 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     state_lp = state_dtype != torch.float32
     dims = (T, NT, B, H)
     plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
+    walk_options = launch_options(cfg["dh_num_warps"], max_registers=cfg["walk_max_registers"])
     plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims,
-                                                           {**common, "STATE_LP": state_lp},
-                                                           _options(cfg["dh_num_warps"], cfg["walk_max_registers"]))
+                                                           {**common, "STATE_LP": state_lp}, walk_options)
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
     plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
@@ -226,10 +226,6 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
                               "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
                              {"num_warps": cfg["num_warps"]})
     return plan
-
-
-def _options(num_warps: int, max_registers) -> dict:
-    return {"num_warps": num_warps} if max_registers is None else {"num_warps": num_warps, "maxnreg": max_registers}
 
 
 def _partials(count: int, like: torch.Tensor) -> torch.Tensor:

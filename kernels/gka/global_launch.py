@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, empty_output_like
+from ..utils import DirectLaunch, aligned16, empty_output_like, launch_options
 from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel
 from .naive import EPS
 
@@ -85,13 +85,6 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def _options(num_warps: int, num_stages: int, max_registers: int | None) -> dict:
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    if max_registers is not None:
-        options["maxnreg"] = max_registers
-    return options
-
-
 class GlobalPlan:
     """Everything about one problem's launches that does not change from call to call."""
 
@@ -122,9 +115,10 @@ class GlobalPlan:
             gka_global_fwd_kernel, (B * H,), (T, H),
             {**{n: c for n, c in common.items() if n != "RELOAD"}, "BT": cfg["block_t"], "SOLVER": _SOLVER_IDS[solver],
              "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS},
-            _options(cfg["num_warps"], cfg["num_stages"], cfg["max_registers"]))
+            launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"]))
         self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**common, "BT": cfg["block_t_bwd"]},
-                                _options(cfg["num_warps_bwd"], cfg["num_stages"], cfg["max_registers_bwd"])
+                                launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
+                                               max_registers=cfg["max_registers_bwd"])
                                 ) if save else None
 
 
