@@ -316,3 +316,26 @@ def test_transition_passes_through_the_tracking_config():
     tracker = build_model(cfg["model"], load_pretrained=False)
     mixers = [m for m in tracker.modules() if isinstance(m, CombaMixer)]
     assert mixers and {m.transition for m in mixers} == {"iplr"} and not any(m.causal for m in mixers)
+
+
+# ---- the norms ----------------------------------------------------------------------------------------------------
+
+
+def test_fused_norm_choice_and_checkpoints_interchange(tiny):
+    from visionssm.layers.common import LayerNorm
+
+    def norm_types(model):
+        return {type(m) for m in model.modules() if isinstance(m, nn.LayerNorm)}
+
+    assert norm_types(tiny) == {LayerNorm}  # the default: visionssm's kernels
+    assert norm_types(timm.create_model("comba_vision_S", num_classes=0)) == {LayerNorm}
+    assert norm_types(timm.create_model("comba_vision_T", num_classes=0)) == {nn.LayerNorm}  # host-bound preset
+    assert norm_types(timm.create_model("comba_vision_T", num_classes=0, fused_norm=True)) == {LayerNorm}
+    plain = timm.create_model(TINY, fused_norm=False).eval()
+    assert norm_types(plain) == {nn.LayerNorm}
+    plain.load_state_dict(tiny.state_dict())  # same parameters and keys
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), tiny(x))
+    with pytest.raises(TypeError, match="fused_norm"):
+        timm.create_model(TINY, fused_norm=1)
