@@ -116,10 +116,11 @@ class CombaVision(nn.Module):
         transition: Comba's state transition, ``'splr'`` (the paper's Comba) or ``'iplr'`` (Comba-iplr, the paper's
             best tracker), given to the mixer (``None``: the mixer's default, splr). It has no parameters of its own,
             so checkpoints load into either.
-        fused_norm: the blocks' and the final LayerNorm on visionssm's Triton kernels
+        fused_norm: ``True``: the blocks' and the final LayerNorm on visionssm's Triton kernels
             (:class:`visionssm.layers.common.LayerNorm`: a third of PyTorch's GPU time forward+backward at these
-            widths, but a Python autograd node, ≈ 0.4 ms more host time per norm and step than ``nn.LayerNorm``);
-            ``False``: ``nn.LayerNorm``. Same parameters either way. Ignored when ``norm_layer`` is given.
+            widths, but in training a Python autograd node, ≈ 0.4 ms more host time per norm and step than
+            ``nn.LayerNorm``); ``"inference"``: the kernels where no gradient is needed, PyTorch's LayerNorm where
+            one is; ``False``: ``nn.LayerNorm``. Same parameters either way. Ignored when ``norm_layer`` is given.
         init_values: LayerScale initial value (``None``: no LayerScale).
         drop_rate: dropout before the classifier.
         pos_drop_rate: dropout after the position embedding.
@@ -130,7 +131,7 @@ class CombaVision(nn.Module):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 12,
                  num_heads: int = 3, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
-                 mixer_kwargs: dict | None = None, transition: str | None = None, fused_norm: bool = True,
+                 mixer_kwargs: dict | None = None, transition: str | None = None, fused_norm: bool | str = True,
                  init_values: float | None = None, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer=None, act_layer=None, device=None, dtype=None) -> None:
@@ -140,9 +141,11 @@ class CombaVision(nn.Module):
             raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
         if not isinstance(mixer_causal, bool):
             raise TypeError(f"mixer_causal must be a bool, got {type(mixer_causal).__name__}")
-        if not isinstance(fused_norm, bool):
-            raise TypeError(f"fused_norm must be a bool, got {type(fused_norm).__name__}")
-        norm_layer = norm_layer or partial(LayerNorm if fused_norm else nn.LayerNorm, eps=1e-6)
+        if not (isinstance(fused_norm, bool) or fused_norm == "inference"):
+            raise ValueError(f"fused_norm must be True, False or 'inference', got {fused_norm!r}")
+        if norm_layer is None:
+            norm_layer = (partial(nn.LayerNorm, eps=1e-6) if fused_norm is False
+                          else partial(LayerNorm, eps=1e-6, fused_training=fused_norm is True))
         if transition is not None:
             mixer_kwargs = {**(mixer_kwargs or {}), "transition": transition}
         self.num_classes = num_classes
@@ -353,13 +356,13 @@ def _create_comba_vision(variant: str, pretrained: bool = False, **kwargs) -> Co
 def comba_vision_T(pretrained: bool = False, **kwargs) -> CombaVision:
     """Comba-T: DeiT-T proportions (width 192, 3 heads, 12 blocks), 5.8 M parameters.
 
-    Its norms are ``nn.LayerNorm`` (``fused_norm=False``): a training step of this model is bound by host time, not
-    GPU time, at batch 256 on an H100 (host ≈ 46 ms of Python and launches against 43–49 ms of GPU work), so the
-    Triton LayerNorm's 25 Python autograd nodes cost more (≈ 11 ms of host time a step) than they save (≈ 6 ms of
-    GPU time): measured 0.53–0.59× of deit_tiny's training rate with them, 0.62× without, in the same runs. Comba-S
-    does twice the GPU work per step with the same host work and keeps them."""
+    Its norms use visionssm's LayerNorm kernels for inference only (``fused_norm="inference"``): a training step of
+    this model is bound by host time, not GPU time, at batch 256 on an H100 (host ≈ 46 ms of Python and launches
+    against 43–49 ms of GPU work), so the Triton backward's 25 Python autograd nodes cost more (≈ 11 ms of host time
+    a step) than they save (≈ 6 ms of GPU time). Without a gradient they have no autograd node and are faster than
+    PyTorch's. Comba-S does twice the GPU work per step with the same host work and uses them in training too."""
     model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3, "mlp_ratio": 4.0,
-                  "mixer_kwargs": {"gate_rank": 16}, "fused_norm": False}
+                  "mixer_kwargs": {"gate_rank": 16}, "fused_norm": "inference"}
     return _create_comba_vision("comba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
