@@ -357,10 +357,11 @@ def comba_vision_T(pretrained: bool = False, **kwargs) -> CombaVision:
     """Comba-T: DeiT-T proportions (width 192, 3 heads, 12 blocks), 5.8 M parameters.
 
     Its norms use visionssm's LayerNorm kernels for inference only (``fused_norm="inference"``): a training step of
-    this model is bound by host time, not GPU time, at batch 256 on an H100 (host ≈ 46 ms of Python and launches
-    against 43–49 ms of GPU work), so the Triton backward's 25 Python autograd nodes cost more (≈ 11 ms of host time
-    a step) than they save (≈ 6 ms of GPU time). Without a gradient they have no autograd node and are faster than
-    PyTorch's. Comba-S does twice the GPU work per step with the same host work and uses them in training too."""
+    this model is bound by host time, not GPU time, at batch 256 on an H100 (≈ 57 ms of host work a step with the
+    Triton backward, 46 without, against 43–49 ms of GPU work), so the Triton backward's 25 Python autograd nodes
+    cost more (≈ 11 ms of host time a step) than they save (≈ 6 ms of GPU time). Without a gradient they have no
+    autograd node and are faster than PyTorch's. Comba-S does twice the GPU work per step with the same host work
+    and uses them in training too."""
     model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3, "mlp_ratio": 4.0,
                   "mixer_kwargs": {"gate_rank": 16}, "fused_norm": "inference"}
     return _create_comba_vision("comba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
