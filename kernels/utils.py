@@ -15,7 +15,7 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
            "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "launch_options", "next_pow2"]
+           "heads_per_program", "launch_options", "needs_grad", "next_pow2"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -142,6 +142,12 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 _NO_DEVICE_SWITCH = contextlib.nullcontext()
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether an op called on ``tensors`` (``None`` entries skipped) must record an autograd node: grad mode is on
+    and one of them requires a gradient (otherwise the op runs its forward alone and saves nothing)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def device_guard(tensor: torch.Tensor | None):

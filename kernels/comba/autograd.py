@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 from .launch import bwd_plan, fwd_plan, run_bwd, run_fwd
 
 
@@ -52,8 +52,7 @@ class CombaFunction(torch.autograd.Function):
 @torch.compiler.disable
 def fused_comba(q, k, v, p, g, beta, *, scale: float, causal: bool) -> torch.Tensor:
     """Triton Comba (validated arguments expected; see :func:`visionssm.kernels.comba`)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or p.requires_grad
-                                    or g.requires_grad or beta.requires_grad):
+    if needs_grad(q, k, v, p, g, beta):
         return CombaFunction.apply(q, k, v, p, g, beta, scale, causal)
     # nothing to differentiate: no autograd node, no saved state
     q, k, v, p, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), p.contiguous(), g.contiguous(), \

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 from .launch import get_plan, run_bwd, run_fwd
 
 
@@ -33,8 +33,7 @@ def fused_gated_rmsnorm(o, gate, weight, *, activation: str, eps: float) -> torc
         gate = gate.contiguous()
     weight = weight.contiguous()
     plan = get_plan(o, gate, weight, activation, eps)
-    if torch.is_grad_enabled() and (o.requires_grad or weight.requires_grad
-                                    or (gate is not None and gate.requires_grad)):
+    if needs_grad(o, weight, gate):
         return GatedRMSNormFunction.apply(o, gate, weight, plan)
     with device_guard(o):
         return run_fwd(plan, o, gate, weight)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 
 __all__ = ["CausalGKAFunction", "GlobalGKAFunction", "gka_triton"]
 
@@ -73,12 +73,8 @@ class GlobalGKAFunction(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
-    if _needs_grad(q, k, v, g, beta, alpha):
+    if needs_grad(q, k, v, g, beta, alpha):
         return CausalGKAFunction.apply(q, k, v, g, beta, alpha, ridge, solver, num_iters)
     from .causal_launch import causal_fwd, fwd_plan
 
@@ -89,7 +85,7 @@ def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) 
 
 
 def _global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
-    if _needs_grad(q, k, v, beta, alpha):
+    if needs_grad(q, k, v, beta, alpha):
         return GlobalGKAFunction.apply(q, k, v, beta, alpha, ridge, num_iters, solver)
     from .global_launch import global_fwd, global_plan
 

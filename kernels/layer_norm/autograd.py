@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 from .launch import get_plan, run_bwd, run_fwd
 
 
@@ -33,8 +33,7 @@ def fused_layer_norm(x, weight, bias, *, eps: float) -> torch.Tensor:
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     plan = get_plan(x2, weight, bias, eps)
-    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if torch.is_grad_enabled() and needs_grad:
+    if needs_grad(x, weight, bias):
         y = LayerNormFunction.apply(x2, weight, bias, plan, x.dtype)
     else:
         with device_guard(x2):

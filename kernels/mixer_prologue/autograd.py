@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 from .kernel_bwd import PARAM_SLOTS
 from .launch import get_plan, run_bwd, run_fwd
 
@@ -55,7 +55,6 @@ def fused_mixer_prologue(proj, conv_weight, params: dict, *, num_heads, key_dim,
                params["correction"])
     plan = get_plan(proj, conv_weight, ordered, num_heads, key_dim, value_dim, causal,
                     (beta_col, alpha_col, decay_col), gate_cols, transition, eps)
-    if torch.is_grad_enabled() and (proj.requires_grad or conv_weight.requires_grad
-                                    or any(t is not None and t.requires_grad for t in ordered)):
+    if needs_grad(proj, conv_weight, *ordered):
         return PrologueFunction.apply(proj, conv_weight, *ordered, plan)
     return (*_run_fwd(plan, proj, conv_weight, ordered), _gate_view(proj, gate_cols))

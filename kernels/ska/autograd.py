@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard
+from ..utils import device_guard, needs_grad
 from .launch import get_plan, kernel_inputs, run_causal_bwd, run_causal_fwd, run_global_bwd, run_global_fwd
 
 
@@ -43,7 +43,7 @@ class SKAFunction(torch.autograd.Function):
 @torch.compiler.disable
 def fused_ska(q, k, v, *, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool) -> torch.Tensor:
     """Triton SKA (validated arguments expected; see :func:`visionssm.kernels.ska`)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         return SKAFunction.apply(q, k, v, causal, ridge, power, num_iters, normalize)
     q, k, v = kernel_inputs(q, k, v, causal)
     with device_guard(q):

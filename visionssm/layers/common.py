@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.modules import module as _module_state
 
 from visionssm import kernels
-from visionssm.kernels.utils import check_int, check_positive
+from visionssm.kernels.utils import check_int, check_positive, needs_grad
 
 __all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "l2_normalize",
            "require_int", "require_positive"]
@@ -101,8 +101,7 @@ class LayerNorm(nn.LayerNorm):
         if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
                 or (autocast and x.device.type != "cuda")):
             return super().forward(x)
-        if not self.fused_training and torch.is_grad_enabled() and (
-                x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)):
+        if not self.fused_training and needs_grad(x, self.weight, self.bias):
             return super().forward(x)
         if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
             x = x.float()
