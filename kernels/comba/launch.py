@@ -194,7 +194,7 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
         plan.pre(aligned, k, p, g, beta, inv, w, u0, v)
     plan.main(aligned, q, k, v, p, g, beta, o, h0, inv, w, u0, scale)
     if plan.partial:
-        o = o.sum(0).to(v.dtype)
+        o = _sum_partials(o, v.dtype)
     return o, (h0 if plan.save_state else None), (inv if plan.save_inv else None)
 
 
@@ -228,6 +228,16 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     return plan
 
 
+def _sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The sum over the leading axis of fp32 ``partials``, in ``dtype``. Two partials (the two directions of a
+    non-causal call, the usual case) take one kernel that adds and rounds (``torch.add`` into an output of the final
+    dtype) where ``sum`` then a cast take two launches and an fp32 intermediate."""
+    if partials.shape[0] != 2:
+        return partials.sum(0).to(dtype)
+    out = empty_output(partials.shape[1:], device=partials.device, dtype=dtype)
+    return torch.add(partials[0], partials[1], out=out)
+
+
 def _partials(count: int, like: torch.Tensor) -> torch.Tensor:
     """The gradient of ``like`` (one partial: in its own dtype) or ``count`` fp32 partials, summed afterwards."""
     if count == 1:
@@ -251,10 +261,10 @@ def run_bwd(plan: BwdPlan, q, k, v, p, g, beta, h0, inv, do, scale: float):
         plan.dh_walk(aligned, q, k, p, g, beta, inv, do, dh, scale)
     plan.main(aligned, q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, dbeta, scale)
     if NP > 1:
-        dq, dk, dp = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dp.sum(0).to(p.dtype)
-        dg, dbeta = dg.sum(0).to(g.dtype), dbeta.sum(0).to(beta.dtype)
+        dq, dk, dp = _sum_partials(dq, q.dtype), _sum_partials(dk, k.dtype), _sum_partials(dp, p.dtype)
+        dg, dbeta = _sum_partials(dg, g.dtype), _sum_partials(dbeta, beta.dtype)
     if grid_dirs > 1:
-        dv = dv.sum(0).to(v.dtype)
+        dv = _sum_partials(dv, v.dtype)
     return dq, dk, dv, dp, dg, dbeta
 
 
