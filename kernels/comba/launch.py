@@ -68,7 +68,10 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # comba_vision_T mixer, 0.86× causal at H6) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
     split_bwd = wide and not (BK == 64 and programs <= 1536)
     cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
-           "dir_loop": ND == 2 and BH * NV >= 1024,
+           # non-causal: both directions in one program from 768 sequences up (comba_vision_T's mixer, B256 T197 H3
+           # D64: fwd 0.92x, fwd+bwd 0.88x of directions over the grid, whose two fp32 partials are then added; B256
+           # T196 H10 D16 0.92x, T49 H20 D16 0.82x); fewer sequences keep the grid's parallelism
+           "dir_loop": ND == 2 and BH * NV >= 768,
            # off the walk's sequential path where the per-chunk backward follows: B256 T197 H6 D64 non-causal forward
            # 0.88×; 16-wide 1.30–1.36× slower; before the 64-wide one-pass backward, the inverse pass and the stored
            # inverse together cost 1.04× (B64 T1024 H4 D64 causal, fwd+bwd)
