@@ -329,12 +329,21 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
     offsets go through memory (the later chunks' Σ dG is a running sum), and each chunk's inputs are read once."""
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
+    # this (b, h)'s token 0 moved into the base pointers: the per-chunk offsets t·H fit 32 bits (the plan checks
+    # T·H·max(K, V) < 2³¹), fewer 64-bit address registers per tile
+    first = i_b.to(tl.int64) * T * H + i_h
+    q, k, v, do, x, y = q + first * K, k + first * K, v + first * V, do + first * V, x + first * K, y + first * K
+    dk, dv = dk + first * K, dv + first * V
+    g, beta, alpha, c, dgp, dbeta, dg = g + first, beta + first, alpha + first, c + first, dgp + first, \
+        dbeta + first, dg + first
     Ds = tl.zeros([K, K], tl.float32)
     Es = tl.zeros([K, V], tl.float32)
     later = 0.0
     for j in range(NT):
         i_c = NT - 1 - j
-        o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+        t = i_c * BT + tl.arange(0, BT)
+        m_t = t < T
+        row = t * H
         b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
         ct = tl.load(c + row, mask=m_t, other=0.0)
         kc = load_tile(k, row, m_t, K, 0, K)

@@ -19,7 +19,8 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
 * ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
-  ``fused_stages``: its software-pipelining depth (1: none; 2: the next chunk's loads in flight).
+  ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
+  ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .naive import EPS
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages")
+            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 
@@ -76,6 +77,7 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["columns"] = min(K, V, 16 if width == 64 else 32)
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2
+    cfg["fused_regs"] = 0
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -88,8 +90,10 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
     if cfg["fused_grad"] and width > 16:
         raise ValueError(f"gka launch settings: fused_grad needs heads of at most 16, got K = {K}, V = {V}")
-    if cfg["fused_stages"] not in (1, 2):
-        raise ValueError(f"gka launch settings: fused_stages must be 1 or 2, got {cfg['fused_stages']}")
+    if cfg["fused_stages"] not in (1, 2, 3):
+        raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
+    if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
+        raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
@@ -187,10 +191,11 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
                                   {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
     plan.fused = None
-    if cfg["fused_grad"]:
+    if cfg["fused_grad"] and T * H * max(K, V) < 2**31:  # its in-sequence offsets are 32-bit
         plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
-                                  {"num_warps": 1, "num_stages": cfg["fused_stages"]})
+                                  {"num_warps": 1, "num_stages": cfg["fused_stages"]}
+                                  | ({"maxnreg": cfg["fused_regs"]} if cfg["fused_regs"] else {}))
         return plan
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
                              c | {"BKR": cfg["state_rows"], "NKR": NKR},
