@@ -17,6 +17,8 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
   kernel and of the two scans over the chunks;
 * ``state_rows``: rows of the K-wide states one scan program carries (divides K);
 * ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
+* ``tile_chunks``, ``tile_stages``: consecutive chunks one read-out or dz program walks, and the software-pipelining
+  depth of that walk (2: a chunk's loads are requested together, ahead of its products, the next chunk's meanwhile);
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
   ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
@@ -37,7 +39,8 @@ from .naive import EPS
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
+            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs", "tile_chunks",
+            "tile_stages")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 
@@ -78,6 +81,7 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2
     cfg["fused_regs"] = 0
+    cfg["tile_chunks"], cfg["tile_stages"] = 4, 2
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -94,6 +98,8 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
     if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
         raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
+    if cfg["tile_chunks"] < 1 or cfg["tile_stages"] not in (1, 2, 3):
+        raise ValueError(f"gka launch settings: tile_chunks must be >= 1 and tile_stages 1, 2 or 3, got {cfg}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
@@ -157,8 +163,9 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
         plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, T, NT),
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")},
                                   {"num_warps": cfg["solve_warps"], "num_stages": 1})
-    plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
-                                {"num_warps": cfg["tile_warps"], "num_stages": 1})
+    plan.readout = DirectLaunch(readout_kernel, (cdiv(NT, cfg["tile_chunks"]), B * H), (T, NT),
+                                c | {"BC": cfg["columns"], "CPP": cfg["tile_chunks"]},
+                                {"num_warps": cfg["tile_warps"], "num_stages": cfg["tile_stages"]})
     return plan
 
 
@@ -171,9 +178,10 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
 
     plan = _BwdPlan()
     plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
-    plan.dz = DirectLaunch(dz_kernel, (NT, B * H), (T, NT),
+    plan.dz = DirectLaunch(dz_kernel, (cdiv(NT, cfg["tile_chunks"]), B * H), (T, NT),
                            {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
-                           | {"BC": cfg["columns"]}, {"num_warps": cfg["tile_warps"], "num_stages": 1})
+                           | {"BC": cfg["columns"], "CPP": cfg["tile_chunks"]},
+                           {"num_warps": cfg["tile_warps"], "num_stages": cfg["tile_stages"]})
     if fwd.per_token:
         from .direct_kernels import direct_bwd_kernel
 
@@ -191,7 +199,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
                                   {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
     plan.fused = None
-    if cfg["fused_grad"] and T * H * max(K, V) < 2**31:  # its in-sequence offsets are 32-bit
+    if cfg["fused_grad"]:
         plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
                                   {"num_warps": 1, "num_stages": cfg["fused_stages"]}
