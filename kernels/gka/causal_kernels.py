@@ -15,6 +15,8 @@ backward  ``dz_kernel``          dz_t = U_tᵀ do_t:                            
                                  dg from the later chunks, ½⟨D, H0_next⟩ + ⟨E, S0_next⟩ (so no reverse cumsum runs
                                  over the whole sequence)
           ``grad_kernel``        dk, dv, dβ and dg of one chunk (in-chunk reverse cumsum of dG_t = dgp_t − β_t dβ_t)
+          ``adjoint_grad_kernel`` (16-wide heads) the last two in one program per (b, h) walking the chunks backwards
+                                 with D, E in registers: no per-chunk states or dg offsets in memory
 
 Matmul precision (``PREC``): "ieee" / "tf32x3" (fp32 inputs: exact fp32 products, or 3-pass TF32 where exact
 fp32 tiles would not fit registers), "split" (16-bit inputs: every fp32 operand is split into bf16 hi + lo parts and
@@ -150,51 +152,40 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
 
 @triton.jit
 def readout_kernel(q, k, v, g, beta, alpha, x, s0, o, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BC: tl.constexpr, CPP: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
                    HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
-    """o = e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V for CPP consecutive chunks (grid: chunk blocks, batch·head), BC output columns
-    at a time (wide heads: fewer live tiles). A loop over chunks lets Triton's pipeliner request a chunk's inputs
-    together, ahead of its products (straight-line code waits for each load at its first layout conversion)."""
-    i_p, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    """o = e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V for one chunk, BC output columns at a time (wide heads: fewer live tiles)."""
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
-    o_c = tl.arange(0, BC)
-    for i_c in range(i_p * CPP, tl.minimum(i_p * CPP + CPP, NT)):
-        o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-        base = (i_bh * NT + i_c).to(tl.int64)
-        Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
-        b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-        S = (Ad * b[None, :]) * mm(Z, tl.trans(load_tile(k, row, m_t, K, 0, K)), PREC, False, IN_EXACT)
-        eG = tl.exp(G)
-        for c0 in tl.static_range(0, V, BC):
-            S0 = tl.load(s0 + base * K * V + o_k[:, None] * V + (c0 + o_c)[None, :])
-            O = mm(Z, S0, PREC, False, False) * eG[:, None]
-            O += mm(S, load_tile(v, row, m_t, V, c0, BC), PREC, False, IN_EXACT)
-            tl.store(o + row[:, None] * V + (c0 + o_c)[None, :], O.to(o.dtype.element_ty), mask=m_t[:, None])
+    Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
+    b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+    S = (Ad * b[None, :]) * mm(Z, tl.trans(load_tile(k, row, m_t, K, 0, K)), PREC, False, IN_EXACT)
+    eG = tl.exp(G)
+    for c0 in range(0, V, BC):
+        o_c = c0 + tl.arange(0, BC)
+        S0 = tl.load(s0 + base * K * V + o_k[:, None] * V + o_c[None, :])
+        O = mm(Z, S0, PREC, False, False) * eG[:, None]
+        O += mm(S, load_tile(v, row, m_t, V, c0, BC), PREC, False, IN_EXACT)
+        tl.store(o + row[:, None] * V + o_c[None, :], O.to(o.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
 def dz_kernel(k, v, g, beta, do, s0, dz, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              BT: tl.constexpr, BC: tl.constexpr, CPP: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+              BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
               HAS_BETA: tl.constexpr):
-    """dz = U_tᵀ do_t = e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K (fp32) for CPP consecutive chunks, BC columns at a time (the
-    chunk loop as in :func:`readout_kernel`)."""
-    i_p, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    """dz = U_tᵀ do_t = e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K for one chunk (fp32), BC columns at a time."""
+    i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_v = tl.arange(0, V)
-    o_c = tl.arange(0, BC)
-    for i_c in range(i_p * CPP, tl.minimum(i_p * CPP + CPP, NT)):
-        o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-        base = (i_bh * NT + i_c).to(tl.int64)
-        dO = load_tile(do, row, m_t, V, 0, V)
-        b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-        S = (Ad * b[None, :]) * mm(dO, tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC, IN_EXACT, IN_EXACT)
-        eG = tl.exp(G)
-        for c0 in tl.static_range(0, K, BC):
-            S0 = tl.load(s0 + base * K * V + (c0 + o_c)[:, None] * V + o_v[None, :])
-            dZ = mm(dO, tl.trans(S0), PREC, IN_EXACT, False) * eG[:, None]
-            dZ += mm(S, load_tile(k, row, m_t, K, c0, BC), PREC, False, IN_EXACT)
-            tl.store(dz + row[:, None] * K + (c0 + o_c)[None, :], dZ, mask=m_t[:, None])
+    dO = load_tile(do, row, m_t, V, 0, V)
+    b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+    S = (Ad * b[None, :]) * mm(dO, tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC, IN_EXACT, IN_EXACT)
+    eG = tl.exp(G)
+    for c0 in range(0, K, BC):
+        o_c = c0 + tl.arange(0, BC)
+        S0 = tl.load(s0 + base * K * V + o_c[:, None] * V + o_v[None, :])
+        dZ = mm(dO, tl.trans(S0), PREC, IN_EXACT, False) * eG[:, None]
+        dZ += mm(S, load_tile(k, row, m_t, K, c0, BC), PREC, False, IN_EXACT)
+        tl.store(dz + row[:, None] * K + o_c[None, :], dZ, mask=m_t[:, None])
 
 
 @triton.jit
@@ -361,12 +352,8 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
                      + tl.arange(0, K)[None, :])
         e = tl.exp(G)
         a_c = tl.sum(Ad * (ct * e)[:, None], 0)
-        # Ãᵀ built directly (not transposed from Ã): the (Ã ∘ ·)ᵀ factors below are then products in the layout
-        # their next product reads, and need no transposition through shared memory
-        causal_t = o_t[:, None] <= o_t[None, :]
-        AdT = tl.where(causal_t, tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0)), 0.0)
-        dG = _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, AdT, ct, kc, dO, X, Y, Z, Hc, a_c, Ds,
-                          Es, K, V, PREC, IN_EXACT, HAS_BETA)
+        dG = _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es,
+                          K, V, PREC, IN_EXACT, HAS_BETA)
         tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
         later += tl.sum(dG, 0)
         # this chunk's share of D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ, with
@@ -380,29 +367,30 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
 
 
 @triton.jit
-def _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, AdT, ct, kc, dO, X, Y, Z, Hc, a_c, Dm, Em,
+def _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Dm, Em,
                  K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
                  HAS_BETA: tl.constexpr):
     """dk, dv, dβ of one chunk from its loaded tiles and the whole adjoint states D, E at its end (the formulas of
     :func:`grad_kernel`); returns dG_t = dgp_t − β_t dβ_t."""
     w_end = tl.exp(g_end - G)
+    kT = tl.trans(kc)
     vc = load_tile(v, row, m_t, V, 0, V)
-    # dv: P = w ⊙ (K E) + (Ãᵀ ∘ K Zᵀ) dO
+    # dv: P = w ⊙ (K E) + (Ã ∘ Z Kᵀ)ᵀ dO
     P = mm(kc, Em, PREC, IN_EXACT, False) * w_end[:, None]
-    P += mm(AdT * mm(kc, tl.trans(Z), PREC, IN_EXACT, False), dO, PREC, False, IN_EXACT)
+    P += mm(tl.trans(Ad * mm(Z, kT, PREC, False, IN_EXACT)), dO, PREC, False, IN_EXACT)
     db = tl.sum(vc.to(tl.float32) * P, 1)
     o_v = tl.arange(0, V)
     tl.store(dv + row[:, None] * V + o_v[None, :], (b[:, None] * P).to(dv.dtype.element_ty), mask=m_t[:, None])
     # dk: R, the λ path first
     R = mm(kc, Hc, PREC, IN_EXACT, False) * (2.0 * a_c)[:, None]
-    W = mm(AdT * ct[None, :], Ad * b[None, :], PREC, False, False) * mm(kc, tl.trans(kc), PREC, IN_EXACT, IN_EXACT)
+    W = mm(tl.trans(Ad * ct[:, None]), Ad * b[None, :], PREC, False, False) * mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
     R += 2.0 * mm(W, kc, PREC, False, IN_EXACT)
     R += mm(kc, Dm, PREC, IN_EXACT, False) * w_end[:, None]
-    R -= mm(AdT * mm(kc, tl.trans(Y), PREC, IN_EXACT, False), X, PREC, False, False)
-    R -= mm(AdT * mm(kc, tl.trans(X), PREC, IN_EXACT, False), Y, PREC, False, False)
+    R -= mm(tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT)), X, PREC, False, False)
+    R -= mm(tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT)), Y, PREC, False, False)
     db += 0.5 * tl.sum(kc.to(tl.float32) * R, 1)
     R += mm(vc, tl.trans(Em), PREC, IN_EXACT, False) * w_end[:, None]
-    R += mm(AdT * mm(vc, tl.trans(dO), PREC, IN_EXACT, IN_EXACT), Z, PREC, False, False)
+    R += mm(tl.trans(Ad * mm(dO, tl.trans(vc), PREC, IN_EXACT, IN_EXACT)), Z, PREC, False, False)
     o_k = tl.arange(0, K)
     tl.store(dk + row[:, None] * K + o_k[None, :], (b[:, None] * R).to(dk.dtype.element_ty), mask=m_t[:, None])
     if HAS_BETA:

@@ -4,7 +4,7 @@ later launches call the kernels Triton compiled for it directly (:class:`visions
 Between launches nothing but output allocation runs on the host: no reductions, flips or casts.
 
 Forward: state scan → solve (per-token direct solve for 16-wide heads, chunked Chebyshev otherwise) → read-out.
-Backward: dz → adjoint solve → adjoint-state scan → gradients.
+Backward: dz → adjoint solve → adjoint-state scan → gradients (16-wide heads: scan and gradients in one kernel).
 
 Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tuning`, op ``"gka"``):
 
@@ -17,8 +17,6 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
   kernel and of the two scans over the chunks;
 * ``state_rows``: rows of the K-wide states one scan program carries (divides K);
 * ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
-* ``tile_chunks``, ``tile_stages``: consecutive chunks one read-out or dz program walks, and the software-pipelining
-  depth of that walk (2: a chunk's loads are requested together, ahead of its products, the next chunk's meanwhile);
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
   ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
@@ -39,8 +37,7 @@ from .naive import EPS
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs", "tile_chunks",
-            "tile_stages")
+            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 
@@ -62,7 +59,13 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
     the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms). 64-token chunks ended
     in an illegal memory access on that machine (Triton 3.6; cause not established: 64- and 128-wide heads, in the
-    Chebyshev or tile kernels), so chunks are at most 32 tokens."""
+    Chebyshev or tile kernels), so chunks are at most 32 tokens.
+
+    The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
+    benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
+    134.2 + 218.5 µs at B256 T196 H10 D16 and 148.0 against 84.3 + 135.4 µs at B256 T49 H20 D16, with 2 pipeline
+    stages (1: 320.7 / 167.4 µs); 3 stages and register caps of 152-200 (which spill) were no faster
+    (kernels-gka-causal-fused-launch-nvidia-h100-80gb-hbm3-2026-11-24.log)."""
     width = max(K, V)
     if per_token:
         cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
@@ -81,7 +84,6 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2
     cfg["fused_regs"] = 0
-    cfg["tile_chunks"], cfg["tile_stages"] = 4, 2
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -98,8 +100,6 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
     if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
         raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
-    if cfg["tile_chunks"] < 1 or cfg["tile_stages"] not in (1, 2, 3):
-        raise ValueError(f"gka launch settings: tile_chunks must be >= 1 and tile_stages 1, 2 or 3, got {cfg}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
@@ -163,9 +163,8 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
         plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, T, NT),
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")},
                                   {"num_warps": cfg["solve_warps"], "num_stages": 1})
-    plan.readout = DirectLaunch(readout_kernel, (cdiv(NT, cfg["tile_chunks"]), B * H), (T, NT),
-                                c | {"BC": cfg["columns"], "CPP": cfg["tile_chunks"]},
-                                {"num_warps": cfg["tile_warps"], "num_stages": cfg["tile_stages"]})
+    plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
+                                {"num_warps": cfg["tile_warps"], "num_stages": 1})
     return plan
 
 
@@ -178,10 +177,9 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
 
     plan = _BwdPlan()
     plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
-    plan.dz = DirectLaunch(dz_kernel, (cdiv(NT, cfg["tile_chunks"]), B * H), (T, NT),
+    plan.dz = DirectLaunch(dz_kernel, (NT, B * H), (T, NT),
                            {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
-                           | {"BC": cfg["columns"], "CPP": cfg["tile_chunks"]},
-                           {"num_warps": cfg["tile_warps"], "num_stages": cfg["tile_stages"]})
+                           | {"BC": cfg["columns"]}, {"num_warps": cfg["tile_warps"], "num_stages": 1})
     if fwd.per_token:
         from .direct_kernels import direct_bwd_kernel
 

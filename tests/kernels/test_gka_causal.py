@@ -173,20 +173,6 @@ def test_interpreter_fused_adjoint_grad(triton_interpreter, poison_outputs, solv
         gka(*wide, solver=solver)
 
 
-@pytest.mark.parametrize("chunks", [1, 2])
-def test_interpreter_tile_chunks(triton_interpreter, poison_outputs, chunks):
-    """Read-out and dz programs walking 1 or 2 chunks (3 chunks in all: a partial last block) compute what the
-    default walk computes."""
-    tensors = make_inputs(1, 37, 2, 16, 16, seed=17)
-    do = torch.randn(1, 37, 2, 16, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
-    base_out, base = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
-    with launch_overrides("gka", tile_chunks=chunks, tile_stages=1):
-        out, grads = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
-    assert torch.equal(out, base_out)
-    for name, a, b in zip(GRAD_NAMES, grads, base):
-        assert torch.equal(a, b), f"d{name} differs"
-
-
 def test_converged_iteration_count():
     from visionssm.kernels.gka.causal_launch import converged_iters
 
