@@ -113,9 +113,19 @@ def _print_ratios(rows: list[dict]) -> None:
 #     python -m visionssm.kernels.gka.benchmark --stages            # per-kernel times at the suite's causal shapes
 #     python -m visionssm.kernels.gka.benchmark --sweep             # the same for a few launch-setting variants
 
-SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"positions": 8}), ((256, 196, 10, 16), {"positions": 16}),
-         ((256, 196, 10, 16), {"lane_warps": 2}), ((256, 49, 20, 16), {}), ((256, 49, 20, 16), {"positions": 8}),
+SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"fused_grad": False}), ((256, 196, 10, 16), {"positions": 8}),
+         ((256, 196, 10, 16), {"lane_warps": 2}), ((256, 49, 20, 16), {}), ((256, 49, 20, 16), {"fused_grad": False}),
          ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
+
+
+def sdpa_graph_ms(B: int, T: int, H: int, D: int) -> tuple[float, float]:
+    """CUDA-graph fwd and fwd+bwd ms of causal SDPA on the same (B, H, T, D) bf16 data (the anchor of the stages)."""
+    q, k, v = (t.transpose(1, 2).contiguous().requires_grad_(True) for t in make_inputs(B, T, H, D)[:3])
+    do = torch.randn_like(v)
+    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    step = lambda: torch.autograd.grad(fwd(), [q, k, v], do)
+    return (time_fn(fwd, warmup=3, repeats=20, cuda_graph=True).median_ms,
+            time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms)
 
 
 def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None, reps: int = 10) -> dict:
@@ -136,8 +146,11 @@ def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None
 
 def _report(shape, overrides, result) -> None:
     B, T, H, D = shape
+    sdpa_fwd, sdpa_both = sdpa_graph_ms(*shape)
     print(f"## B{B} T{T} H{H} D{D} {overrides or 'defaults'}: CUDA graph fwd {result['fwd_ms']:.4f} ms, "
-          f"fwd+bwd {result['fwdbwd_ms']:.4f} ms", flush=True)
+          f"fwd+bwd {result['fwdbwd_ms']:.4f} ms; sdpa (CUDA graph, same run) fwd {sdpa_fwd:.4f} ms, fwd+bwd "
+          f"{sdpa_both:.4f} ms: {result['fwd_ms'] / sdpa_fwd:.2f}x / {result['fwdbwd_ms'] / sdpa_both:.2f}x",
+          flush=True)
     for name, us in sorted(result["kernels"].items(), key=lambda kv: -kv[1]):
         print(f"#   {us:9.1f} us  {name[:90]}", flush=True)
 

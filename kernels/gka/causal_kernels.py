@@ -15,6 +15,8 @@ backward  ``dz_kernel``          dz_t = U_tᵀ do_t:                            
                                  dg from the later chunks, ½⟨D, H0_next⟩ + ⟨E, S0_next⟩ (so no reverse cumsum runs
                                  over the whole sequence)
           ``grad_kernel``        dk, dv, dβ and dg of one chunk (in-chunk reverse cumsum of dG_t = dgp_t − β_t dβ_t)
+          ``adjoint_grad_kernel`` (16-wide heads) the last two in one program per (b, h) walking the chunks backwards
+                                 with D, E in registers: no per-chunk states or dg offsets in memory
 
 Matmul precision (``PREC``): "ieee" / "tf32x3" (fp32 inputs: exact fp32 products, or 3-pass TF32 where exact
 fp32 tiles would not fit registers), "split" (16-bit inputs: every fp32 operand is split into bf16 hi + lo parts and
@@ -29,7 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["adjoint_scan_kernel", "dz_kernel", "grad_kernel", "readout_kernel", "state_fwd_kernel"]
+__all__ = ["adjoint_grad_kernel", "adjoint_scan_kernel", "dz_kernel", "grad_kernel", "readout_kernel",
+           "state_fwd_kernel"]
 
 
 @triton.jit
@@ -247,6 +250,27 @@ def adjoint_scan_kernel(q, k, g, beta, alpha, do, x, y, c, h0, s0, dend, eend, o
 
 
 @triton.jit
+def _chunk_mats(q, k, v, alpha, do, x, y, c, row, m_t, b, G, Ad, K: tl.constexpr, V: tl.constexpr,
+                PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """The chunk's BT×BT factors of the gradients (see :func:`grad_kernel`): K, (Ã ∘ Y Kᵀ)ᵀ, (Ã ∘ X Kᵀ)ᵀ,
+    (Ã ∘ Z Kᵀ)ᵀ, (Ãᵀ diag(c) A) ∘ K Kᵀ, 2 a and (Ã ∘ dO Vᵀ)ᵀ."""
+    ct = tl.load(c + row, mask=m_t, other=0.0)
+    kc = load_tile(k, row, m_t, K, 0, K)
+    kT = tl.trans(kc)
+    X = load_tile(x, row, m_t, K, 0, K)
+    Y = load_tile(y, row, m_t, K, 0, K)
+    Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
+    M_y = tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT))
+    M_x = tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT))
+    M_z = tl.trans(Ad * mm(Z, kT, PREC, False, IN_EXACT))
+    W = mm(tl.trans(Ad * ct[:, None]), Ad * b[None, :], PREC, False, False) * mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
+    two_a = 2.0 * tl.sum(Ad * (ct * tl.exp(G))[:, None], 0)
+    M_v = tl.trans(Ad * mm(load_tile(do, row, m_t, V, 0, V), tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC,
+                           IN_EXACT, IN_EXACT))
+    return kc, M_y, M_x, M_z, W, two_a, M_v
+
+
+@triton.jit
 def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs, dk, dv, dbeta, dg, T, NT,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 NKR: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr,
@@ -262,21 +286,9 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
     chunk) + the later chunks' share from the adjoint scan."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-    e = tl.exp(G)
     w_end = tl.exp(g_end - G)
-    ct = tl.load(c + row, mask=m_t, other=0.0)
-    kc = load_tile(k, row, m_t, K, 0, K)
-    kT = tl.trans(kc)
-    X = load_tile(x, row, m_t, K, 0, K)
-    Y = load_tile(y, row, m_t, K, 0, K)
-    Z = mix_z(q, alpha, x, row, m_t, K, 0, K, HAS_ALPHA)
-    M_y = tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT))
-    M_x = tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT))
-    M_z = tl.trans(Ad * mm(Z, kT, PREC, False, IN_EXACT))
-    W = mm(tl.trans(Ad * ct[:, None]), Ad * b[None, :], PREC, False, False) * mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
-    two_a = 2.0 * tl.sum(Ad * (ct * e)[:, None], 0)
-    M_v = tl.trans(Ad * mm(load_tile(do, row, m_t, V, 0, V), tl.trans(load_tile(v, row, m_t, V, 0, V)), PREC,
-                           IN_EXACT, IN_EXACT))
+    kc, M_y, M_x, M_z, W, two_a, M_v = _chunk_mats(q, k, v, alpha, do, x, y, c, row, m_t, b, G, Ad, K, V, PREC,
+                                                   IN_EXACT, HAS_ALPHA)
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
     db = tl.zeros([BT], tl.float32)
@@ -307,3 +319,80 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
     dG = tl.load(dgp + row, mask=m_t, other=0.0) - b * db
     later = tl.sum(tl.load(offs + base * NKR + tl.arange(0, NKR)), 0)
     tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
+
+
+@triton.jit
+def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg, T, NT, H: tl.constexpr,
+                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                        IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """``adjoint_scan_kernel`` and ``grad_kernel`` in one program per (b, h), for heads narrow enough to keep the
+    whole K×K and K×V adjoint states D, E in registers: walking the chunks backwards, a chunk's gradients use D, E at
+    its end (:func:`_chunk_grads`), then its own share is added to them. Neither the per-chunk states nor the dg
+    offsets go through memory (the later chunks' Σ dG is a running sum), and each chunk's inputs are read once."""
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    Ds = tl.zeros([K, K], tl.float32)
+    Es = tl.zeros([K, V], tl.float32)
+    later = 0.0
+    for j in range(NT):
+        i_c = NT - 1 - j
+        o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+        b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+        ct = tl.load(c + row, mask=m_t, other=0.0)
+        kc = load_tile(k, row, m_t, K, 0, K)
+        dO = load_tile(do, row, m_t, V, 0, V)
+        X = load_tile(x, row, m_t, K, 0, K)
+        Y = load_tile(y, row, m_t, K, 0, K)
+        if HAS_ALPHA:
+            a = tl.load(alpha + row, mask=m_t, other=0.0).to(tl.float32)
+            Z = a[:, None] * X + (1.0 - a[:, None]) * load_tile(q, row, m_t, K, 0, K).to(tl.float32)
+        else:
+            Z = X
+        Hc = tl.load(h0 + (i_bh * NT + i_c).to(tl.int64) * K * K + tl.arange(0, K)[:, None] * K
+                     + tl.arange(0, K)[None, :])
+        e = tl.exp(G)
+        a_c = tl.sum(Ad * (ct * e)[:, None], 0)
+        dG = _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es,
+                          K, V, PREC, IN_EXACT, HAS_BETA)
+        tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
+        later += tl.sum(dG, 0)
+        # this chunk's share of D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ, with
+        # Σ_t e^{G_t} c_t H_t = Σ_t c_t e^{2 G_t} H0 + Σ_r β_r a_r k_r k_rᵀ
+        S = mm(tl.trans(Y * e[:, None]), X, PREC, False, False)
+        dD = (2.0 * tl.sum(ct * e * e, 0)) * Hc - S - tl.trans(S)
+        dD += 2.0 * mm(tl.trans(kc.to(tl.float32) * (b * a_c)[:, None]), kc, PREC, False, IN_EXACT)
+        decay = tl.exp(g_end)
+        Ds = Ds * decay + dD
+        Es = Es * decay + mm(tl.trans(Z * e[:, None]), dO, PREC, False, IN_EXACT)
+
+
+@triton.jit
+def _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Dm, Em,
+                 K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+                 HAS_BETA: tl.constexpr):
+    """dk, dv, dβ of one chunk from its loaded tiles and the whole adjoint states D, E at its end (the formulas of
+    :func:`grad_kernel`); returns dG_t = dgp_t − β_t dβ_t."""
+    w_end = tl.exp(g_end - G)
+    kT = tl.trans(kc)
+    vc = load_tile(v, row, m_t, V, 0, V)
+    # dv: P = w ⊙ (K E) + (Ã ∘ Z Kᵀ)ᵀ dO
+    P = mm(kc, Em, PREC, IN_EXACT, False) * w_end[:, None]
+    P += mm(tl.trans(Ad * mm(Z, kT, PREC, False, IN_EXACT)), dO, PREC, False, IN_EXACT)
+    db = tl.sum(vc.to(tl.float32) * P, 1)
+    o_v = tl.arange(0, V)
+    tl.store(dv + row[:, None] * V + o_v[None, :], (b[:, None] * P).to(dv.dtype.element_ty), mask=m_t[:, None])
+    # dk: R, the λ path first
+    R = mm(kc, Hc, PREC, IN_EXACT, False) * (2.0 * a_c)[:, None]
+    W = mm(tl.trans(Ad * ct[:, None]), Ad * b[None, :], PREC, False, False) * mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
+    R += 2.0 * mm(W, kc, PREC, False, IN_EXACT)
+    R += mm(kc, Dm, PREC, IN_EXACT, False) * w_end[:, None]
+    R -= mm(tl.trans(Ad * mm(Y, kT, PREC, False, IN_EXACT)), X, PREC, False, False)
+    R -= mm(tl.trans(Ad * mm(X, kT, PREC, False, IN_EXACT)), Y, PREC, False, False)
+    db += 0.5 * tl.sum(kc.to(tl.float32) * R, 1)
+    R += mm(vc, tl.trans(Em), PREC, IN_EXACT, False) * w_end[:, None]
+    R += mm(tl.trans(Ad * mm(dO, tl.trans(vc), PREC, IN_EXACT, IN_EXACT)), Z, PREC, False, False)
+    o_k = tl.arange(0, K)
+    tl.store(dk + row[:, None] * K + o_k[None, :], (b[:, None] * R).to(dk.dtype.element_ty), mask=m_t[:, None])
+    if HAS_BETA:
+        tl.store(dbeta + row, db.to(dbeta.dtype.element_ty), mask=m_t)
+    return tl.load(dgp + row, mask=m_t, other=0.0) - b * db

@@ -4,7 +4,7 @@ later launches call the kernels Triton compiled for it directly (:class:`visions
 Between launches nothing but output allocation runs on the host: no reductions, flips or casts.
 
 Forward: state scan → solve (per-token direct solve for 16-wide heads, chunked Chebyshev otherwise) → read-out.
-Backward: dz → adjoint solve → adjoint-state scan → gradients.
+Backward: dz → adjoint solve → adjoint-state scan → gradients (16-wide heads: scan and gradients in one kernel).
 
 Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tuning`, op ``"gka"``):
 
@@ -16,7 +16,11 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
 * ``tile_warps``, ``grad_warps``, ``scan_warps``: warps of the chunk-parallel read-out and dz kernels, of the gradient
   kernel and of the two scans over the chunks;
 * ``state_rows``: rows of the K-wide states one scan program carries (divides K);
-* ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V).
+* ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
+* ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
+  walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
+  ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
+  ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .naive import EPS
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns")
+            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 
@@ -55,7 +59,13 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
     the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms). 64-token chunks ended
     in an illegal memory access on that machine (Triton 3.6; cause not established: 64- and 128-wide heads, in the
-    Chebyshev or tile kernels), so chunks are at most 32 tokens."""
+    Chebyshev or tile kernels), so chunks are at most 32 tokens.
+
+    The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
+    benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
+    134.2 + 218.5 µs at B256 T196 H10 D16 and 148.0 against 84.3 + 135.4 µs at B256 T49 H20 D16, with 2 pipeline
+    stages (1: 320.7 / 167.4 µs); 3 stages and register caps of 152-200 (which spill) were no faster
+    (kernels-gka-causal-fused-launch-nvidia-h100-80gb-hbm3-2026-11-24.log)."""
     width = max(K, V)
     if per_token:
         cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
@@ -71,6 +81,9 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["scan_warps"] = small if width <= 32 else 4 if width <= 64 else 8
     cfg["state_rows"] = min(K, 16 if K == 64 else 32)
     cfg["columns"] = min(K, V, 16 if width == 64 else 32)
+    cfg["fused_grad"] = width <= 16
+    cfg["fused_stages"] = 2
+    cfg["fused_regs"] = 0
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -81,6 +94,12 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: chunk must be 16 or 32 and a multiple of positions, got {cfg}")
     if K % cfg["state_rows"] or cfg["state_rows"] < 16:
         raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
+    if cfg["fused_grad"] and width > 16:
+        raise ValueError(f"gka launch settings: fused_grad needs heads of at most 16, got K = {K}, V = {V}")
+    if cfg["fused_stages"] not in (1, 2, 3):
+        raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
+    if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
+        raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
@@ -102,7 +121,7 @@ class _FwdPlan:
 
 
 class _BwdPlan:
-    __slots__ = ("dz", "solve", "scan", "grad", "dend_shape", "eend_shape", "offs_shape")
+    __slots__ = ("dz", "solve", "scan", "grad", "fused", "dend_shape", "eend_shape", "offs_shape")
 
 
 def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alpha: bool) -> dict:
@@ -154,7 +173,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     V = v.shape[3]
     cfg, BT, NT, NKR = fwd.cfg, fwd.BT, fwd.NT, fwd.NKR
     c = _common(cfg, q, v, has_beta, has_alpha)
-    from .causal_kernels import adjoint_scan_kernel, dz_kernel, grad_kernel
+    from .causal_kernels import adjoint_grad_kernel, adjoint_scan_kernel, dz_kernel, grad_kernel
 
     plan = _BwdPlan()
     plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
@@ -177,6 +196,13 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
         plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, T, NT),
                                   {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
                                   {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
+    plan.fused = None
+    if cfg["fused_grad"]:
+        plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
+                                  {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
+                                  {"num_warps": 1, "num_stages": cfg["fused_stages"]}
+                                  | ({"maxnreg": cfg["fused_regs"]} if cfg["fused_regs"] else {}))
+        return plan
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
                              c | {"BKR": cfg["state_rows"], "NKR": NKR},
                              {"num_warps": cfg["scan_warps"], "num_stages": 2})
@@ -246,12 +272,15 @@ def causal_bwd(fwd: _FwdPlan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ridge
         plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
     else:
         plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, fro, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
+    dk, dv, dg = empty_output_like(k), empty_output_like(v), empty_output_like(g)
+    dbeta = None if beta is None else empty_output_like(beta)
+    dbeta_ = dummy if dbeta is None else dbeta
+    if plan.fused is not None:
+        plan.fused(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, dk, dv, dbeta_, dg)
+        return dq, dk, dv, dg, dbeta, dalpha
     dend = empty_output(plan.dend_shape, device=dev, dtype=f32)
     eend = empty_output(plan.eend_shape, device=dev, dtype=f32)
     offs = empty_output(plan.offs_shape, device=dev, dtype=f32)
     plan.scan(aligned, q, k, g, beta_, alpha_, do, x, y, c, h0, s0, dend, eend, offs)
-    dk, dv, dg = empty_output_like(k), empty_output_like(v), empty_output_like(g)
-    dbeta = None if beta is None else empty_output_like(beta)
-    plan.grad(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, dend, eend, offs, dk, dv,
-              dummy if dbeta is None else dbeta, dg)
+    plan.grad(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, dend, eend, offs, dk, dv, dbeta_, dg)
     return dq, dk, dv, dg, dbeta, dalpha

@@ -157,6 +157,22 @@ def test_interpreter_launch_settings(triton_interpreter, poison_outputs):
         gka(*tensors, solver="direct")
 
 
+@pytest.mark.parametrize("solver", ["direct", "chebyshev"])
+def test_interpreter_fused_adjoint_grad(triton_interpreter, poison_outputs, solver):
+    """The fused adjoint-scan + gradient kernel (16-wide heads' default) and the separate scan and chunk-parallel
+    gradient kernels compute the same gradients; the fused kernel refuses wider heads."""
+    tensors = make_inputs(2, 37, 2, 16, 16, seed=13)
+    do = torch.randn(2, 37, 2, 16, dtype=torch.float32, generator=torch.Generator().manual_seed(2))
+    _, fused = run_with_grads(lambda *a: gka(*a, solver=solver), tensors, do)
+    with launch_overrides("gka", fused_grad=False):
+        _, split = run_with_grads(lambda *a: gka(*a, solver=solver), tensors, do)
+    for name, a, b in zip(GRAD_NAMES, fused, split):
+        assert_close(a, b, tol=1e-5, name=f"d{name} fused vs separate")
+    wide = make_inputs(1, 9, 1, 16, 32, seed=1)
+    with launch_overrides("gka", fused_grad=True), pytest.raises(ValueError, match="fused_grad"):
+        gka(*wide, solver=solver)
+
+
 def test_converged_iteration_count():
     from visionssm.kernels.gka.causal_launch import converged_iters
 
