@@ -176,22 +176,27 @@ def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, 
 
 
 @triton.jit
-def _sweep_inverse(A, K: tl.constexpr):
-    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here): K Gauss–Jordan sweeps in place, no pivoting.
+def _sweep_inverse(A, scale, K: tl.constexpr):
+    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here) whose diagonal entries are at most ``scale``:
+    K Gauss–Jordan sweeps of B = A / scale, no pivoting, one rank-1 update each.
 
-    Sweeping pivot j maps a_jj → −1/a_jj, a_ij → a_ij/a_jj and a_ji → a_ji/a_jj (i ≠ j), and every other entry
-    a_il → a_il − a_ij a_jl / a_jj; after all K pivots the tile holds −A⁻¹. The sweep keeps the tile symmetric, so
-    pivot row j is read once and used as column j too."""
+    Sweeping pivot j with d = b_jj maps b_jj → −1/d, b_ij and b_ji → b_ij/d (i ≠ j) and every other entry
+    b_il → b_il − b_ij b_jl / d; after all K pivots the tile holds −B⁻¹. For a symmetric tile that map is
+    B − a aᵀ − 2 e_j e_jᵀ with a = (b_:j − e_j)/√d (d > 0: B stays positive definite on the pivots not swept yet).
+    The −2 on b_jj is left out: no later pivot reads b_jj (they read their own column, whose entry j is off the
+    diagonal), so after all K pivots B⁻¹ = 2I − B. Each step is one column reduction (within a warp) and one
+    update of one fused multiply–add per entry; the tile stays exactly symmetric (a_i a_l = a_l a_i). The scaling
+    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end."""
     offs = tl.arange(0, K)
+    inv_scale = 1.0 / scale
+    B = A * inv_scale
     for j in range(K):
-        r = tl.sum(tl.where(offs[:, None] == j, A, 0.0), 0)            # row j = column j
-        inv_d = 1.0 / tl.sum(tl.where(offs == j, r, 0.0), 0)            # 1 / a_jj
-        c = tl.where(offs == j, 0.0, r)
-        s = c * inv_d
-        pivot = tl.where(offs == j, -inv_d, s)                          # the new row / column j
-        A = A - c[:, None] * s[None, :]
-        A = tl.where(offs[:, None] == j, pivot[None, :], tl.where(offs[None, :] == j, pivot[:, None], A))
-    return -0.5 * (A + tl.trans(A))
+        col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
+        unit = tl.where(offs == j, 1.0, 0.0)
+        d = tl.sum(col * unit, 0)
+        a = (col - unit) * (1.0 / tl.sqrt(d))
+        B -= a[:, None] * a[None, :]
+    return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
 
 
 @triton.jit
@@ -225,9 +230,9 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
     A = tl.where(offs[:, None] == offs[None, :], Hs + lam, Hs)
     if SOLVER == 0:
         if F64:
-            M = _sweep_inverse(A.to(tl.float64), K).to(tl.float32)
+            M = _sweep_inverse(A.to(tl.float64), (F + lam).to(tl.float64), K).to(tl.float32)
         else:
-            M = _sweep_inverse(A, K)
+            M = _sweep_inverse(A, F + lam, K)
     else:
         M = _chebyshev_inverse(A, lam, F, K, NUM_ITERS, SPREC, EMU)
     return M
@@ -261,8 +266,9 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           F64: tl.constexpr, EPS: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
 
-    The state block R is D (with α) or P (without). RELOAD (wide heads): the read-out's K×V operands are stored with
-    the state and re-read per token tile instead of held through the loop (registers / shared memory)."""
+    The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
+    K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
+    the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU)
@@ -275,8 +281,8 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
         _store_matrix(p_h, Hs, K, K)
         _store_matrix(p_m, M, K, K)
         _store_matrix(p_u, Us, K, V)
-        _store_matrix(p_r, R, K, V)
     if RELOAD:
+        _store_matrix(p_r, R, K, V)                                         # the backward recomputes it otherwise
         tl.debug_barrier()                                                  # the stores above, seen by all warps
     elif LP:
         U_hi, U_lo = _split(Us, tl.bfloat16, PASSES)
@@ -301,14 +307,20 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
 
 
 @triton.jit
-def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, T, H, K: tl.constexpr, V: tl.constexpr,
+def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, T, H, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                 PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """dq = dO U + α ⊙ (dO Dᵀ) (α ≡ 1: dO Pᵀ) and dα_t = q_t·(D do_t) for every token; returns G₀ = Σ do qᵀ and
-    G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U, Dᵀ, Pᵀ are read transposed from the K×V state blocks."""
+    G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U and Dᵀ / Pᵀ come from the K×V ``Us`` and ``R``, or with RELOAD
+    are read transposed from the K×V state blocks per token tile."""
     if not RELOAD:
-        R_hi, R_lo = _operand(p_r, V, K, 1, V, LP, PASSES)
-        U_hi, U_lo = _operand(p_u, V, K, 1, V, LP, PASSES)
+        if LP:
+            R_hi, R_lo = _split(tl.trans(R), tl.bfloat16, PASSES)
+            U_hi, U_lo = _split(tl.trans(Us), tl.bfloat16, PASSES)
+        else:
+            R_hi = tl.trans(R)
+            U_hi = tl.trans(Us)
+            R_lo, U_lo = R_hi, U_hi
     G0 = tl.zeros([V, K], tl.float32)
     G1 = tl.zeros([V, K], tl.float32)
     for start in range(0, T, BT):
@@ -339,17 +351,21 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, T, H, K: tl
 
 @triton.jit
 def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                     SPREC: tl.constexpr, EMU: tl.constexpr):
-    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state."""
+                     RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
+    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is recomputed
+    (RELOAD: read), not held through the query-side pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
     kk = offs_k[:, None] * K + offs_k[None, :]
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
     M = tl.load(p_m + kk)
+    if RELOAD:
+        P = tl.load(p_r + kv)
+        if HAS_ALPHA:
+            P += tl.load(p_u + kv)
+    else:
+        P = _state_dot(M, tl.load(p_u + kv), SPREC, EMU)
     dU = G0 + _state_dot(G1, tl.where(eye, M - 1.0, M), SPREC, EMU)
-    P = tl.load(p_r + kv)
-    if HAS_ALPHA:
-        P += tl.load(p_u + kv)
     W = _state_dot(_state_dot(P, G1, SPREC, EMU), M, SPREC, EMU)                    # Σ_t y_t x_tᵀ
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
     Hs = tl.load(p_h + kk)
@@ -405,9 +421,19 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
-    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, T, H, K, V, BT,
-                         HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU)
-    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, SPREC, EMU)
+    if RELOAD:
+        # wide heads: the query-side pass re-reads its operands per token tile
+        Us = tl.zeros([K, V], tl.float32)
+        R = Us
+    else:
+        # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
+        Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
+        R = _state_dot(tl.load(p_m + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :]), Us, SPREC, EMU)
+        if HAS_ALPHA:
+            R -= Us
+    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, T, H, K,
+                         V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU)
+    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K
     if RELOAD:
