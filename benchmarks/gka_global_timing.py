@@ -8,7 +8,7 @@ one bf16 product pass against two (``global_passes``): the relative error of o a
 float64 closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the
 fwd+bwd GPU time of each (CUDA graph, best of three interleaved rounds).
 
-    python benchmarks/gka_global_timing.py [--sweep] [--precision] [--out DIR]
+    python benchmarks/gka_global_timing.py [--quick] [--sweep] [--precision] [--out DIR]
 """
 
 from __future__ import annotations
@@ -85,13 +85,14 @@ def timed(fn, graph: bool) -> float:
     return time_fn(fn, warmup=10, repeats=50, cuda_graph=graph).median_ms
 
 
-def main_table(rows: list[dict]) -> None:
+def main_table(rows: list[dict], quick: bool = False) -> None:
+    """Every mode eager and from a CUDA graph; ``quick``: the forward and fwd+bwd from CUDA graphs only."""
     for name, B, T, H, D, target in SHAPES:
         shape = f"B{B} T{T} H{H} D{D}"
         impls = steps(B, T, H, D)
         for mode in ("fwd", "inference", "fwd+bwd", "fwd+bwd entry"):
             for graph in (False, True):
-                if mode == "fwd+bwd entry" and graph:
+                if (mode == "fwd+bwd entry" and graph) or (quick and (not graph or mode == "inference")):
                     continue
                 ms = {impl: timed(fns[mode if mode in fns else "fwd+bwd"], graph) for impl, fns in impls.items()}
                 ratio = ms["gka"] / ms["sdpa"]
@@ -195,6 +196,7 @@ def main() -> None:
     parser.add_argument("--precision", action="store_true", help="one bf16 product pass against two: error and time")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
                         "benchmarks/results)")
+    parser.add_argument("--quick", action="store_true", help="main table: forward and fwd+bwd, CUDA graphs only")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
     args = parser.parse_args()
     start = time.time()
@@ -204,7 +206,7 @@ def main() -> None:
     if args.precision:
         precision(rows)
     else:
-        main_table(rows)
+        main_table(rows, quick=args.quick)
     save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
     if args.sweep:
         sweep(rows, start + args.budget)
