@@ -31,12 +31,13 @@ DEVICE = "cuda"
 # (name, B, T, H, D, target fwd+bwd ratio to SDPA)
 SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
 SWEEP = {
-    16: [{}, {"global_block_t": 32, "global_max_registers_bwd": None}, {"global_max_registers_bwd": None},
-         {"global_max_registers_bwd": 168}, {"global_block_t_bwd": 16}, {"global_num_warps_bwd": 2},
-         {"global_block_t": 64, "global_block_t_bwd": 64, "global_num_warps": 2, "global_num_warps_bwd": 2},
-         {"global_passes": 1}, {"global_num_stages": 1}],
-    64: [{}, {"global_block_t": 32}, {"global_reload": True}, {"global_passes": 1},
-         {"global_num_warps": 8, "global_num_warps_bwd": 8}],
+    16: [{}, {"global_prefetch": False, "global_prefetch_bwd": False}, {"global_prefetch": False},
+         {"global_prefetch_bwd": False}, {"global_prefetch_bwd": True},
+         {"global_prefetch_bwd": True, "global_max_registers_bwd": None},
+         {"global_block_t_bwd": 16, "global_prefetch_bwd": True, "global_max_registers_bwd": 168},
+         {"global_block_t_bwd": 16, "global_prefetch_bwd": True, "global_max_registers_bwd": None},
+         {"global_max_registers": 104}],
+    64: [{}],
 }
 
 

@@ -135,6 +135,24 @@ def _load_gate(base, t, mask, H, HAS: tl.constexpr):
 
 
 @triton.jit
+def _token_tile(x_base, g_base, start, T, H, N: tl.constexpr, BT: tl.constexpr, HAS_GATE: tl.constexpr,
+                LP: tl.constexpr):
+    """The (BT, N) tile and the gate of tokens start … start + BT − 1 (0 past T, where nothing is read)."""
+    t = start + tl.arange(0, BT)
+    mask = t < T
+    return _load_tile(x_base, t, mask, H * N, N, LP), _load_gate(g_base, t, mask, H, HAS_GATE)
+
+
+@triton.jit
+def _token_tiles(x_base, y_base, g_base, start, T, H, NX: tl.constexpr, NY: tl.constexpr, BT: tl.constexpr,
+                 HAS_GATE: tl.constexpr, LP: tl.constexpr):
+    """Two token tiles and the gate (:func:`_token_tile`)."""
+    x, g = _token_tile(x_base, g_base, start, T, H, NX, BT, HAS_GATE, LP)
+    t = start + tl.arange(0, BT)
+    return x, _load_tile(y_base, t, t < T, H * NY, NY, LP), g
+
+
+@triton.jit
 def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr, LP: tl.constexpr,
              PASSES: tl.constexpr):
     """An (R, C) fp32 matrix at ``ptr`` (strides SR, SC; transposed reads are free) as the split operand of
@@ -149,17 +167,24 @@ def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.con
 
 @triton.jit
 def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                HAS_BETA: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
-    """H = Σ β k kᵀ (symmetrised) and Uᵀ = Σ β k vᵀ over the whole sequence, fp32."""
+                HAS_BETA: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """H = Σ β k kᵀ (symmetrised) and Uᵀ = Σ β k vᵀ over the whole sequence, fp32. PREFETCH: each step loads the
+    next tile before it works on the current one (the loads are not pipelined otherwise)."""
     Hs = tl.zeros([K, K], tl.float32)
     Us = tl.zeros([K, V], tl.float32)
+    if PREFETCH:
+        kn, vn, bn = _token_tiles(k_base, v_base, b_base, 0, T, H, K, V, BT, HAS_BETA, LP)
     for start in range(0, T, BT):
-        t = start + tl.arange(0, BT)
-        mask = t < T
-        kc = _load_tile(k_base, t, mask, H * K, K, LP)
-        vc = _load_tile(v_base, t, mask, H * V, V, LP)
+        if PREFETCH:
+            kc, vc, b = kn, vn, bn
+            kn, vn, bn = _token_tiles(k_base, v_base, b_base, start + BT, T, H, K, V, BT, HAS_BETA, LP)
+        else:
+            t = start + tl.arange(0, BT)
+            kc = _load_tile(k_base, t, t < T, H * K, K, LP)
+            vc = _load_tile(v_base, t, t < T, H * V, V, LP)
+            b = _load_gate(b_base, t, t < T, H, HAS_BETA)
         if HAS_BETA:
-            b = _load_gate(b_base, t, mask, H, True)
             kw = tl.trans(kc.to(tl.float32) * b[:, None])
             Hs = _dot_exact_b(kw, kc, Hs, tl.bfloat16, LP, 2, PREC, EMU)
             Us = _dot_exact_b(kw, vc, Us, tl.bfloat16, LP, 2, PREC, EMU)
@@ -263,15 +288,21 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                           PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                          F64: tl.constexpr, EPS: tl.constexpr):
+                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
+    PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
+    latency hidden behind them and the solve).
 
     The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
     K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
     the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU)
+    q_base = q + off_k
+    a_base = alpha + off_g
+    if PREFETCH:
+        qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
+    Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
     M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
     R = _state_dot(M, Us, SPREC, EMU)                                      # P = M Uᵀ
     if HAS_ALPHA:
@@ -289,30 +320,35 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
         R_hi, R_lo = _split(R, tl.bfloat16, PASSES)
     else:
         U_hi, U_lo, R_hi, R_lo = Us, Us, R, R
-    q_base = q + off_k
     o_base = o + off_v
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        qc = _load_tile(q_base, t, mask, H * K, K, LP)
+        if PREFETCH:
+            qc, a = qn, an
+            qn, an = _token_tile(q_base, a_base, start + BT, T, H, K, BT, HAS_ALPHA, LP)
+        else:
+            qc = _load_tile(q_base, t, mask, H * K, K, LP)
         if RELOAD:
             R_hi, R_lo = _operand(p_r, K, V, V, 1, LP, PASSES)
         out = _dot_exact_a(qc, R_hi, R_lo, LP, PASSES, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
                 U_hi, U_lo = _operand(p_u, K, V, V, 1, LP, PASSES)
-            a = _load_gate(alpha + off_g, t, mask, H, True)
+            if not PREFETCH:
+                a = _load_gate(a_base, t, mask, H, True)
             out = _dot_exact_a(qc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * out
         tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit
-def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, T, H, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, dOn, an, T, H, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dq = dO U + α ⊙ (dO Dᵀ) (α ≡ 1: dO Pᵀ) and dα_t = q_t·(D do_t) for every token; returns G₀ = Σ do qᵀ and
     G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U and Dᵀ / Pᵀ come from the K×V ``Us`` and ``R``, or with RELOAD
-    are read transposed from the K×V state blocks per token tile."""
+    are read transposed from the K×V state blocks per token tile. PREFETCH: ``qn, dOn, an`` are the first tiles (read
+    by the caller) and each step loads the next one before it works on the current one."""
     if not RELOAD:
         if LP:
             R_hi, R_lo = _split(tl.trans(R), tl.bfloat16, PASSES)
@@ -326,15 +362,20 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, T, H
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        qc = _load_tile(q_base, t, mask, H * K, K, LP)
-        dOc = _load_tile(do_base, t, mask, H * V, V, LP)
+        if PREFETCH:
+            qc, dOc, a = qn, dOn, an
+            qn, dOn, an = _token_tiles(q_base, do_base, a_base, start + BT, T, H, K, V, BT, HAS_ALPHA, LP)
+        else:
+            qc = _load_tile(q_base, t, mask, H * K, K, LP)
+            dOc = _load_tile(do_base, t, mask, H * V, V, LP)
         if RELOAD:
             R_hi, R_lo = _operand(p_r, V, K, 1, V, LP, PASSES)
         grad = _dot_exact_a(dOc, R_hi, R_lo, LP, PASSES, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
                 U_hi, U_lo = _operand(p_u, V, K, 1, V, LP, PASSES)
-            a = _load_gate(a_base, t, mask, H, True)
+            if not PREFETCH:
+                a = _load_gate(a_base, t, mask, H, True)
             tl.store(da_base + t * H, tl.sum(qc.to(tl.float32) * grad, 1), mask=mask)
             grad = _dot_exact_a(dOc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * grad
             G1 = _dot_exact_b(tl.trans(dOc.to(tl.float32) * a[:, None]), qc, G1, tl.bfloat16, LP, PASSES, PREC,
@@ -377,11 +418,12 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
-def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, T, H, K: tl.constexpr,
-              V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-              PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, T, H,
+              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr,
+              LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dk = β ⊙ (K S + V dU), dv = β ⊙ (K dUᵀ), dβ_t = k_t·(½ S k_t + dUᵀ v_t) for every token. RELOAD: S and dU
-    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``."""
+    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. PREFETCH: as in
+    :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
     if not RELOAD:
         dUt = tl.trans(dU)
         if LP:
@@ -393,9 +435,11 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        kc = _load_tile(k_base, t, mask, H * K, K, LP)
-        vc = _load_tile(v_base, t, mask, H * V, V, LP)
-        b = _load_gate(b_base, t, mask, H, HAS_BETA)
+        if PREFETCH:
+            kc, vc, b = kn, vn, bn
+            kn, vn, bn = _token_tiles(k_base, v_base, b_base, start + BT, T, H, K, V, BT, HAS_BETA, LP)
+        else:
+            kc, vc, b = _token_tiles(k_base, v_base, b_base, start, T, H, K, V, BT, HAS_BETA, LP)
         if RELOAD:
             S_hi, S_lo = _operand(p_s, K, K, K, 1, LP, PASSES)
             dU_hi, dU_lo = _operand(p_du, V, K, K, 1, LP, PASSES)
@@ -415,12 +459,16 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
 def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv, dbeta, dalpha, ridge, T, H,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
-                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
+                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
-    RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two."""
+    RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
+    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
+    qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
+    if PREFETCH:
+        qn, dOn, an = _token_tiles(q + off_k, do + off_v, alpha + off_g, 0, T, H, K, V, BT, HAS_ALPHA, LP)
     if RELOAD:
         # wide heads: the query-side pass re-reads its operands per token tile
         Us = tl.zeros([K, V], tl.float32)
@@ -431,8 +479,11 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
         R = _state_dot(tl.load(p_m + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :]), Us, SPREC, EMU)
         if HAS_ALPHA:
             R -= Us
-    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, T, H, K,
-                         V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU)
+    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
+                         an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+    kn, vn, bn = 0.0, 0.0, 0.0
+    if PREFETCH:
+        kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
     S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K
@@ -440,5 +491,5 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)
         tl.debug_barrier()
-    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, T, H, K, V,
-              BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU)
+    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn, bn,
+              T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)

@@ -20,7 +20,10 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   bf16: 2.1–2.4e-3; ``benchmarks/gka_global_timing.py --precision``), but on gradients that are cancelling sums over
   the tokens (the layer's β bias) it loses up to 2.7× more than the same layer composed of plain bf16 ops, so it
   stays an opt-in;
-* ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads).
+* ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads);
+* ``global_prefetch`` / ``global_prefetch_bwd`` — the forward's / backward's token loops load one tile ahead and each
+  pass's first tile is read before the work that precedes it (Triton does not pipeline these loads itself); for heads
+  up to 32 wide, whose tiles take few registers.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
-          "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload")
+          "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
+          "global_prefetch_bwd")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -53,6 +57,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
+           "prefetch": width <= 32,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -72,6 +77,8 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
     cfg.setdefault("block_t_bwd", cfg["block_t"])
+    # the capped backward at T > 64 has no registers to spare for a tile held one step ahead
+    cfg.setdefault("prefetch_bwd", cfg["prefetch"] and cfg["max_registers_bwd"] is None)
     cfg["num_warps_bwd"] = cfg["num_warps"]
     forced = {name: value for name, value in tuning.overrides("gka").items() if name.startswith(_PREFIX)}
     if forced:
@@ -82,6 +89,9 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
             raise ValueError(f"gka launch setting global_{name} must be 16, 32, 64 or 128, got {cfg[name]}")
     if cfg["passes"] not in (1, 2):
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
+    for name in ("prefetch", "prefetch_bwd"):
+        if cfg[name] not in (True, False):
+            raise ValueError(f"gka launch setting global_{name} must be True or False, got {cfg[name]!r}")
     return cfg
 
 
@@ -114,9 +124,11 @@ class GlobalPlan:
         self.fwd = DirectLaunch(
             gka_global_fwd_kernel, (B * H,), (T, H),
             {**{n: c for n, c in common.items() if n != "RELOAD"}, "BT": cfg["block_t"], "SOLVER": _SOLVER_IDS[solver],
-             "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS},
+             "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS,
+             "PREFETCH": bool(cfg["prefetch"])},
             launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"]))
-        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**common, "BT": cfg["block_t_bwd"]},
+        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H),
+                                {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"])},
                                 launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
                                                max_registers=cfg["max_registers_bwd"])
                                 ) if save else None

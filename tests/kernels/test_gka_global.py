@@ -162,6 +162,20 @@ def test_interpreter_forward_and_backward_tiles_apart(triton_interpreter, poison
     check(make_inputs(1, 67, 2, 16, 16, dtype=torch.bfloat16, seed=13), fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("T", [5, 32, 49])
+def test_interpreter_prefetch(triton_interpreter, poison_outputs, T):
+    # the token loops with and without the tile loaded one step ahead (on by default for narrow heads), forward and
+    # backward apart; T = 32: the last prefetch reads past the sequence (masked), T = 5: one partial tile
+    tensors = make_inputs(1, T, 2, 16, 32, use_beta=T != 32, seed=20 + T)
+    for fwd, bwd in ((False, False), (True, False), (False, True)):
+        with launch_overrides("gka", global_prefetch=fwd, global_prefetch_bwd=bwd, global_block_t=16,
+                              global_block_t_bwd=16):
+            check(tensors)
+    low = make_inputs(1, T, 2, 16, 16, dtype=torch.bfloat16, seed=30 + T)
+    with launch_overrides("gka", global_prefetch=True, global_prefetch_bwd=True, global_block_t=16):
+        check(low, fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -206,6 +220,10 @@ def test_launch_override_names(triton_interpreter):
     with launch_overrides("gka", global_block_t=24), pytest.raises(ValueError, match="global_block_t"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
     with launch_overrides("gka", global_block_t_bwd=8), pytest.raises(ValueError, match="global_block_t_bwd"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_prefetch="yes"), pytest.raises(ValueError, match="global_prefetch"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_prefetch_bwd=2), pytest.raises(ValueError, match="global_prefetch_bwd"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
 
 
