@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel"]
+__all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
 
 
 @triton.jit
@@ -219,7 +219,7 @@ def _sweep_inverse(A, scale, K: tl.constexpr):
         col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
         unit = tl.where(offs == j, 1.0, 0.0)
         d = tl.sum(col * unit, 0)
-        a = (col - unit) * (1.0 / tl.sqrt(d))
+        a = (col - unit) * tl.math.rsqrt(d)
         B -= a[:, None] * a[None, :]
     return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
 
@@ -264,10 +264,42 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
 
 
 @triton.jit
-def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr):
-    """Where this (batch, head)'s saved H, M (K×K), Uᵀ and D (K×V, row-major) start: one block after another."""
-    base = states + i_bh * (2 * K * K + 2 * K * V)
-    return base, base + K * K, base + 2 * K * K, base + 2 * K * K + K * V
+def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr):
+    """Where this (batch, head)'s saved H, M (symmetric K×K: :func:`_store_symmetric`), Uᵀ and, with RELOAD only, R
+    (K×V, row-major) start: one block after another (the host's ``state_words``)."""
+    S: tl.constexpr = K * (K + 1) // 2 if K <= 32 else K * K
+    base = states + i_bh * (2 * S + (2 if RELOAD else 1) * K * V)
+    return base, base + S, base + 2 * S, base + 2 * S + K * V
+
+
+@triton.jit
+def _packed_index(K: tl.constexpr):
+    """(K, K) offsets of entry (i, j) in the row-major packed upper triangle (entry (min, max) for both halves)."""
+    i = tl.arange(0, K)[:, None]
+    j = tl.arange(0, K)[None, :]
+    lo = tl.minimum(i, j)
+    return lo * K - (lo * (lo - 1)) // 2 + (tl.maximum(i, j) - lo), i <= j
+
+
+@triton.jit
+def _store_symmetric(ptr, x, K: tl.constexpr):
+    """Stores the symmetric (K, K) ``x``: its upper triangle packed (K(K+1)/2 words) up to K = 32, whose index tiles
+    are small; wider ones row-major (an index tile held from the backward's first use to its last costs spills)."""
+    if K <= 32:
+        index, upper = _packed_index(K)
+        tl.store(ptr + index, x, mask=upper)
+    else:
+        _store_matrix(ptr, x, K, K)
+
+
+@triton.jit
+def _load_symmetric(ptr, K: tl.constexpr):
+    if K <= 32:
+        index, _ = _packed_index(K)
+        x = tl.load(ptr + index)
+    else:
+        x = tl.load(ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+    return x
 
 
 @triton.jit
@@ -283,44 +315,19 @@ def _sequence(i_bh, T, H, K: tl.constexpr, V: tl.constexpr):
     return row0 * K, row0 * V, row0
 
 
-@triton.jit(do_not_specialize=["T", "H"])
-def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
-                          HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr):
-    """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
-    PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
-    latency hidden behind them and the solve).
-
-    The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
-    K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
-    the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    q_base = q + off_k
-    a_base = alpha + off_g
-    if PREFETCH:
-        qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
-    Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
-    M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
-    R = _state_dot(M, Us, SPREC, EMU)                                      # P = M Uᵀ
-    if HAS_ALPHA:
-        R -= Us                                                             # D = P − Uᵀ
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
-    if SAVE or RELOAD:
-        _store_matrix(p_h, Hs, K, K)
-        _store_matrix(p_m, M, K, K)
-        _store_matrix(p_u, Us, K, V)
+@triton.jit
+def _read_out(q_base, a_base, o_base, p_u, p_r, Us, R, qn, an, T, H, K: tl.constexpr, V: tl.constexpr,
+              BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
+              PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
+    """O = Q Uᵀ + α ⊙ (Q R) (α ≡ 1: O = Q R) per token tile; RELOAD: Uᵀ and R re-read per tile from the state.
+    PREFETCH: ``qn, an`` are the first tiles and each step loads the next one before it works on the current one."""
     if RELOAD:
-        _store_matrix(p_r, R, K, V)                                         # the backward recomputes it otherwise
-        tl.debug_barrier()                                                  # the stores above, seen by all warps
+        tl.debug_barrier()                                                  # the state stores, seen by all warps
     elif LP:
         U_hi, U_lo = _split(Us, tl.bfloat16, PASSES)
         R_hi, R_lo = _split(R, tl.bfloat16, PASSES)
     else:
         U_hi, U_lo, R_hi, R_lo = Us, Us, R, R
-    o_base = o + off_v
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
@@ -338,7 +345,65 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
             if not PREFETCH:
                 a = _load_gate(a_base, t, mask, H, True)
             out = _dot_exact_a(qc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * out
-        tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o.dtype.element_ty), mask=mask[:, None])
+        tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o_base.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit(do_not_specialize=["T", "H"])
+def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
+                          BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
+                          HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr):
+    """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
+    PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
+    latency hidden behind them and the solve).
+
+    PHASE 0 does all of it; split in three launches (wide heads: the solve's serial steps then run on programs that
+    hold only the K×K tile, many to an SM, instead of the few that fit with the token passes' registers), PHASE 1 stores
+    H and Uᵀ, :func:`gka_global_solve_kernel` M, and PHASE 2 reads M and Uᵀ back for the read-out.
+
+    The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
+    K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
+    the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
+    q_base = q + off_k
+    a_base = alpha + off_g
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
+    qn, an = 0.0, 0.0                                                       # the read-out's first tiles (PREFETCH)
+    if PREFETCH and PHASE != 1:
+        qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
+    if PHASE == 2:
+        M = _load_symmetric(p_m, K)
+        Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
+    else:
+        Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
+    if PHASE == 1:
+        _store_symmetric(p_h, Hs, K)
+        _store_matrix(p_u, Us, K, V)
+    else:
+        if PHASE == 0:
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+            if SAVE or RELOAD:
+                _store_symmetric(p_h, Hs, K)
+                _store_symmetric(p_m, M, K)
+                _store_matrix(p_u, Us, K, V)
+        R = _state_dot(M, Us, SPREC, EMU)                                  # P = M Uᵀ
+        if HAS_ALPHA:
+            R -= Us                                                         # D = P − Uᵀ
+        if RELOAD:
+            _store_matrix(p_r, R, K, V)                                     # the backward recomputes it otherwise
+        _read_out(q_base, a_base, o + off_v, p_u, p_r, Us, R, qn, an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES,
+                  PREC, EMU, PREFETCH)
+
+
+@triton.jit
+def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
+                            NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                            F64: tl.constexpr, EPS: tl.constexpr):
+    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
+    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD)
+    _store_symmetric(p_m, _solve_matrix(_load_symmetric(p_h, K), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS), K)
 
 
 @triton.jit
@@ -396,10 +461,9 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
     """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is recomputed
     (RELOAD: read), not held through the query-side pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
-    kk = offs_k[:, None] * K + offs_k[None, :]
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
-    M = tl.load(p_m + kk)
+    M = _load_symmetric(p_m, K)
     if RELOAD:
         P = tl.load(p_r + kv)
         if HAS_ALPHA:
@@ -409,7 +473,7 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
     dU = G0 + _state_dot(G1, tl.where(eye, M - 1.0, M), SPREC, EMU)
     W = _state_dot(_state_dot(P, G1, SPREC, EMU), M, SPREC, EMU)                    # Σ_t y_t x_tᵀ
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
-    Hs = tl.load(p_h + kk)
+    Hs = _load_symmetric(p_h, K)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     # λ = ridge·(F + EPS): dλ = −tr W reaches H through ∂F/∂H = H/F (taken as 0 at F = 0, as autograd does)
     coef = tl.where(F > 0, 2.0 * ridge * trace / tl.where(F > 0, F, 1.0), 0.0)
@@ -465,7 +529,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
     if PREFETCH:
         qn, dOn, an = _token_tiles(q + off_k, do + off_v, alpha + off_g, 0, T, H, K, V, BT, HAS_ALPHA, LP)
@@ -476,7 +540,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     else:
         # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
-        R = _state_dot(tl.load(p_m + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :]), Us, SPREC, EMU)
+        R = _state_dot(_load_symmetric(p_m, K), Us, SPREC, EMU)
         if HAS_ALPHA:
             R -= Us
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,

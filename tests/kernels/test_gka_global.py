@@ -176,6 +176,23 @@ def test_interpreter_prefetch(triton_interpreter, poison_outputs, T):
         check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("solver", ["direct", "chebyshev"])
+def test_interpreter_split_forward(triton_interpreter, poison_outputs, solver):
+    # the forward in three launches (statistics, solve, read-out; the default for 64-wide heads) at narrow widths,
+    # with and without the gradient (inference allocates the state only to pass it between the launches)
+    tensors = make_inputs(1, 37, 2, 16, 32, dtype=torch.float32, seed=41)
+    grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
+    with launch_overrides("gka", global_split=True, global_solve_warps=1, global_block_t=16):
+        check(tensors, solver=solver, grad_reference=grad_reference)
+        with torch.no_grad():
+            out = gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver)
+    assert_close(out, gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver).detach(), tol=1e-6,
+                 name="split vs fused")
+    low = make_inputs(1, 21, 2, 32, 16, dtype=torch.bfloat16, use_alpha=False, seed=42)
+    with launch_overrides("gka", global_split=True, global_prefetch=True, global_block_t=16):
+        check(low, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -224,6 +241,10 @@ def test_launch_override_names(triton_interpreter):
     with launch_overrides("gka", global_prefetch="yes"), pytest.raises(ValueError, match="global_prefetch"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
     with launch_overrides("gka", global_prefetch_bwd=2), pytest.raises(ValueError, match="global_prefetch_bwd"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_solve_warps=3), pytest.raises(ValueError, match="global_solve_warps"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_split="no"), pytest.raises(ValueError, match="global_split"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
 
 
