@@ -31,11 +31,10 @@ DEVICE = "cuda"
 # (name, B, T, H, D, target fwd+bwd ratio to SDPA)
 SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
 SWEEP = {
-    16: [{}, {"global_prefetch": False, "global_prefetch_bwd": False}, {"global_max_registers": 96},
-         {"global_max_registers_bwd": 200}, {"global_block_t_bwd": 16, "global_max_registers_bwd": 152},
-         {"global_split": True, "global_solve_warps": 1}],
-    64: [{}, {"global_split": False}, {"global_solve_warps": 1}, {"global_solve_warps": 4},
-         {"global_block_t": 32}],
+    16: [{}, {"global_packed": True}, {"global_prefetch": False, "global_prefetch_bwd": False},
+         {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}],
+    64: [{}, {"global_split": True}, {"global_split": True, "global_solve_warps": 1},
+         {"global_split": True, "global_solve_warps": 4}, {"global_split": True, "global_block_t": 32}],
 }
 
 

@@ -33,8 +33,9 @@ gradient contractions cancel large entries of M (e.g. k·M k when the keys span 
 into ~1e-4 relative errors of dβ and dk for fp32 inputs; ``F64`` sweeps in fp64 and rounds M once (fp32 inputs
 only: for bf16 inputs the error is far below the output's rounding).
 
-The forward stores H, M, Uᵀ and R = D (P when α ≡ 1) (fp32 K×K, K×K, K×V, K×V blocks per (batch, head)) when a
-backward will follow; the backward reads them instead of re-reading k and v and solving again.
+The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
+triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
+recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def _sweep_inverse(A, scale, K: tl.constexpr):
         col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
         unit = tl.where(offs == j, 1.0, 0.0)
         d = tl.sum(col * unit, 0)
-        a = (col - unit) * tl.math.rsqrt(d)
+        a = (col - unit) * (1.0 / tl.sqrt(d))
         B -= a[:, None] * a[None, :]
     return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
 
@@ -264,12 +265,18 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
 
 
 @triton.jit
-def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr):
+def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr, PACKED: tl.constexpr):
     """Where this (batch, head)'s saved H, M (symmetric K×K: :func:`_store_symmetric`), Uᵀ and, with RELOAD only, R
     (K×V, row-major) start: one block after another (the host's ``state_words``)."""
-    S: tl.constexpr = K * (K + 1) // 2 if K <= 32 else K * K
-    base = states + i_bh * (2 * S + (2 if RELOAD else 1) * K * V)
-    return base, base + S, base + 2 * S, base + 2 * S + K * V
+    if PACKED:
+        base = states + i_bh * (K * (K + 1) + (2 if RELOAD else 1) * K * V)
+        p_m = base + K * (K + 1) // 2
+        p_u = base + K * (K + 1)
+    else:
+        base = states + i_bh * (2 * K * K + (2 if RELOAD else 1) * K * V)
+        p_m = base + K * K
+        p_u = base + 2 * K * K
+    return base, p_m, p_u, p_u + K * V
 
 
 @triton.jit
@@ -282,10 +289,11 @@ def _packed_index(K: tl.constexpr):
 
 
 @triton.jit
-def _store_symmetric(ptr, x, K: tl.constexpr):
-    """Stores the symmetric (K, K) ``x``: its upper triangle packed (K(K+1)/2 words) up to K = 32, whose index tiles
-    are small; wider ones row-major (an index tile held from the backward's first use to its last costs spills)."""
-    if K <= 32:
+def _store_symmetric(ptr, x, K: tl.constexpr, PACKED: tl.constexpr):
+    """Stores the symmetric (K, K) ``x``: PACKED, its upper triangle (K(K+1)/2 words; for narrow heads, whose index
+    tiles are small: at K = 64 the index tile held from the backward's first use to its last costs spills), else
+    row-major."""
+    if PACKED:
         index, upper = _packed_index(K)
         tl.store(ptr + index, x, mask=upper)
     else:
@@ -293,8 +301,8 @@ def _store_symmetric(ptr, x, K: tl.constexpr):
 
 
 @triton.jit
-def _load_symmetric(ptr, K: tl.constexpr):
-    if K <= 32:
+def _load_symmetric(ptr, K: tl.constexpr, PACKED: tl.constexpr):
+    if PACKED:
         index, _ = _packed_index(K)
         x = tl.load(ptr + index)
     else:
@@ -353,7 +361,8 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                           PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr):
+                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
+                          PACKED: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
     PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
     latency hidden behind them and the solve).
@@ -369,24 +378,24 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     q_base = q + off_k
     a_base = alpha + off_g
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
     qn, an = 0.0, 0.0                                                       # the read-out's first tiles (PREFETCH)
     if PREFETCH and PHASE != 1:
         qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
     if PHASE == 2:
-        M = _load_symmetric(p_m, K)
+        M = _load_symmetric(p_m, K, PACKED)
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
     else:
         Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
     if PHASE == 1:
-        _store_symmetric(p_h, Hs, K)
+        _store_symmetric(p_h, Hs, K, PACKED)
         _store_matrix(p_u, Us, K, V)
     else:
         if PHASE == 0:
             M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
             if SAVE or RELOAD:
-                _store_symmetric(p_h, Hs, K)
-                _store_symmetric(p_m, M, K)
+                _store_symmetric(p_h, Hs, K, PACKED)
+                _store_symmetric(p_m, M, K, PACKED)
                 _store_matrix(p_u, Us, K, V)
         R = _state_dot(M, Us, SPREC, EMU)                                  # P = M Uᵀ
         if HAS_ALPHA:
@@ -400,10 +409,11 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
 @triton.jit
 def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
                             NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                            F64: tl.constexpr, EPS: tl.constexpr):
+                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr):
     """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
-    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD)
-    _store_symmetric(p_m, _solve_matrix(_load_symmetric(p_h, K), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS), K)
+    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
+    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+    _store_symmetric(p_m, M, K, PACKED)
 
 
 @triton.jit
@@ -457,13 +467,13 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, 
 
 @triton.jit
 def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                     RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
+                     RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PACKED: tl.constexpr):
     """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is recomputed
     (RELOAD: read), not held through the query-side pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
-    M = _load_symmetric(p_m, K)
+    M = _load_symmetric(p_m, K, PACKED)
     if RELOAD:
         P = tl.load(p_r + kv)
         if HAS_ALPHA:
@@ -473,7 +483,7 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
     dU = G0 + _state_dot(G1, tl.where(eye, M - 1.0, M), SPREC, EMU)
     W = _state_dot(_state_dot(P, G1, SPREC, EMU), M, SPREC, EMU)                    # Σ_t y_t x_tᵀ
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
-    Hs = _load_symmetric(p_h, K)
+    Hs = _load_symmetric(p_h, K, PACKED)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     # λ = ridge·(F + EPS): dλ = −tr W reaches H through ∂F/∂H = H/F (taken as 0 at F = 0, as autograd does)
     coef = tl.where(F > 0, 2.0 * ridge * trace / tl.where(F > 0, F, 1.0), 0.0)
@@ -523,13 +533,14 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
 def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv, dbeta, dalpha, ridge, T, H,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
-                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
+                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
+                          PACKED: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
     load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
     if PREFETCH:
         qn, dOn, an = _token_tiles(q + off_k, do + off_v, alpha + off_g, 0, T, H, K, V, BT, HAS_ALPHA, LP)
@@ -540,7 +551,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     else:
         # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
-        R = _state_dot(_load_symmetric(p_m, K), Us, SPREC, EMU)
+        R = _state_dot(_load_symmetric(p_m, K, PACKED), Us, SPREC, EMU)
         if HAS_ALPHA:
             R -= Us
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
@@ -548,7 +559,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     kn, vn, bn = 0.0, 0.0, 0.0
     if PREFETCH:
         kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
-    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU)
+    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU, PACKED)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K
     if RELOAD:

@@ -25,8 +25,12 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   pass's first tile is read before the work that precedes it (Triton does not pipeline these loads itself); for heads
   up to 32 wide, whose tiles take few registers;
 * ``global_split`` — the forward in three launches (statistics; the K×K solve on programs of
-  ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: for 64-wide
-  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps.
+  ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: meant for 64-wide
+  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
+  default: not yet timed on a GPU (the sweep of benchmarks/gka_global_timing.py times it);
+* ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
+  heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
+  (wider ones spill on the index tile); off by default: not yet timed on a GPU.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
           "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
-          "global_prefetch_bwd", "global_split", "global_solve_warps")
+          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -60,7 +64,8 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
-           "prefetch": width <= 32, "split": width == 64, "solve_warps": 4 if full else 2,
+           "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
+           "packed": False,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -95,7 +100,9 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
     if cfg["solve_warps"] not in (1, 2, 4, 8):
         raise ValueError(f"gka launch setting global_solve_warps must be 1, 2, 4 or 8, got {cfg['solve_warps']}")
-    for name in ("prefetch", "prefetch_bwd", "split"):
+    if cfg["packed"] and max(K, V) > 32:
+        raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
+    for name in ("prefetch", "prefetch_bwd", "split", "packed"):
         if cfg[name] not in (True, False):
             raise ValueError(f"gka launch setting global_{name} must be True or False, got {cfg[name]!r}")
     return cfg
@@ -120,12 +127,12 @@ class GlobalPlan:
         reload = bool(cfg["reload"])
         common = {"K": K, "V": V, "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
                   "RELOAD": reload, "LP": low, "PASSES": cfg["passes"], "PREC": prec, "SPREC": sprec,
-                  "EMU": interpreted}
+                  "EMU": interpreted, "PACKED": bool(cfg["packed"])}
         # the forward writes the state when a backward follows, as the read-out's operands (RELOAD), or to pass it
         # between its launches (split)
         split = bool(cfg["split"])
         self.save = save
-        self.states_shape = (B * H, state_words(K, V, reload)) if save or reload or split else None
+        self.states_shape = (B * H, state_words(K, V, reload, bool(cfg["packed"]))) if save or reload or split else None
         self.scratch_shape = (B * H, K * K + V * K) if reload else None
         # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
         self.dummy = torch.empty(1, device=device, dtype=torch.float32)
@@ -137,7 +144,8 @@ class GlobalPlan:
         self.solve = self.read_out = None
         if split:
             self.solve = DirectLaunch(gka_global_solve_kernel, (B * H,), (),
-                                      {**solve, "K": K, "V": V, "RELOAD": reload, "SPREC": sprec, "EMU": interpreted},
+                                      {**solve, "K": K, "V": V, "RELOAD": reload, "SPREC": sprec, "EMU": interpreted,
+                                       "PACKED": common["PACKED"]},
                                       launch_options(cfg["solve_warps"], num_stages=1))
             self.read_out = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 2}, options)
         self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H),
@@ -150,10 +158,10 @@ class GlobalPlan:
 _PLANS = tuning.PlanCache()
 
 
-def state_words(K: int, V: int, reload: bool) -> int:
+def state_words(K: int, V: int, reload: bool, packed: bool) -> int:
     """fp32 words of one (batch, head)'s saved state (the kernels' ``_state_blocks``): H and M (symmetric; the upper
-    triangle packed for K ≤ 32), Uᵀ, and R only where the read-out re-reads it."""
-    symmetric = K * (K + 1) // 2 if K <= 32 else K * K
+    triangle only when ``packed``), Uᵀ, and R only where the read-out re-reads it."""
+    symmetric = K * (K + 1) // 2 if packed else K * K
     return 2 * symmetric + (2 if reload else 1) * K * V
 
 

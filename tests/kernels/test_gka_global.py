@@ -193,6 +193,18 @@ def test_interpreter_split_forward(triton_interpreter, poison_outputs, solver):
         check(low, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (16, 32)])
+def test_interpreter_packed_state(triton_interpreter, poison_outputs, K, V):
+    # H and M saved as packed upper triangles (global_packed), with the fused and the split forward
+    tensors = make_inputs(2, 19, 2, K, V, use_beta=K == V, seed=50 + K + V)
+    for split in (False, True):
+        with launch_overrides("gka", global_packed=True, global_split=split, global_block_t=16):
+            check(tensors)
+    low = make_inputs(1, 41, 2, K, V, dtype=torch.bfloat16, seed=60 + K + V)
+    with launch_overrides("gka", global_packed=True):
+        check(low, fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -246,6 +258,9 @@ def test_launch_override_names(triton_interpreter):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
     with launch_overrides("gka", global_split="no"), pytest.raises(ValueError, match="global_split"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
+    wide = make_inputs(1, 8, 1, 64, 16)
+    with launch_overrides("gka", global_packed=True), pytest.raises(ValueError, match="global_packed"):
+        gka(*wide[:3], None, *wide[3:], causal=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
