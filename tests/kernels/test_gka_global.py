@@ -205,6 +205,13 @@ def test_interpreter_packed_state(triton_interpreter, poison_outputs, K, V):
         check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
+def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
+    # the split forward where it is meant to be used (64-wide heads), fp32 (its fp64 solve) and bf16
+    with launch_overrides("gka", global_split=True):
+        check(make_inputs(1, 23, 2, 64, 64, seed=70))
+        check(make_inputs(1, 23, 1, 64, 16, dtype=torch.bfloat16, seed=71), fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -303,6 +310,23 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
     for reload in (False, True):
         with launch_overrides("gka", global_passes=passes, global_reload=reload):
             check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,settings", [
+    ((256, 49, 20, 16, 16), {"global_packed": True}),
+    ((64, 196, 10, 16, 16), {"global_packed": True, "global_split": True, "global_solve_warps": 1}),
+    ((64, 197, 6, 64, 64), {"global_split": True}),
+    ((64, 197, 6, 64, 64), {"global_split": True, "global_solve_warps": 1, "global_block_t": 32}),
+], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32"])
+def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
+    # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
+    # forward's fp64 solve
+    tensors = make_inputs(*shape, device="cuda", dtype=torch.bfloat16, seed=shape[1] + shape[3])
+    with launch_overrides("gka", **settings):
+        check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
+        if "global_split" in settings:
+            check(make_inputs(2, 65, 3, shape[3], shape[4], device="cuda", seed=3), reference=_closed)
 
 
 @pytest.mark.cuda
