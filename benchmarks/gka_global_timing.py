@@ -8,7 +8,7 @@ one bf16 product pass against two (``global_passes``): the relative error of o a
 float64 closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the
 fwd+bwd GPU time of each (CUDA graph, best of three interleaved rounds).
 
-    python benchmarks/gka_global_timing.py [--sweep] [--precision] [--out DIR]
+    python benchmarks/gka_global_timing.py [--quick] [--sweep] [--precision] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ DEVICE = "cuda"
 # (name, B, T, H, D, target fwd+bwd ratio to SDPA)
 SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
 SWEEP = {
-    16: [{}, {"global_block_t": 32, "global_max_registers_bwd": None}, {"global_max_registers_bwd": None},
-         {"global_max_registers_bwd": 168}, {"global_block_t_bwd": 16}, {"global_num_warps_bwd": 2},
-         {"global_block_t": 64, "global_block_t_bwd": 64, "global_num_warps": 2, "global_num_warps_bwd": 2},
-         {"global_passes": 1}, {"global_num_stages": 1}],
-    64: [{}, {"global_block_t": 32}, {"global_reload": True}, {"global_passes": 1},
-         {"global_num_warps": 8, "global_num_warps_bwd": 8}],
+    16: [{}, {"global_packed": True}, {"global_prefetch": False, "global_prefetch_bwd": False},
+         {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}],
+    64: [{}, {"global_split": True}, {"global_split": True, "global_solve_warps": 1},
+         {"global_split": True, "global_solve_warps": 4}, {"global_split": True, "global_block_t": 32}],
 }
 
 
@@ -85,13 +83,14 @@ def timed(fn, graph: bool) -> float:
     return time_fn(fn, warmup=10, repeats=50, cuda_graph=graph).median_ms
 
 
-def main_table(rows: list[dict]) -> None:
+def main_table(rows: list[dict], quick: bool = False) -> None:
+    """Every mode eager and from a CUDA graph; ``quick``: the forward and fwd+bwd from CUDA graphs only."""
     for name, B, T, H, D, target in SHAPES:
         shape = f"B{B} T{T} H{H} D{D}"
         impls = steps(B, T, H, D)
         for mode in ("fwd", "inference", "fwd+bwd", "fwd+bwd entry"):
             for graph in (False, True):
-                if mode == "fwd+bwd entry" and graph:
+                if (mode == "fwd+bwd entry" and graph) or (quick and (not graph or mode == "inference")):
                     continue
                 ms = {impl: timed(fns[mode if mode in fns else "fwd+bwd"], graph) for impl, fns in impls.items()}
                 ratio = ms["gka"] / ms["sdpa"]
@@ -195,6 +194,7 @@ def main() -> None:
     parser.add_argument("--precision", action="store_true", help="one bf16 product pass against two: error and time")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
                         "benchmarks/results)")
+    parser.add_argument("--quick", action="store_true", help="main table: forward and fwd+bwd, CUDA graphs only")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
     args = parser.parse_args()
     start = time.time()
@@ -204,7 +204,7 @@ def main() -> None:
     if args.precision:
         precision(rows)
     else:
-        main_table(rows)
+        main_table(rows, quick=args.quick)
     save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
     if args.sweep:
         sweep(rows, start + args.budget)

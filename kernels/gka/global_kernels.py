@@ -33,8 +33,9 @@ gradient contractions cancel large entries of M (e.g. k·M k when the keys span 
 into ~1e-4 relative errors of dβ and dk for fp32 inputs; ``F64`` sweeps in fp64 and rounds M once (fp32 inputs
 only: for bf16 inputs the error is far below the output's rounding).
 
-The forward stores H, M, Uᵀ and R = D (P when α ≡ 1) (fp32 K×K, K×K, K×V, K×V blocks per (batch, head)) when a
-backward will follow; the backward reads them instead of re-reading k and v and solving again.
+The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
+triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
+recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel"]
+__all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
 
 
 @triton.jit
@@ -135,6 +136,24 @@ def _load_gate(base, t, mask, H, HAS: tl.constexpr):
 
 
 @triton.jit
+def _token_tile(x_base, g_base, start, T, H, N: tl.constexpr, BT: tl.constexpr, HAS_GATE: tl.constexpr,
+                LP: tl.constexpr):
+    """The (BT, N) tile and the gate of tokens start … start + BT − 1 (0 past T, where nothing is read)."""
+    t = start + tl.arange(0, BT)
+    mask = t < T
+    return _load_tile(x_base, t, mask, H * N, N, LP), _load_gate(g_base, t, mask, H, HAS_GATE)
+
+
+@triton.jit
+def _token_tiles(x_base, y_base, g_base, start, T, H, NX: tl.constexpr, NY: tl.constexpr, BT: tl.constexpr,
+                 HAS_GATE: tl.constexpr, LP: tl.constexpr):
+    """Two token tiles and the gate (:func:`_token_tile`)."""
+    x, g = _token_tile(x_base, g_base, start, T, H, NX, BT, HAS_GATE, LP)
+    t = start + tl.arange(0, BT)
+    return x, _load_tile(y_base, t, t < T, H * NY, NY, LP), g
+
+
+@triton.jit
 def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr, LP: tl.constexpr,
              PASSES: tl.constexpr):
     """An (R, C) fp32 matrix at ``ptr`` (strides SR, SC; transposed reads are free) as the split operand of
@@ -149,17 +168,24 @@ def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.con
 
 @triton.jit
 def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                HAS_BETA: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
-    """H = Σ β k kᵀ (symmetrised) and Uᵀ = Σ β k vᵀ over the whole sequence, fp32."""
+                HAS_BETA: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """H = Σ β k kᵀ (symmetrised) and Uᵀ = Σ β k vᵀ over the whole sequence, fp32. PREFETCH: each step loads the
+    next tile before it works on the current one (the loads are not pipelined otherwise)."""
     Hs = tl.zeros([K, K], tl.float32)
     Us = tl.zeros([K, V], tl.float32)
+    if PREFETCH:
+        kn, vn, bn = _token_tiles(k_base, v_base, b_base, 0, T, H, K, V, BT, HAS_BETA, LP)
     for start in range(0, T, BT):
-        t = start + tl.arange(0, BT)
-        mask = t < T
-        kc = _load_tile(k_base, t, mask, H * K, K, LP)
-        vc = _load_tile(v_base, t, mask, H * V, V, LP)
+        if PREFETCH:
+            kc, vc, b = kn, vn, bn
+            kn, vn, bn = _token_tiles(k_base, v_base, b_base, start + BT, T, H, K, V, BT, HAS_BETA, LP)
+        else:
+            t = start + tl.arange(0, BT)
+            kc = _load_tile(k_base, t, t < T, H * K, K, LP)
+            vc = _load_tile(v_base, t, t < T, H * V, V, LP)
+            b = _load_gate(b_base, t, t < T, H, HAS_BETA)
         if HAS_BETA:
-            b = _load_gate(b_base, t, mask, H, True)
             kw = tl.trans(kc.to(tl.float32) * b[:, None])
             Hs = _dot_exact_b(kw, kc, Hs, tl.bfloat16, LP, 2, PREC, EMU)
             Us = _dot_exact_b(kw, vc, Us, tl.bfloat16, LP, 2, PREC, EMU)
@@ -176,22 +202,27 @@ def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, 
 
 
 @triton.jit
-def _sweep_inverse(A, K: tl.constexpr):
-    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here): K Gauss–Jordan sweeps in place, no pivoting.
+def _sweep_inverse(A, scale, K: tl.constexpr):
+    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here) whose diagonal entries are at most ``scale``:
+    K Gauss–Jordan sweeps of B = A / scale, no pivoting, one rank-1 update each.
 
-    Sweeping pivot j maps a_jj → −1/a_jj, a_ij → a_ij/a_jj and a_ji → a_ji/a_jj (i ≠ j), and every other entry
-    a_il → a_il − a_ij a_jl / a_jj; after all K pivots the tile holds −A⁻¹. The sweep keeps the tile symmetric, so
-    pivot row j is read once and used as column j too."""
+    Sweeping pivot j with d = b_jj maps b_jj → −1/d, b_ij and b_ji → b_ij/d (i ≠ j) and every other entry
+    b_il → b_il − b_ij b_jl / d; after all K pivots the tile holds −B⁻¹. For a symmetric tile that map is
+    B − a aᵀ − 2 e_j e_jᵀ with a = (b_:j − e_j)/√d (d > 0: B stays positive definite on the pivots not swept yet).
+    The −2 on b_jj is left out: no later pivot reads b_jj (they read their own column, whose entry j is off the
+    diagonal), so after all K pivots B⁻¹ = 2I − B. Each step is one column reduction (within a warp) and one
+    update of one fused multiply–add per entry; the tile stays exactly symmetric (a_i a_l = a_l a_i). The scaling
+    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end."""
     offs = tl.arange(0, K)
+    inv_scale = 1.0 / scale
+    B = A * inv_scale
     for j in range(K):
-        r = tl.sum(tl.where(offs[:, None] == j, A, 0.0), 0)            # row j = column j
-        inv_d = 1.0 / tl.sum(tl.where(offs == j, r, 0.0), 0)            # 1 / a_jj
-        c = tl.where(offs == j, 0.0, r)
-        s = c * inv_d
-        pivot = tl.where(offs == j, -inv_d, s)                          # the new row / column j
-        A = A - c[:, None] * s[None, :]
-        A = tl.where(offs[:, None] == j, pivot[None, :], tl.where(offs[None, :] == j, pivot[:, None], A))
-    return -0.5 * (A + tl.trans(A))
+        col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
+        unit = tl.where(offs == j, 1.0, 0.0)
+        d = tl.sum(col * unit, 0)
+        a = (col - unit) * (1.0 / tl.sqrt(d))
+        B -= a[:, None] * a[None, :]
+    return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
 
 
 @triton.jit
@@ -225,19 +256,58 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
     A = tl.where(offs[:, None] == offs[None, :], Hs + lam, Hs)
     if SOLVER == 0:
         if F64:
-            M = _sweep_inverse(A.to(tl.float64), K).to(tl.float32)
+            M = _sweep_inverse(A.to(tl.float64), (F + lam).to(tl.float64), K).to(tl.float32)
         else:
-            M = _sweep_inverse(A, K)
+            M = _sweep_inverse(A, F + lam, K)
     else:
         M = _chebyshev_inverse(A, lam, F, K, NUM_ITERS, SPREC, EMU)
     return M
 
 
 @triton.jit
-def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr):
-    """Where this (batch, head)'s saved H, M (K×K), Uᵀ and D (K×V, row-major) start: one block after another."""
-    base = states + i_bh * (2 * K * K + 2 * K * V)
-    return base, base + K * K, base + 2 * K * K, base + 2 * K * K + K * V
+def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr, PACKED: tl.constexpr):
+    """Where this (batch, head)'s saved H, M (symmetric K×K: :func:`_store_symmetric`), Uᵀ and, with RELOAD only, R
+    (K×V, row-major) start: one block after another (the host's ``state_words``)."""
+    if PACKED:
+        base = states + i_bh * (K * (K + 1) + (2 if RELOAD else 1) * K * V)
+        p_m = base + K * (K + 1) // 2
+        p_u = base + K * (K + 1)
+    else:
+        base = states + i_bh * (2 * K * K + (2 if RELOAD else 1) * K * V)
+        p_m = base + K * K
+        p_u = base + 2 * K * K
+    return base, p_m, p_u, p_u + K * V
+
+
+@triton.jit
+def _packed_index(K: tl.constexpr):
+    """(K, K) offsets of entry (i, j) in the row-major packed upper triangle (entry (min, max) for both halves)."""
+    i = tl.arange(0, K)[:, None]
+    j = tl.arange(0, K)[None, :]
+    lo = tl.minimum(i, j)
+    return lo * K - (lo * (lo - 1)) // 2 + (tl.maximum(i, j) - lo), i <= j
+
+
+@triton.jit
+def _store_symmetric(ptr, x, K: tl.constexpr, PACKED: tl.constexpr):
+    """Stores the symmetric (K, K) ``x``: PACKED, its upper triangle (K(K+1)/2 words; for narrow heads, whose index
+    tiles are small: at K = 64 the index tile held from the backward's first use to its last costs spills), else
+    row-major."""
+    if PACKED:
+        index, upper = _packed_index(K)
+        tl.store(ptr + index, x, mask=upper)
+    else:
+        _store_matrix(ptr, x, K, K)
+
+
+@triton.jit
+def _load_symmetric(ptr, K: tl.constexpr, PACKED: tl.constexpr):
+    if PACKED:
+        index, _ = _packed_index(K)
+        x = tl.load(ptr + index)
+    else:
+        x = tl.load(ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+    return x
 
 
 @triton.jit
@@ -253,76 +323,134 @@ def _sequence(i_bh, T, H, K: tl.constexpr, V: tl.constexpr):
     return row0 * K, row0 * V, row0
 
 
-@triton.jit(do_not_specialize=["T", "H"])
-def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
-                          HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                          F64: tl.constexpr, EPS: tl.constexpr):
-    """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
-
-    The state block R is D (with α) or P (without). RELOAD (wide heads): the read-out's K×V operands are stored with
-    the state and re-read per token tile instead of held through the loop (registers / shared memory)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU)
-    M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
-    R = _state_dot(M, Us, SPREC, EMU)                                      # P = M Uᵀ
-    if HAS_ALPHA:
-        R -= Us                                                             # D = P − Uᵀ
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
-    if SAVE or RELOAD:
-        _store_matrix(p_h, Hs, K, K)
-        _store_matrix(p_m, M, K, K)
-        _store_matrix(p_u, Us, K, V)
-        _store_matrix(p_r, R, K, V)
+@triton.jit
+def _read_out(q_base, a_base, o_base, p_u, p_r, Us, R, qn, an, T, H, K: tl.constexpr, V: tl.constexpr,
+              BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
+              PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
+    """O = Q Uᵀ + α ⊙ (Q R) (α ≡ 1: O = Q R) per token tile; RELOAD: Uᵀ and R re-read per tile from the state.
+    PREFETCH: ``qn, an`` are the first tiles and each step loads the next one before it works on the current one."""
     if RELOAD:
-        tl.debug_barrier()                                                  # the stores above, seen by all warps
+        tl.debug_barrier()                                                  # the state stores, seen by all warps
     elif LP:
         U_hi, U_lo = _split(Us, tl.bfloat16, PASSES)
         R_hi, R_lo = _split(R, tl.bfloat16, PASSES)
     else:
         U_hi, U_lo, R_hi, R_lo = Us, Us, R, R
-    q_base = q + off_k
-    o_base = o + off_v
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        qc = _load_tile(q_base, t, mask, H * K, K, LP)
+        if PREFETCH:
+            qc, a = qn, an
+            qn, an = _token_tile(q_base, a_base, start + BT, T, H, K, BT, HAS_ALPHA, LP)
+        else:
+            qc = _load_tile(q_base, t, mask, H * K, K, LP)
         if RELOAD:
             R_hi, R_lo = _operand(p_r, K, V, V, 1, LP, PASSES)
         out = _dot_exact_a(qc, R_hi, R_lo, LP, PASSES, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
                 U_hi, U_lo = _operand(p_u, K, V, V, 1, LP, PASSES)
-            a = _load_gate(alpha + off_g, t, mask, H, True)
+            if not PREFETCH:
+                a = _load_gate(a_base, t, mask, H, True)
             out = _dot_exact_a(qc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * out
-        tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o.dtype.element_ty), mask=mask[:, None])
+        tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o_base.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit(do_not_specialize=["T", "H"])
+def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
+                          BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
+                          HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
+                          PACKED: tl.constexpr):
+    """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
+    PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
+    latency hidden behind them and the solve).
+
+    PHASE 0 does all of it; split in three launches (wide heads: the solve's serial steps then run on programs that
+    hold only the K×K tile, many to an SM, instead of the few that fit with the token passes' registers), PHASE 1 stores
+    H and Uᵀ, :func:`gka_global_solve_kernel` M, and PHASE 2 reads M and Uᵀ back for the read-out.
+
+    The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
+    K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
+    the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
+    q_base = q + off_k
+    a_base = alpha + off_g
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
+    qn, an = 0.0, 0.0                                                       # the read-out's first tiles (PREFETCH)
+    if PREFETCH and PHASE != 1:
+        qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
+    if PHASE == 2:
+        M = _load_symmetric(p_m, K, PACKED)
+        Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
+    else:
+        Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
+    if PHASE == 1:
+        _store_symmetric(p_h, Hs, K, PACKED)
+        _store_matrix(p_u, Us, K, V)
+    else:
+        if PHASE == 0:
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+            if SAVE or RELOAD:
+                _store_symmetric(p_h, Hs, K, PACKED)
+                _store_symmetric(p_m, M, K, PACKED)
+                _store_matrix(p_u, Us, K, V)
+        R = _state_dot(M, Us, SPREC, EMU)                                  # P = M Uᵀ
+        if HAS_ALPHA:
+            R -= Us                                                         # D = P − Uᵀ
+        if RELOAD:
+            _store_matrix(p_r, R, K, V)                                     # the backward recomputes it otherwise
+        _read_out(q_base, a_base, o + off_v, p_u, p_r, Us, R, qn, an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES,
+                  PREC, EMU, PREFETCH)
 
 
 @triton.jit
-def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, T, H, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
+                            NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr):
+    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
+    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
+    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+    _store_symmetric(p_m, M, K, PACKED)
+
+
+@triton.jit
+def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, dOn, an, T, H, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dq = dO U + α ⊙ (dO Dᵀ) (α ≡ 1: dO Pᵀ) and dα_t = q_t·(D do_t) for every token; returns G₀ = Σ do qᵀ and
-    G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U, Dᵀ, Pᵀ are read transposed from the K×V state blocks."""
+    G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U and Dᵀ / Pᵀ come from the K×V ``Us`` and ``R``, or with RELOAD
+    are read transposed from the K×V state blocks per token tile. PREFETCH: ``qn, dOn, an`` are the first tiles (read
+    by the caller) and each step loads the next one before it works on the current one."""
     if not RELOAD:
-        R_hi, R_lo = _operand(p_r, V, K, 1, V, LP, PASSES)
-        U_hi, U_lo = _operand(p_u, V, K, 1, V, LP, PASSES)
+        if LP:
+            R_hi, R_lo = _split(tl.trans(R), tl.bfloat16, PASSES)
+            U_hi, U_lo = _split(tl.trans(Us), tl.bfloat16, PASSES)
+        else:
+            R_hi = tl.trans(R)
+            U_hi = tl.trans(Us)
+            R_lo, U_lo = R_hi, U_hi
     G0 = tl.zeros([V, K], tl.float32)
     G1 = tl.zeros([V, K], tl.float32)
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        qc = _load_tile(q_base, t, mask, H * K, K, LP)
-        dOc = _load_tile(do_base, t, mask, H * V, V, LP)
+        if PREFETCH:
+            qc, dOc, a = qn, dOn, an
+            qn, dOn, an = _token_tiles(q_base, do_base, a_base, start + BT, T, H, K, V, BT, HAS_ALPHA, LP)
+        else:
+            qc = _load_tile(q_base, t, mask, H * K, K, LP)
+            dOc = _load_tile(do_base, t, mask, H * V, V, LP)
         if RELOAD:
             R_hi, R_lo = _operand(p_r, V, K, 1, V, LP, PASSES)
         grad = _dot_exact_a(dOc, R_hi, R_lo, LP, PASSES, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
                 U_hi, U_lo = _operand(p_u, V, K, 1, V, LP, PASSES)
-            a = _load_gate(a_base, t, mask, H, True)
+            if not PREFETCH:
+                a = _load_gate(a_base, t, mask, H, True)
             tl.store(da_base + t * H, tl.sum(qc.to(tl.float32) * grad, 1), mask=mask)
             grad = _dot_exact_a(dOc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * grad
             G1 = _dot_exact_b(tl.trans(dOc.to(tl.float32) * a[:, None]), qc, G1, tl.bfloat16, LP, PASSES, PREC,
@@ -339,20 +467,23 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, T, H, K: tl
 
 @triton.jit
 def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                     SPREC: tl.constexpr, EMU: tl.constexpr):
-    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state."""
+                     RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PACKED: tl.constexpr):
+    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is recomputed
+    (RELOAD: read), not held through the query-side pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
-    kk = offs_k[:, None] * K + offs_k[None, :]
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
-    M = tl.load(p_m + kk)
+    M = _load_symmetric(p_m, K, PACKED)
+    if RELOAD:
+        P = tl.load(p_r + kv)
+        if HAS_ALPHA:
+            P += tl.load(p_u + kv)
+    else:
+        P = _state_dot(M, tl.load(p_u + kv), SPREC, EMU)
     dU = G0 + _state_dot(G1, tl.where(eye, M - 1.0, M), SPREC, EMU)
-    P = tl.load(p_r + kv)
-    if HAS_ALPHA:
-        P += tl.load(p_u + kv)
     W = _state_dot(_state_dot(P, G1, SPREC, EMU), M, SPREC, EMU)                    # Σ_t y_t x_tᵀ
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
-    Hs = tl.load(p_h + kk)
+    Hs = _load_symmetric(p_h, K, PACKED)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     # λ = ridge·(F + EPS): dλ = −tr W reaches H through ∂F/∂H = H/F (taken as 0 at F = 0, as autograd does)
     coef = tl.where(F > 0, 2.0 * ridge * trace / tl.where(F > 0, F, 1.0), 0.0)
@@ -361,11 +492,12 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
-def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, T, H, K: tl.constexpr,
-              V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-              PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, T, H,
+              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr,
+              LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dk = β ⊙ (K S + V dU), dv = β ⊙ (K dUᵀ), dβ_t = k_t·(½ S k_t + dUᵀ v_t) for every token. RELOAD: S and dU
-    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``."""
+    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. PREFETCH: as in
+    :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
     if not RELOAD:
         dUt = tl.trans(dU)
         if LP:
@@ -377,9 +509,11 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
     for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
-        kc = _load_tile(k_base, t, mask, H * K, K, LP)
-        vc = _load_tile(v_base, t, mask, H * V, V, LP)
-        b = _load_gate(b_base, t, mask, H, HAS_BETA)
+        if PREFETCH:
+            kc, vc, b = kn, vn, bn
+            kn, vn, bn = _token_tiles(k_base, v_base, b_base, start + BT, T, H, K, V, BT, HAS_BETA, LP)
+        else:
+            kc, vc, b = _token_tiles(k_base, v_base, b_base, start, T, H, K, V, BT, HAS_BETA, LP)
         if RELOAD:
             S_hi, S_lo = _operand(p_s, K, K, K, 1, LP, PASSES)
             dU_hi, dU_lo = _operand(p_du, V, K, K, 1, LP, PASSES)
@@ -399,20 +533,38 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
 def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv, dbeta, dalpha, ridge, T, H,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
-                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
+                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
+                          PACKED: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
-    RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two."""
+    RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
+    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V)
-    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, T, H, K, V, BT,
-                         HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU)
-    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, SPREC, EMU)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
+    qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
+    if PREFETCH:
+        qn, dOn, an = _token_tiles(q + off_k, do + off_v, alpha + off_g, 0, T, H, K, V, BT, HAS_ALPHA, LP)
+    if RELOAD:
+        # wide heads: the query-side pass re-reads its operands per token tile
+        Us = tl.zeros([K, V], tl.float32)
+        R = Us
+    else:
+        # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
+        Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
+        R = _state_dot(_load_symmetric(p_m, K, PACKED), Us, SPREC, EMU)
+        if HAS_ALPHA:
+            R -= Us
+    G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
+                         an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+    kn, vn, bn = 0.0, 0.0, 0.0
+    if PREFETCH:
+        kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
+    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU, PACKED)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K
     if RELOAD:
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)
         tl.debug_barrier()
-    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, T, H, K, V,
-              BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU)
+    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn, bn,
+              T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)

@@ -20,7 +20,17 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   bf16: 2.1–2.4e-3; ``benchmarks/gka_global_timing.py --precision``), but on gradients that are cancelling sums over
   the tokens (the layer's β bias) it loses up to 2.7× more than the same layer composed of plain bf16 ops, so it
   stays an opt-in;
-* ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads).
+* ``global_reload`` — re-read the loops' K×V / K×K operands per token tile instead of holding them (wide heads);
+* ``global_prefetch`` / ``global_prefetch_bwd`` — the forward's / backward's token loops load one tile ahead and each
+  pass's first tile is read before the work that precedes it (Triton does not pipeline these loads itself); for heads
+  up to 32 wide, whose tiles take few registers;
+* ``global_split`` — the forward in three launches (statistics; the K×K solve on programs of
+  ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: meant for 64-wide
+  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
+  default: not yet timed on a GPU (the sweep of benchmarks/gka_global_timing.py times it);
+* ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
+  heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
+  (wider ones spill on the index tile); off by default: not yet timed on a GPU.
 """
 
 from __future__ import annotations
@@ -29,14 +39,15 @@ import torch
 
 from .. import tuning
 from ..utils import DirectLaunch, aligned16, empty_output_like, launch_options
-from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel
+from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel, gka_global_solve_kernel
 from .naive import EPS
 
 __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
-          "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload")
+          "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
+          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -53,6 +64,8 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
+           "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
+           "packed": False,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -62,8 +75,10 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         # registers: the forward in 16-token tiles (86 registers, 23 programs per SM, against 128 and 16) takes
         # 0.052 ms at T196 against 0.058 (no change at T49); the backward keeps 32-token tiles (16: 1.17x, more
         # loop steps) and at T196 is capped at 176 registers (11 programs per SM against 9, no spills at sm_90a;
-        # fwd+bwd 0.121 against 0.127 ms), while at T49 the cap cost 1.06x
-        cfg.update(block_t=16, block_t_bwd=32, num_warps=1, max_registers_bwd=176 if T > 64 else None)
+        # fwd+bwd 0.121 against 0.127 ms), while at T49 the cap cost 1.06x. With the loads one tile ahead
+        # (``prefetch``, same run): 0.106 / 0.080 ms, the backward then uncapped (capped at 176 it spills: 0.106 /
+        # 0.115 without its prefetch)
+        cfg.update(block_t=16, block_t_bwd=32, num_warps=1)
     if full and width <= 32:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
@@ -72,6 +87,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
     cfg.setdefault("block_t_bwd", cfg["block_t"])
+    cfg.setdefault("prefetch_bwd", cfg["prefetch"])
     cfg["num_warps_bwd"] = cfg["num_warps"]
     forced = {name: value for name, value in tuning.overrides("gka").items() if name.startswith(_PREFIX)}
     if forced:
@@ -82,13 +98,20 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
             raise ValueError(f"gka launch setting global_{name} must be 16, 32, 64 or 128, got {cfg[name]}")
     if cfg["passes"] not in (1, 2):
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
+    if cfg["solve_warps"] not in (1, 2, 4, 8):
+        raise ValueError(f"gka launch setting global_solve_warps must be 1, 2, 4 or 8, got {cfg['solve_warps']}")
+    if cfg["packed"] and max(K, V) > 32:
+        raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
+    for name in ("prefetch", "prefetch_bwd", "split", "packed"):
+        if cfg[name] not in (True, False):
+            raise ValueError(f"gka launch setting global_{name} must be True or False, got {cfg[name]!r}")
     return cfg
 
 
 class GlobalPlan:
     """Everything about one problem's launches that does not change from call to call."""
 
-    __slots__ = ("fwd", "bwd", "states_shape", "scratch_shape", "dummy", "save")
+    __slots__ = ("fwd", "bwd", "solve", "read_out", "states_shape", "scratch_shape", "dummy", "save")
 
     def __init__(self, B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype, v_dtype: torch.dtype,
                  device: torch.device, has_beta: bool, has_alpha: bool, solver: str, num_iters: int, save: bool):
@@ -104,25 +127,42 @@ class GlobalPlan:
         reload = bool(cfg["reload"])
         common = {"K": K, "V": V, "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
                   "RELOAD": reload, "LP": low, "PASSES": cfg["passes"], "PREC": prec, "SPREC": sprec,
-                  "EMU": interpreted}
-        # the forward writes the state when a backward follows, or as the read-out's operands (RELOAD)
+                  "EMU": interpreted, "PACKED": bool(cfg["packed"])}
+        # the forward writes the state when a backward follows, as the read-out's operands (RELOAD), or to pass it
+        # between its launches (split)
+        split = bool(cfg["split"])
         self.save = save
-        self.states_shape = (B * H, 2 * K * K + 2 * K * V) if save or reload else None
+        self.states_shape = (B * H, state_words(K, V, reload, bool(cfg["packed"]))) if save or reload or split else None
         self.scratch_shape = (B * H, K * K + V * K) if reload else None
         # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
         self.dummy = torch.empty(1, device=device, dtype=torch.float32)
-        self.fwd = DirectLaunch(
-            gka_global_fwd_kernel, (B * H,), (T, H),
-            {**{n: c for n, c in common.items() if n != "RELOAD"}, "BT": cfg["block_t"], "SOLVER": _SOLVER_IDS[solver],
-             "NUM_ITERS": num_iters, "SAVE": save, "RELOAD": reload, "F64": full, "EPS": EPS},
-            launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"]))
-        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**common, "BT": cfg["block_t_bwd"]},
+        solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS}
+        fwd = {**{n: c for n, c in common.items() if n != "RELOAD"}, **solve, "BT": cfg["block_t"], "SAVE": save,
+               "RELOAD": reload, "PREFETCH": bool(cfg["prefetch"])}
+        options = launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"])
+        self.fwd = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 1 if split else 0}, options)
+        self.solve = self.read_out = None
+        if split:
+            self.solve = DirectLaunch(gka_global_solve_kernel, (B * H,), (),
+                                      {**solve, "K": K, "V": V, "RELOAD": reload, "SPREC": sprec, "EMU": interpreted,
+                                       "PACKED": common["PACKED"]},
+                                      launch_options(cfg["solve_warps"], num_stages=1))
+            self.read_out = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 2}, options)
+        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H),
+                                {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"])},
                                 launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
                                                max_registers=cfg["max_registers_bwd"])
                                 ) if save else None
 
 
 _PLANS = tuning.PlanCache()
+
+
+def state_words(K: int, V: int, reload: bool, packed: bool) -> int:
+    """fp32 words of one (batch, head)'s saved state (the kernels' ``_state_blocks``): H and M (symmetric; the upper
+    triangle only when ``packed``), Uᵀ, and R only where the read-out re-reads it."""
+    symmetric = K * (K + 1) // 2 if packed else K * K
+    return 2 * symmetric + (2 if reload else 1) * K * V
 
 
 def global_plan(q, v, beta, alpha, solver: str, num_iters: int, save: bool) -> GlobalPlan:
@@ -148,8 +188,12 @@ def global_fwd(plan: GlobalPlan, q, k, v, beta, alpha, ridge: float):
     o = empty_output_like(v)
     shape = plan.states_shape
     states = dummy if shape is None else torch.empty(shape, device=q.device, dtype=torch.float32)
-    plan.fwd(aligned16(q, k, v, beta, alpha), q, k, v, dummy if beta is None else beta,
-             dummy if alpha is None else alpha, o, states, ridge)
+    aligned = aligned16(q, k, v, beta, alpha)
+    args = (q, k, v, dummy if beta is None else beta, dummy if alpha is None else alpha, o, states, ridge)
+    plan.fwd(aligned, *args)
+    if plan.solve is not None:
+        plan.solve(aligned, states, ridge)
+        plan.read_out(aligned, *args)
     return o, (states if plan.save else None)
 
 

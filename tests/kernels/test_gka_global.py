@@ -162,6 +162,56 @@ def test_interpreter_forward_and_backward_tiles_apart(triton_interpreter, poison
     check(make_inputs(1, 67, 2, 16, 16, dtype=torch.bfloat16, seed=13), fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("T", [5, 32, 49])
+def test_interpreter_prefetch(triton_interpreter, poison_outputs, T):
+    # the token loops with and without the tile loaded one step ahead (on by default for narrow heads), forward and
+    # backward apart; T = 32: the last prefetch reads past the sequence (masked), T = 5: one partial tile
+    tensors = make_inputs(1, T, 2, 16, 32, use_beta=T != 32, seed=20 + T)
+    for fwd, bwd in ((False, False), (True, False), (False, True)):
+        with launch_overrides("gka", global_prefetch=fwd, global_prefetch_bwd=bwd, global_block_t=16,
+                              global_block_t_bwd=16):
+            check(tensors)
+    low = make_inputs(1, T, 2, 16, 16, dtype=torch.bfloat16, seed=30 + T)
+    with launch_overrides("gka", global_prefetch=True, global_prefetch_bwd=True, global_block_t=16):
+        check(low, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.parametrize("solver", ["direct", "chebyshev"])
+def test_interpreter_split_forward(triton_interpreter, poison_outputs, solver):
+    # the forward in three launches (statistics, solve, read-out; the default for 64-wide heads) at narrow widths,
+    # with and without the gradient (inference allocates the state only to pass it between the launches)
+    tensors = make_inputs(1, 37, 2, 16, 32, dtype=torch.float32, seed=41)
+    grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
+    with launch_overrides("gka", global_split=True, global_solve_warps=1, global_block_t=16):
+        check(tensors, solver=solver, grad_reference=grad_reference)
+        with torch.no_grad():
+            out = gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver)
+    assert_close(out, gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver).detach(), tol=1e-6,
+                 name="split vs fused")
+    low = make_inputs(1, 21, 2, 32, 16, dtype=torch.bfloat16, use_alpha=False, seed=42)
+    with launch_overrides("gka", global_split=True, global_prefetch=True, global_block_t=16):
+        check(low, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (16, 32)])
+def test_interpreter_packed_state(triton_interpreter, poison_outputs, K, V):
+    # H and M saved as packed upper triangles (global_packed), with the fused and the split forward
+    tensors = make_inputs(2, 19, 2, K, V, use_beta=K == V, seed=50 + K + V)
+    for split in (False, True):
+        with launch_overrides("gka", global_packed=True, global_split=split, global_block_t=16):
+            check(tensors)
+    low = make_inputs(1, 41, 2, K, V, dtype=torch.bfloat16, seed=60 + K + V)
+    with launch_overrides("gka", global_packed=True):
+        check(low, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
+    # the split forward where it is meant to be used (64-wide heads), fp32 (its fp64 solve) and bf16
+    with launch_overrides("gka", global_split=True):
+        check(make_inputs(1, 23, 2, 64, 64, seed=70))
+        check(make_inputs(1, 23, 1, 64, 16, dtype=torch.bfloat16, seed=71), fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -207,6 +257,17 @@ def test_launch_override_names(triton_interpreter):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
     with launch_overrides("gka", global_block_t_bwd=8), pytest.raises(ValueError, match="global_block_t_bwd"):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_prefetch="yes"), pytest.raises(ValueError, match="global_prefetch"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_prefetch_bwd=2), pytest.raises(ValueError, match="global_prefetch_bwd"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_solve_warps=3), pytest.raises(ValueError, match="global_solve_warps"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    with launch_overrides("gka", global_split="no"), pytest.raises(ValueError, match="global_split"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
+    wide = make_inputs(1, 8, 1, 64, 16)
+    with launch_overrides("gka", global_packed=True), pytest.raises(ValueError, match="global_packed"):
+        gka(*wide[:3], None, *wide[3:], causal=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -249,6 +310,23 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
     for reload in (False, True):
         with launch_overrides("gka", global_passes=passes, global_reload=reload):
             check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,settings", [
+    ((256, 49, 20, 16, 16), {"global_packed": True}),
+    ((64, 196, 10, 16, 16), {"global_packed": True, "global_split": True, "global_solve_warps": 1}),
+    ((64, 197, 6, 64, 64), {"global_split": True}),
+    ((64, 197, 6, 64, 64), {"global_split": True, "global_solve_warps": 1, "global_block_t": 32}),
+], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32"])
+def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
+    # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
+    # forward's fp64 solve
+    tensors = make_inputs(*shape, device="cuda", dtype=torch.bfloat16, seed=shape[1] + shape[3])
+    with launch_overrides("gka", **settings):
+        check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
+        if "global_split" in settings:
+            check(make_inputs(2, 65, 3, shape[3], shape[4], device="cuda", seed=3), reference=_closed)
 
 
 @pytest.mark.cuda
