@@ -57,9 +57,19 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     Measured on an H100 (2026-11-23, benchmarks/results/kernels-gka-causal-nvidia-h100-2026-11-23.log): the per-token
     solve with 4 positions per program (programs loop over at most 4, 8, 12 or 16 keys of their chunk) took
     158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
-    the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms). 64-token chunks ended
-    in an illegal memory access on that machine (Triton 3.6; cause not established: 64- and 128-wide heads, in the
-    Chebyshev or tile kernels), so chunks are at most 32 tokens.
+    the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms).
+
+    Heads wider than 32 (H100, 2026-11-24, CUDA graph; benchmarks/results/
+    kernels-gka-wide-warps-nvidia-h100-80gb-hbm3-2026-11-24.log): at B4 T2048 H8 D128, with the same Chebyshev
+    kernels, every stage on 4 warps with 16 state rows per scan program took 2.00 / 4.81 ms (fwd / fwd+bwd) against
+    2.54 / 5.82 ms with 8 warps and 32 rows (gradient kernel 792 vs 1335 µs, read-out 164 vs 328 µs, dz 132 vs
+    239 µs, forward solve 1698 vs 2066 µs); at B256 T197 H6 D64 the backward solve took 1697 µs on 4 warps (the current
+    Chebyshev kernels) against 2737 µs on 8 (the previous ones). 64-token chunks (every stage on 4
+    warps) ran at B1 but ended in an illegal memory access at B4 T2048 H8 D128 and at B256 T197 H6 D64 (Triton 3.6;
+    the error surfaced at the backward's first launches, so a forward kernel or dz is at fault). In Triton's
+    interpreter with every active load and store checked against its launch's tensors, the kernels' own addresses stay
+    in bounds at 64-token chunks (64- and 128-wide heads, partial last chunks), which points to the code Triton 3.6
+    generates for these tiles (not established further). Chunks are therefore at most 32 tokens.
 
     The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
     benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
@@ -71,15 +81,13 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
     else:
         cfg = {"chunk": 16 if width <= 32 else 32, "lane_warps": 4}
-    # warps by width, chosen so that no kernel spills registers on sm_90 up to 64-wide heads (the backward solve
-    # and the gradient kernel hold more tiles than the forward's)
+    # warps by width: up to 32-wide heads one or two warps; wider heads 4 warps in every stage (measured, see above;
+    # the Chebyshev solve holds 255 registers a thread, so two 4-warp programs share an SM where one 8-warp program
+    # sits alone, and 8 warps split a 32-row tile's columns, each warp reading the whole 32×K operand again)
     small = 1 if width <= 16 else 2
-    cfg["solve_warps"] = small if width <= 32 else 4 if width <= 64 else 8
-    cfg["adjoint_warps"] = small if width <= 32 else 8
-    cfg["tile_warps"] = small if width <= 32 else 4 if width <= 64 else 8
-    cfg["grad_warps"] = small if width <= 32 else 4 if width <= 64 else 8
-    cfg["scan_warps"] = small if width <= 32 else 4 if width <= 64 else 8
-    cfg["state_rows"] = min(K, 16 if K == 64 else 32)
+    for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps"):
+        cfg[name] = small if width <= 32 else 4
+    cfg["state_rows"] = min(K, 16 if K >= 64 else 32)
     cfg["columns"] = min(K, V, 16 if width == 64 else 32)
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2

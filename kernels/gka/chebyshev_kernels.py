@@ -16,46 +16,63 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .causal_kernels import _hi, _lo, _lp, chunk_gates, chunk_program, load_tile, mm
+from .causal_kernels import _hi, _lo, chunk_gates, chunk_program, load_tile, mm
 
 __all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
 
 
 @triton.jit
-def _mm_pre(a, b, b_hi, b_lo, PREC: tl.constexpr, B_EXACT: tl.constexpr):
-    """a (fp32) @ b with b's bf16 parts split beforehand (``b_lo`` unused when b is exact in bf16)."""
-    if PREC == "ieee" or PREC == "tf32x3":
-        return tl.dot(a, b, input_precision=PREC)
-    a_hi = _hi(a)
-    acc = _lp(a_hi, b_hi, PREC) + _lp(_lo(a, a_hi), b_hi, PREC)
+def _dot_acc(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b of two bf16 tiles, accumulated in place (one accumulator tile for a whole chain of products)."""
+    if PREC == "split_emulated":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _parts_dot(a_hi, a_lo, b_hi, b_lo, acc, PREC: tl.constexpr, B_EXACT: tl.constexpr):
+    """acc + a @ b from bf16 parts split beforehand: a_hi b_hi + a_lo b_hi (+ a_hi b_lo unless b is exact)."""
+    acc = _dot_acc(a_hi, b_hi, acc, PREC)
+    acc = _dot_acc(a_lo, b_hi, acc, PREC)
     if not B_EXACT:
-        acc += _lp(a_hi, b_lo, PREC)
+        acc = _dot_acc(a_hi, b_lo, acc, PREC)
     return acc
 
 
 @triton.jit
-def _matvec(X, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC: tl.constexpr,
-            IN_EXACT: tl.constexpr):
-    """Rows H_t x_t of the chunk: e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t."""
-    HX = _mm_pre(X, Hm, Hm_hi, Hm_lo, PREC, False) * eG[:, None]
-    S = A * _mm_pre(X, kT, kT_hi, kT_lo, PREC, IN_EXACT)
-    return HX + _mm_pre(S, kc, kc_hi, kc_lo, PREC, IN_EXACT)
+def _matvec_acc(X, acc, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC: tl.constexpr,
+                IN_EXACT: tl.constexpr):
+    """acc + rows H_t x_t of the chunk, e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t. X is split once for both of its
+    products, and the intra-chunk product accumulates onto acc + e^G ⊙ (X H0) (one accumulator chain)."""
+    if PREC == "ieee" or PREC == "tf32x3":
+        S = A * tl.dot(X, kT, input_precision=PREC)
+        acc += tl.dot(X, Hm, input_precision=PREC) * eG[:, None]
+        return tl.dot(S, kc, acc, input_precision=PREC)
+    x_hi = _hi(X)
+    x_lo = _lo(X, x_hi)
+    S = A * _parts_dot(x_hi, x_lo, kT_hi, kT_lo, tl.zeros_like(A), PREC, IN_EXACT)
+    acc += _parts_dot(x_hi, x_lo, Hm_hi, Hm_lo, tl.zeros_like(X), PREC, False) * eG[:, None]
+    s_hi = _hi(S)
+    return _parts_dot(s_hi, _lo(S, s_hi), kc_hi, kc_lo, acc, PREC, IN_EXACT)
 
 
 @triton.jit
-def _chebyshev(rhs, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
-               PREC: tl.constexpr, IN_EXACT: tl.constexpr):
-    """Algorithm 1 row-wise: ``num_iters`` steps for (H_t + λ_t I) x = rhs with μ = λ_t, L = ‖H_t‖_F + λ_t."""
+def _chebyshev(rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
+               K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr):
+    """Algorithm 1 row-wise: ``num_iters`` steps for (H_t + λ_t I) x = b with μ = λ_t, L = ‖H_t‖_F + λ_t and
+    b = scale ⊙ rhs[rows]. The right-hand side is loaded again in every step rather than held in
+    registers through the loop, and the residual (H_t + λ_t) x − b is one accumulator chain started at λ_t x − b."""
     step = 2.0 / (fro + 2.0 * lam)
     half = fro * step * 0.5
     rho2 = half * half
-    x_prev = tl.zeros_like(rhs)
-    x = step[:, None] * rhs
+    x = (step * scale)[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
+    x_prev = tl.zeros_like(x)
     omega = tl.full(step.shape, 2.0, tl.float32)
     for _ in range(num_iters):
         omega = 4.0 / (4.0 - rho2 * omega)
-        res = _matvec(x, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC, IN_EXACT)
-        res += lam[:, None] * x - rhs
+        b = scale[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
+        res = _matvec_acc(x, lam[:, None] * x - b, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG,
+                          PREC, IN_EXACT)
         x_new = x - (step * omega)[:, None] * res + (omega - 1.0)[:, None] * (x - x_prev)
         x_prev = x
         x = x_new
@@ -93,9 +110,8 @@ def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iter
     fro2 += tl.sum(A * mm(A, gram * gram, PREC, False, False), 1)
     fro = tl.sqrt(tl.maximum(fro2, 0.0))
     lam = ridge * (fro + eps)
-    rhs = load_tile(q, row, m_t, K, 0, K).to(tl.float32)
-    X = _chebyshev(rhs, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters, PREC,
-                   IN_EXACT)
+    X = _chebyshev(q, tl.where(m_t, 1.0, 0.0), row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG,
+                   lam, fro, num_iters, K, PREC, IN_EXACT)
     tl.store(x_out + row[:, None] * K + o_k[None, :], X, mask=m_t[:, None])
     tl.store(fro_out + row, fro, mask=m_t)
 
@@ -112,13 +128,13 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
         k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
     fro = tl.load(fro_in + row, mask=m_t, other=0.0)
     lam = ridge * (fro + eps)
-    dZ = load_tile(dz, row, m_t, K, 0, K)
     if HAS_ALPHA:
         a = tl.load(alpha + row, mask=m_t, other=0.0).to(tl.float32)
     else:
         a = tl.where(m_t, 1.0, 0.0)
-    Y = _chebyshev(a[:, None] * dZ, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro,
-                   num_iters, PREC, IN_EXACT)
+    Y = _chebyshev(dz, a, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
+                   K, PREC, IN_EXACT)
+    dZ = load_tile(dz, row, m_t, K, 0, K)
     tl.store(y_out + row[:, None] * K + o_k[None, :], Y, mask=m_t[:, None])
     tl.store(dq + row[:, None] * K + o_k[None, :], ((1.0 - a[:, None]) * dZ + Y).to(dq.dtype.element_ty),
              mask=m_t[:, None])
@@ -128,6 +144,7 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
         tl.store(dalpha + row, tl.sum(dZ * (X - Q), 1), mask=m_t)
     c = tl.where(fro > 0, -ridge * tl.sum(X * Y, 1) / tl.where(fro > 0, fro, 1.0), 0.0)
     tl.store(c_out + row, c, mask=m_t)
-    HX = _matvec(X, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC, IN_EXACT)
+    HX = _matvec_acc(X, tl.zeros_like(X), Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC,
+                     IN_EXACT)
     Z = a[:, None] * X + (1.0 - a[:, None]) * Q
     tl.store(dgp + row, tl.sum(Z * dZ, 1) - tl.sum(Y * HX, 1) + c * fro * fro, mask=m_t)
