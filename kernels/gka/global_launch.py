@@ -27,10 +27,12 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
 * ``global_split`` — the forward in three launches (statistics; the K×K solve on programs of
   ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: meant for 64-wide
   heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
-  default: not yet timed on a GPU (the sweep of benchmarks/gka_global_timing.py times it);
+  default: 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
+  benchmarks/gka_global_timing.py), 1.34× with one solve warp;
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
-  (wider ones spill on the index tile); off by default: not yet timed on a GPU.
+  (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
+  within that run's noise.
 """
 
 from __future__ import annotations
