@@ -195,6 +195,34 @@ def test_inference_path_matches_autograd_path(triton_interpreter):
     assert torch.equal(gka(*leaves).detach(), plain)
 
 
+def test_launch_config_wide_heads():
+    """The wide-head defaults pass the settings' own checks (state rows divide K, columns divide K and V); 64-token
+    chunks are refused with the setting named (they end in an illegal memory access on the GPU)."""
+    from visionssm.kernels.gka.causal_launch import launch_config
+
+    for K, V in ((64, 64), (128, 128), (128, 64)):
+        cfg = launch_config(K, V, False)
+        assert K % cfg["state_rows"] == 0 and K % cfg["columns"] == 0 and V % cfg["columns"] == 0
+    with launch_overrides("gka", chunk=64), pytest.raises(ValueError, match="chunk"):
+        launch_config(128, 128, False)
+
+
+@pytest.mark.parametrize("settings", [{}, {"state_rows": 32, "chunk": 16}, {"state_rows": 64}],
+                         ids=["defaults", "rows32-chunk16", "rows64"])
+def test_interpreter_chebyshev_head128(triton_interpreter, poison_outputs, settings):
+    """The chunked Chebyshev solve on 128-wide heads under the wide-head launch settings and variants of them."""
+    tensors = make_inputs(1, 37, 1, 128, 128, seed=13)
+    with launch_overrides("gka", **settings):
+        check(tensors, "chebyshev")
+
+
+@pytest.mark.parametrize("T", [33, 70])
+def test_interpreter_chebyshev_head64_bf16(triton_interpreter, poison_outputs, T):
+    """bf16 inputs take the hi/lo split products (emulated in fp32 in the interpreter); odd lengths, no β for one."""
+    tensors = make_inputs(1, T, 2, 64, 64, dtype=torch.bfloat16, use_beta=T % 2 == 0, seed=T)
+    check(tensors, "chebyshev", fwd_tol=2e-2, grad_tol=3e-2)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # GPU (cuda-marked)
 

@@ -249,22 +249,17 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
     assert torch.equal(out, with_grad.detach())
 
 
-def test_launch_override_names(triton_interpreter):
+@pytest.mark.parametrize("setting, value", [("global_chunk", 32), ("global_block_t", 24), ("global_block_t_bwd", 8),
+                                            ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
+                                            ("global_solve_warps", 3), ("global_split", "no")])
+def test_launch_override_names(triton_interpreter, setting, value):
+    """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
-    with launch_overrides("gka", global_chunk=32), pytest.raises(ValueError, match="global_chunk"):
+    with launch_overrides("gka", **{setting: value}), pytest.raises(ValueError, match=setting):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_block_t=24), pytest.raises(ValueError, match="global_block_t"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_block_t_bwd=8), pytest.raises(ValueError, match="global_block_t_bwd"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_prefetch="yes"), pytest.raises(ValueError, match="global_prefetch"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_prefetch_bwd=2), pytest.raises(ValueError, match="global_prefetch_bwd"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_solve_warps=3), pytest.raises(ValueError, match="global_solve_warps"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-    with launch_overrides("gka", global_split="no"), pytest.raises(ValueError, match="global_split"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
+
+
+def test_packed_state_needs_narrow_heads(triton_interpreter):
     wide = make_inputs(1, 8, 1, 64, 16)
     with launch_overrides("gka", global_packed=True), pytest.raises(ValueError, match="global_packed"):
         gka(*wide[:3], None, *wide[3:], causal=False)
