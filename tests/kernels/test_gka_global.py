@@ -215,7 +215,7 @@ def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
-    g = -torch.rand(1, 19, 2, requires_grad=True)
+    g = (-torch.rand(1, 19, 2)).requires_grad_(True)  # a leaf, so that its .grad says what the backward gave it
     out = gka(q, k, v, g, beta, alpha, causal=False)
     assert torch.equal(out, gka(q, k, v, None, beta, alpha, causal=False))
     assert torch.equal(out, gka(q, k, v, g.detach() * 5.0, beta, alpha, causal=False))
