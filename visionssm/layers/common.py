@@ -4,7 +4,6 @@ L2 normalisation, the gated per-head RMSNorm, the blocks' LayerNorm, and Mamba2'
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -38,53 +37,17 @@ def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) ->
 
     Why: a row of N 16-bit features starts 16-byte aligned only when N % 8 == 0; otherwise cuBLAS takes its
     2-element-aligned GEMM kernels. Comba-S's input projection (N = 1180) spent 246 µs per forward and 8.4 ms per
-    training step in them on an H100. The padding is a few zero rows of the weight, so the parameter, and every
-    checkpoint, keeps its N rows: built per call where autograd needs it, and otherwise (no_grad, inference_mode)
-    built once and reused, already in autocast's dtype, while the parameters stay the same tensors with the same
-    contents (:func:`_padded_parameters`). A subclass or a wrapper in the Linear's place (LoRA, quantisation) or a
-    forward hook on it (feature extraction, FLOP counters) is called as it is, unpadded: the padded path reads the
-    weight directly and would go around them."""
+    training step in them on an H100. The padding is a few zero rows of the weight built per call (a copy of the
+    weight's size, not the activations'), so the parameter, and every checkpoint, keeps its N rows. A subclass or a
+    wrapper in the Linear's place (LoRA, quantisation) or a forward hook on it (feature extraction, FLOP counters) is
+    called as it is, unpadded: the padded path reads the weight directly and would go around them."""
     hooked = linear._forward_hooks or linear._forward_pre_hooks or _module_state._global_forward_hooks \
         or _module_state._global_forward_pre_hooks
     pad = -linear.out_features % multiple
     if type(linear) is not nn.Linear or hooked or not pad:
         return linear(x)
-    if _reusable_padding(x):
-        return F.linear(x, *_padded_parameters(linear, pad, x.device.type))
     bias = None if linear.bias is None else F.pad(linear.bias, (0, pad))
     return F.linear(x, F.pad(linear.weight, (0, 0, 0, pad)), bias)
-
-
-# linear -> (stamp, weight ref, bias ref, padded weight, padded bias); weak keys: a dropped model drops its entries
-_PADDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _reusable_padding(x: torch.Tensor) -> bool:
-    """Whether a padded weight may be kept across calls: no autograd graph would hold it, no compiler or tracer is
-    recording the call, and no CUDA graph is being captured (its tensors come from the graph's private pool)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-def _padded_parameters(linear: nn.Linear, pad: int, device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``linear``'s weight and bias padded with ``pad`` zero rows, in the dtype autocast would run the product in
-    (each call would otherwise pad and cast them again: four small copies a call, host time at small batches). The
-    entry is rebuilt when a parameter is replaced, moved, cast or changed in place (its version counter moves)."""
-    weight, bias = linear.weight, linear.bias
-    dtype = weight.dtype
-    if torch.is_autocast_enabled(device_type) and dtype != torch.float64:
-        dtype = torch.get_autocast_dtype(device_type)
-    stamp = (weight.data_ptr(), weight._version, dtype,
-             None if bias is None else (bias.data_ptr(), bias._version))
-    entry = _PADDED.get(linear)
-    if entry is not None and entry[0] == stamp and entry[1]() is weight and (bias is None or entry[2]() is bias):
-        return entry[3], entry[4]
-    padded_weight = F.pad(weight, (0, 0, 0, pad)).to(dtype)
-    padded_bias = None if bias is None else F.pad(bias, (0, pad)).to(dtype)
-    _PADDED[linear] = (stamp, weakref.ref(weight), None if bias is None else weakref.ref(bias), padded_weight,
-                       padded_bias)
-    return padded_weight, padded_bias
 
 
 class ShortConv1d(nn.Module):
