@@ -31,7 +31,7 @@ import torch
 
 from .. import tuning
 from ..dispatch import interpreter_enabled
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options
 from .naive import EPS
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
@@ -208,8 +208,8 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     if cfg["fused_grad"]:
         plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
-                                  {"num_warps": 1, "num_stages": cfg["fused_stages"]}
-                                  | ({"maxnreg": cfg["fused_regs"]} if cfg["fused_regs"] else {}))
+                                  launch_options(1, num_stages=cfg["fused_stages"],
+                                                 max_registers=cfg["fused_regs"] or None))
         return plan
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
                              c | {"BKR": cfg["state_rows"], "NKR": NKR},

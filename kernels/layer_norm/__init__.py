@@ -16,7 +16,7 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import tuning
-from ..utils import check_dtype
+from ..utils import check_dtype, check_same_device
 from .naive import layer_norm_reference
 
 __all__ = ["OP", "layer_norm", "layer_norm_reference"]
@@ -40,8 +40,7 @@ def _validate(x, weight, bias, eps) -> None:
         if tuple(t.shape) != (C,):
             raise ValueError(f"{name} must have shape (C,) = ({C},) for x of shape {tuple(x.shape)}, got "
                              f"{tuple(t.shape)}")
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    check_same_device(x=x, weight=weight, bias=bias)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
 

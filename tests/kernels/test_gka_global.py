@@ -178,7 +178,7 @@ def test_interpreter_prefetch(triton_interpreter, poison_outputs, T):
 
 @pytest.mark.parametrize("solver", ["direct", "chebyshev"])
 def test_interpreter_split_forward(triton_interpreter, poison_outputs, solver):
-    # the forward in three launches (statistics, solve, read-out; the default for 64-wide heads) at narrow widths,
+    # the forward in three launches (statistics, solve, read-out; an opt-in meant for 64-wide heads) at narrow widths,
     # with and without the gradient (inference allocates the state only to pass it between the launches)
     tensors = make_inputs(1, 37, 2, 16, 32, dtype=torch.float32, seed=41)
     grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
