@@ -21,6 +21,8 @@ compiled kernels for direct relaunch), so an eager call allocates its outputs an
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import tuning
@@ -122,18 +124,32 @@ def _or(tensor, dummy):
     return dummy if tensor is None else tensor
 
 
+def _grouped(count: int, shape: tuple, device, dtype) -> tuple:
+    """``count`` tensors of ``shape`` as views of one allocation (the outputs of one dtype: an eager call is bound
+    by host time, and one allocation and its views cost less of it than ``count`` allocations). Where a view would
+    not start 16-byte aligned (odd shapes), separate allocations, so that the kernels keep their aligned variants."""
+    if math.prod(shape) * dtype.itemsize % 16:
+        return tuple(empty_output(shape, device=device, dtype=dtype) for _ in range(count))
+    return empty_output((count, *shape), device=device, dtype=dtype).unbind(0)
+
+
 def run_fwd(plan: Plan, proj, conv_weight, params: tuple) -> tuple:
     """(q, k, v, p, g, beta, alpha); p / g / alpha None when the plan has none."""
     B, L, H, K, V = plan.B, plan.L, plan.H, plan.K, plan.V
     device, dtype, dummy = proj.device, proj.dtype, plan.dummy
     flags = plan.flags
-    q = empty_output((B, L, H, K), device=device, dtype=dtype)
-    k = empty_output((B, L, H, K), device=device, dtype=dtype)
-    v = empty_output((B, L, H, V), device=device, dtype=dtype)
-    p = empty_output((B, L, H, K), device=device, dtype=dtype) if flags["FEEDBACK"] else None
-    g = empty_output((B, L, H), device=device, dtype=torch.float32) if flags["HAS_DECAY"] else None
-    beta = empty_output((B, L, H), device=device, dtype=torch.float32)
-    alpha = empty_output((B, L, H), device=device, dtype=torch.float32) if flags["HAS_ALPHA"] else None
+    keyed = 3 if flags["FEEDBACK"] else 2  # q, k (, p)
+    if V == K:
+        q, k, *rest = _grouped(keyed + 1, (B, L, H, K), device, dtype)
+        v = rest.pop()
+    else:
+        q, k, *rest = _grouped(keyed, (B, L, H, K), device, dtype)
+        v = empty_output((B, L, H, V), device=device, dtype=dtype)
+    p = rest[0] if rest else None
+    gates = _grouped(1 + flags["HAS_DECAY"] + flags["HAS_ALPHA"], (B, L, H), device, torch.float32)
+    beta, *rest = gates
+    g = rest.pop(0) if flags["HAS_DECAY"] else None
+    alpha = rest.pop(0) if flags["HAS_ALPHA"] else None
     params = tuple(_or(t, dummy) for t in params)
     outputs = (q, k, v, _or(p, dummy), _or(g, dummy), beta, _or(alpha, dummy))
     plan.fwd(aligned16(proj, conv_weight, *params, *outputs), proj, conv_weight, *params, *outputs)
