@@ -23,12 +23,30 @@ __all__ = ["OP", "layer_norm", "layer_norm_reference"]
 
 OP = "layer_norm"
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DTYPE_SET = frozenset(_IO_DTYPES)
 #: Channels one tile holds (the kernels keep a row in registers).
 MAX_CHANNELS = 8192
 _FUSED = None
 
 
+def _well_formed(x, weight, bias, eps) -> bool:
+    """Cheap checks that accept only arguments :func:`_validate` accepts (the common case, on every call); anything
+    else goes through :func:`_validate`, which names what is wrong."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or x.dim() < 1:
+        return False
+    shape = (x.shape[-1],)
+    if x.dtype not in _DTYPE_SET or weight.dtype not in _DTYPE_SET or weight.shape != shape or x.numel() == 0:
+        return False
+    device = x.device
+    if weight.device != device or type(eps) is not float or not 0.0 < eps < math.inf:
+        return False
+    return bias is None or (isinstance(bias, torch.Tensor) and bias.dtype in _DTYPE_SET and bias.shape == shape
+                            and bias.device == device)
+
+
 def _validate(x, weight, bias, eps) -> None:
+    if _well_formed(x, weight, bias, eps):
+        return
     check_dtype("x", x, _IO_DTYPES)
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"x must have at least one dimension and one element, got shape {tuple(x.shape)}")

@@ -1,4 +1,4 @@
-"""Triton kernels of the LayerNorm op over the last axis of an (N, C) view, C in one tile.
+"""Triton kernels of the LayerNorm op over the last axis of a contiguous tensor read as (N, C) rows, C in one tile.
 
 Forward: one program per BR rows. Backward: one program per ``rows`` consecutive rows, walked BR at a time; it
 recomputes each row's mean and 1/σ from x (no statistics are stored) and accumulates its rows' share of the weight and

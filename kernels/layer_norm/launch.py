@@ -29,17 +29,18 @@ def launch_config(N: int, C: int) -> dict:
 
 
 class Plan:
-    __slots__ = ("fwd", "bwd", "bwd_args", "programs", "dummy", "has_bias")
+    __slots__ = ("fwd", "bwd", "bwd_args", "programs", "dummy", "has_bias", "C")
 
 
-def _build(x2, has_bias: bool, eps: float) -> Plan:
-    N, C = x2.shape
+def _build(x, has_bias: bool, eps: float) -> Plan:
+    C = x.shape[-1]
+    N = x.numel() // C
     cfg = launch_config(N, C)
     BR = cfg["block_rows"]
     plan = Plan()
-    plan.has_bias = has_bias
-    plan.dummy = torch.empty(1, device=x2.device, dtype=torch.float32)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 2
+    plan.has_bias, plan.C = has_bias, C
+    plan.dummy = torch.empty(1, device=x.device, dtype=torch.float32)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
     # whole tiles of rows per backward program
     rows = max(BR, cdiv(cdiv(N, sms * cfg["bwd_programs_per_sm"]), BR) * BR)
     plan.programs = cdiv(N, rows)
@@ -51,31 +52,34 @@ def _build(x2, has_bias: bool, eps: float) -> Plan:
     return plan
 
 
-def run_fwd(plan: Plan, x2, weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    y = empty_output(x2.shape, device=x2.device, dtype=out_dtype)
+def run_fwd(plan: Plan, x, weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """y of x's shape in ``out_dtype``; x is contiguous, read as (N, C) rows."""
+    y = empty_output_like(x) if out_dtype == x.dtype else empty_output(x.shape, device=x.device, dtype=out_dtype)
     bias_ = plan.dummy if bias is None else bias
-    plan.fwd(aligned16(x2, weight, bias_, y), x2, weight, bias_, y)
+    plan.fwd(aligned16(x, weight, bias_, y), x, weight, bias_, y)
     return y
 
 
-def run_bwd(plan: Plan, x2, weight, dy):
+def run_bwd(plan: Plan, x, weight, dy):
     """(dx, dweight, dbias or None)."""
     dy = dy.contiguous()
-    dx = empty_output_like(x2)
-    C = x2.shape[1]
-    dw = empty_output((plan.programs, C), device=x2.device, dtype=torch.float32)
-    db = empty_output((plan.programs, C), device=x2.device, dtype=torch.float32) if plan.has_bias else plan.dummy
+    dx = empty_output_like(x)
+    # the weight's and the bias's partial rows in one buffer, reduced by one launch
+    partials = empty_output((1 + plan.has_bias, plan.programs, plan.C), device=x.device, dtype=torch.float32)
+    dw = partials[0]
+    db = partials[1] if plan.has_bias else plan.dummy
     launch = plan.bwd.get(dy.dtype)
     if launch is None:
         launch = plan.bwd[dy.dtype] = DirectLaunch(*plan.bwd_args)
-    launch(aligned16(x2, weight, dy, dx, dw, db), x2, weight, dy, dx, dw, db)
-    return dx, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype) if plan.has_bias else None
+    launch(aligned16(x, weight, dy, dx, dw, db), x, weight, dy, dx, dw, db)
+    sums = partials.sum(1).to(weight.dtype)
+    return dx, sums[0], sums[1] if plan.has_bias else None
 
 
 # Plans per call signature.
 _PLANS = tuning.PlanCache()
 
 
-def get_plan(x2, weight, bias, eps: float) -> Plan:
-    key = (x2.shape, x2.dtype, x2.device, weight.dtype, None if bias is None else bias.dtype, eps)
-    return _PLANS.get_or_build(key, lambda: _build(x2, bias is not None, eps))
+def get_plan(x, weight, bias, eps: float) -> Plan:
+    key = (x.shape, x.dtype, x.device, weight.dtype, None if bias is None else bias.dtype, eps)
+    return _PLANS.get_or_build(key, lambda: _build(x, bias is not None, eps))
