@@ -8,7 +8,7 @@ output passed to the op ("old", forced here by treating gate_up as hooked), in t
 
 Outputs and gradients of the two paths are compared first (relative error, NaN check).
 
-    python benchmarks/comba_gate_fusion.py [--log FILE]
+    python benchmarks/comba_gate_fusion.py [--log FILE] [--sweep]
 """
 
 from __future__ import annotations
@@ -25,10 +25,18 @@ import triton
 from triton.testing import do_bench
 
 import visionssm  # noqa: F401  (registers the models)
+from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import relative_error
 from visionssm.layers import comba as comba_module
 
 L = 196
+#: Backward launch settings timed by --sweep (the first of each: the defaults on an H100, 132 SMs).
+SWEEP = {
+    "comba_vision_T": [{"programs_bwd": 264}, {"programs_bwd": 132}, {"programs_bwd": 528},
+                       {"heads_per_program_bwd": 2, "programs_bwd": 132}, {"num_warps_bwd": 4, "programs_bwd": 528}],
+    "comba_vision_S": [{"programs_bwd": 88}, {"programs_bwd": 44}, {"programs_bwd": 176},
+                       {"num_warps_bwd": 4, "programs_bwd": 176}, {"heads_per_program_bwd": 1, "programs_bwd": 132}],
+}
 
 
 @contextlib.contextmanager
@@ -115,6 +123,7 @@ def outputs_and_grads(mixer, x, cot, old: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", default=None, help="also write the report to this file")
+    parser.add_argument("--sweep", action="store_true", help="also time the fused path's backward launch settings")
     args = parser.parse_args()
     lines = []
 
@@ -165,6 +174,16 @@ def main() -> None:
         say(f"{name:16} {'f/old':6} {nf / of:9.3f} {nt / ot:11.3f}")
         del mixer
         torch.cuda.empty_cache()
+    if args.sweep:
+        say()
+        say("fused path under backward launch settings (B=256, CUDA graph, us):")
+        for name, sweep in SWEEP.items():
+            mixer = mixer_of(name)
+            for settings in sweep:
+                with launch_overrides("gated_rmsnorm", **settings):
+                    fwd, train = gpu_times_us(mixer, 256, False)
+                say(f"  {name:16} {str(settings):60} fwd {fwd:8.1f} fwd+bwd {train:8.1f}")
+            del mixer
     if args.log:
         with open(args.log, "w") as handle:
             handle.write("\n".join(lines) + "\n")
