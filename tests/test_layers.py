@@ -423,6 +423,47 @@ def test_fused_layer_matches_reference_composition(case, dtype, triton_interpret
             assert_close(got, want, tol=3 * relative_error(ref, want) + 1e-2, name=f"{name} (bf16)")
 
 
+def test_comba_gate_up_inside_the_op_equals_calling_it(triton_interpreter, poison_outputs, monkeypatch):
+    """Comba's low-rank gate up-projected inside gated_rmsnorm (the kernels, in the interpreter) against the old
+    composition, gate_up called and its output passed as the gate: output, input and every parameter gradient in
+    float32. A forward hook on gate_up forces the old composition, and sees its call; so does a subclass in its
+    place."""
+    layer = _far_from_init(CombaMixer(DIM, num_heads=2, gate_rank=8))
+    x, cotangent = _input(seq=13), torch.randn(2, 13, DIM)
+    calls = []
+    op = kernels.gated_rmsnorm
+    monkeypatch.setattr(kernels, "gated_rmsnorm", lambda *a, **kw: calls.append(kw["gate_weight"]) or op(*a, **kw))
+
+    def run():
+        xg = x.clone().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        y = layer(xg)
+        (y * cotangent).sum().backward()
+        return [y.detach(), xg.grad, *(p.grad for _, p in layer.named_parameters())]
+
+    fused = run()
+    assert calls == [layer.gate_up.weight]
+    seen = []
+    handle = layer.gate_up.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    try:
+        old = run()
+    finally:
+        handle.remove()
+    assert seen == [(2, 13, layer.value_dim)] and calls[1:] == [None]
+    for name, got, want in zip(["y", "x", *(n for n, _ in layer.named_parameters())], fused, old):
+        assert got is not None and want is not None, name
+        assert_close(got, want, tol=1e-5 if name == "y" else 1e-4, name=name)
+
+    class CountingLinear(torch.nn.Linear):
+        def forward(self, inputs):
+            seen.append("subclass")
+            return super().forward(inputs)
+
+    layer.gate_up.__class__ = CountingLinear
+    assert_close(run()[0], old[0], tol=1e-5, name="y (subclass)")
+    assert seen[1:] == ["subclass"] and calls[2:] == [None]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("case,L", [("comba_vision_S", 196), ("comba_vision_T-iplr", 197), ("gka_vision_T-stage3", 196),
                                     ("gka_vision_T-stage4", 49), ("gka-bidirectional", 196)])

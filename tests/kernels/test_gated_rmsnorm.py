@@ -1,5 +1,6 @@
 """Gated per-head RMSNorm op: the reference against the layers' GatedRMSNorm module, the Triton kernels against the
-reference in float64 (forward and every gradient, odd row counts, strided gates, NaN-poisoned outputs), bad input."""
+reference in float64 (forward and every gradient, odd row counts, strided gates, NaN-poisoned outputs), bad input;
+the same for the low-rank gate (up-projected inside the op)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,134 @@ def test_bad_input_raises_naming_the_argument(name, error, args):
     built = args(o, gate, weight)
     with pytest.raises(error, match=name):
         gated_rmsnorm(*built[:3], activation=built[3] if len(built) > 3 else "silu")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Low-rank gate: gate = gate_low @ gate_weightᵀ + gate_bias inside the op
+
+
+def make_low_rank_problem(B=2, L=5, H=3, D=8, R=16, *, bias=True, strided=True, dtype=torch.float32, device="cpu",
+                          seed=0):
+    """(o, gate source, gate_weight, gate_bias, weight): the source is (B, L, R) or, ``strided``, a wider tensor
+    whose columns [3, 3 + R) are the gate (3 elements in, so its pointer is not 16-byte aligned)."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    params = torch.float64 if dtype == torch.float64 else torch.float32
+    o = rand(B, L, H, D).to(device=device, dtype=dtype)
+    source = rand(B, L, R + (9 if strided else 0)).to(device=device, dtype=dtype)
+    gate_weight = (rand(H * D, R) / R ** 0.5).to(device=device, dtype=params)
+    gate_bias = (0.5 * rand(H * D)).to(device=device, dtype=params) if bias else None
+    weight = (1 + 0.3 * rand(D)).to(device=device, dtype=params)
+    return o, source, gate_weight, gate_bias, weight
+
+
+def run_low_rank_with_grads(problem, *, activation, eps=1e-5, double=False, seed=1):
+    """Output and the gradients of (o, gate source, gate_weight, gate_bias, weight) under a random cotangent."""
+    cast = (lambda t: t.detach().double()) if double else (lambda t: t.detach().clone())
+    leaves = [None if t is None else cast(t).requires_grad_() for t in problem]
+    o, source, gate_weight, gate_bias, weight = leaves
+    R = gate_weight.shape[1]
+    gate = source[..., 3:3 + R] if source.shape[-1] != R else source
+    y = gated_rmsnorm(o, gate, weight, activation=activation, eps=eps, gate_weight=gate_weight, gate_bias=gate_bias)
+    cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(y.device)
+    (y.double() * cot).sum().backward()
+    return y, [None if t is None else t.grad for t in leaves]
+
+
+def check_low_rank_against_reference(problem, *, activation, fwd_tol=1e-5, grad_tol=1e-4):
+    with dispatch.backend("torch"):
+        ref_y, ref_grads = run_low_rank_with_grads([None if t is None else t.cpu() for t in problem],
+                                                   activation=activation, double=True)
+    y, grads = run_low_rank_with_grads(problem, activation=activation)
+    assert y.dtype == problem[0].dtype and y.shape == ref_y.shape
+    assert_close(y, ref_y, tol=fwd_tol, name="y")
+    for name, got, want in zip(("do", "dgate", "dgate_weight", "dgate_bias", "dweight"), grads, ref_grads):
+        if want is None:
+            assert got is None, name
+            continue
+        assert got is not None, name
+        assert_close(got, want, tol=grad_tol, name=name)
+
+
+def test_low_rank_reference_is_the_linear_then_the_op():
+    """The reference's low-rank gate is exactly ``F.linear`` of the gate (float32), then the full-gate op."""
+    o, source, gate_weight, gate_bias, weight = make_low_rank_problem()
+    gate = source[..., 3:19]
+    full = torch.nn.functional.linear(gate, gate_weight, gate_bias)
+    want = gated_rmsnorm_reference(o, full, weight, activation="sigmoid", eps=1e-5)
+    got = gated_rmsnorm_reference(o, gate, weight, activation="sigmoid", eps=1e-5, gate_weight=gate_weight,
+                                  gate_bias=gate_bias)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the projection stays float32 under autocast
+        torch.testing.assert_close(gated_rmsnorm_reference(o, gate, weight, activation="sigmoid", eps=1e-5,
+                                                           gate_weight=gate_weight, gate_bias=gate_bias), want,
+                                   rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("L", [5, 1])
+@pytest.mark.parametrize("R,activation,bias,strided", [(16, "sigmoid", True, True), (8, "silu", False, False),
+                                                       (8, "sigmoid", True, True), (16, "silu", True, False)])
+def test_triton_interpreter_low_rank_forward_and_gradients(L, R, activation, bias, strided, triton_interpreter,
+                                                           poison_outputs):
+    problem = make_low_rank_problem(L=L, R=R, bias=bias, strided=strided, seed=L + R)
+    check_low_rank_against_reference(problem, activation=activation)
+
+
+def test_triton_interpreter_low_rank_launch_variants(triton_interpreter, poison_outputs):
+    """Backward head groups (the gate gradient summed over groups), several row tiles per backward program, more
+    than one forward head program, odd head width, rank 5 (padded to 16), 32 rows per tile."""
+    problem = make_low_rank_problem(B=3, L=11, H=3, D=12, R=5, seed=3)
+    with launch_overrides("gated_rmsnorm", heads_per_program_bwd=1, programs_bwd=2, heads_per_program=2):
+        check_low_rank_against_reference(problem, activation="sigmoid")
+    with launch_overrides("gated_rmsnorm", block_rows=32, heads_per_program_bwd=2, programs_bwd=1, num_warps=2):
+        check_low_rank_against_reference(problem, activation="silu")
+    for setting in ({"block_rows": 8}, {"heads_per_program": 8}, {"heads_per_program_bwd": 3}):
+        name = next(iter(setting))
+        with pytest.raises(ValueError, match=name), launch_overrides("gated_rmsnorm", **setting):
+            check_low_rank_against_reference(problem, activation="silu")
+
+
+def test_triton_interpreter_low_rank_beyond_the_kernels(triton_interpreter, poison_outputs):
+    """A rank too wide for the kernels' registers takes the projection in PyTorch, then the full-gate kernels."""
+    problem = make_low_rank_problem(L=3, H=1, D=64, R=80, seed=4)
+    check_low_rank_against_reference(problem, activation="sigmoid")
+
+
+def test_triton_interpreter_low_rank_low_precision(triton_interpreter, poison_outputs):
+    problem = make_low_rank_problem(L=9, dtype=torch.bfloat16, seed=5)
+    check_low_rank_against_reference(problem, activation="sigmoid", fwd_tol=1e-2, grad_tol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("H,R", [(3, 16), (6, 32), (3, 8)], ids=["comba_vision_T", "comba_vision_S", "rank8"])
+@pytest.mark.parametrize("L", [196, 197])
+def test_cuda_low_rank_model_shapes(H, R, L, poison_outputs):
+    """comba_vision_T/S's output gate in bf16 (the gate a column slice of a wider tensor) against float64; float32
+    too, where the kernels' products are exact float32."""
+    for dtype, tols in ((torch.bfloat16, (1e-2, 2e-2)), (torch.float32, (1e-5, 1e-4))):
+        problem = make_low_rank_problem(B=4, L=L, H=H, D=64, R=R, dtype=dtype, device="cuda", seed=H + R)
+        check_low_rank_against_reference(problem, activation="sigmoid", fwd_tol=tols[0], grad_tol=tols[1])
+
+
+_BAD = {"none": lambda t: None, "narrow": lambda t: t[..., :-1], "short": lambda t: t[:-1], "int": lambda t: t.int(),
+        "meta": lambda t: t.to("meta")}
+
+
+@pytest.mark.parametrize("name,error,key,how", [
+    ("gate_bias", ValueError, "gate_weight", "none"),
+    ("gate", ValueError, "gate", "none"),
+    ("gate", ValueError, "gate", "narrow"),
+    ("gate_weight", ValueError, "gate_weight", "short"),
+    ("gate_weight", TypeError, "gate_weight", "int"),
+    ("gate_weight", ValueError, "gate_weight", "meta"),
+    ("gate_bias", ValueError, "gate_bias", "short"),
+    ("gate_bias", TypeError, "gate_bias", "int"),
+    ("gate_bias", ValueError, "gate_bias", "meta"),
+])
+def test_low_rank_bad_input_raises_naming_the_argument(name, error, key, how):
+    o, source, gate_weight, gate_bias, weight = make_low_rank_problem(strided=False)
+    args = {"gate": source, "gate_weight": gate_weight, "gate_bias": gate_bias}
+    args[key] = _BAD[how](args[key])
+    with pytest.raises(error, match=name):
+        gated_rmsnorm(o, args["gate"], weight, activation="sigmoid", gate_weight=args["gate_weight"],
+                      gate_bias=args["gate_bias"])

@@ -18,8 +18,10 @@ so the same kernel runs it with ``p_t = 2·b·α_t·k̂_t`` per token; the outpu
 parameters are the same as splr's (a checkpoint loads into either).
 
 Everything between the input projection and the kernel (short conv, SiLU, L2 norms, p, q', the gates) is one op,
-:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`:
-fused Triton kernels on the GPU that read the projection's output in place, the plain PyTorch composition on CPU.
+:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`,
+which also up-projects the low-rank gate (``gate_up``'s weight and bias are read by the op, in float32 even under
+autocast; a hooked or replaced ``gate_up`` is called instead): fused Triton kernels on the GPU that read the
+projection's output in place, the plain PyTorch composition on CPU.
 
 p and q' are built after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
 of p would cancel b (flash-linear-attention's Comba layer normalises p again), and then b_logit
@@ -39,7 +41,15 @@ from torch import nn
 from visionssm import kernels
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, aligned_projection, init_log_decay_, require_int, require_positive
+from .common import (
+    GatedRMSNorm,
+    ShortConv1d,
+    aligned_projection,
+    init_log_decay_,
+    is_plain_linear,
+    require_int,
+    require_positive,
+)
 
 __all__ = ["TRANSITIONS", "CombaMixer"]
 
@@ -138,10 +148,14 @@ class CombaMixer(SequenceMixer):
             A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
             transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)
         o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
+        gate_weight = gate_bias = None
         if self.gate_up is not None:
-            gate = self.gate_up(gate)
+            if is_plain_linear(self.gate_up):  # the up-projection inside the op: no Linear call, no full gate in memory
+                gate_weight, gate_bias = self.gate_up.weight, self.gate_up.bias
+            else:
+                gate = self.gate_up(gate)
         return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="sigmoid",
-                                                   eps=self.out_norm.eps))
+                                                   eps=self.out_norm.eps, gate_weight=gate_weight, gate_bias=gate_bias))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "

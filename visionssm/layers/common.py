@@ -14,8 +14,8 @@ from torch.nn.modules import module as _module_state
 from visionssm import kernels
 from visionssm.kernels.utils import check_int, check_positive, needs_grad
 
-__all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "l2_normalize",
-           "require_int", "require_positive"]
+__all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "is_plain_linear",
+           "l2_normalize", "require_int", "require_positive"]
 
 
 # the kernels' own argument checks: one rule for the ops and the layers
@@ -31,6 +31,15 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is a plain ``nn.Linear`` that no forward hook (its own or a global one) watches: only then
+    may a layer read its weight and bias directly instead of calling it. A subclass or a wrapper in its place (LoRA,
+    quantisation) or a hook (feature extraction, FLOP counters) must see the call."""
+    hooked = module._forward_hooks or module._forward_pre_hooks or _module_state._global_forward_hooks \
+        or _module_state._global_forward_pre_hooks
+    return type(module) is nn.Linear and not hooked
+
+
 def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) -> torch.Tensor:
     """``linear(x)``, padded with zero columns to a multiple of ``multiple`` features when ``linear`` is a plain
     ``nn.Linear`` that nothing hooks; callers read their columns by offset and never the padding.
@@ -41,10 +50,8 @@ def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) ->
     weight's size, not the activations'), so the parameter, and every checkpoint, keeps its N rows. A subclass or a
     wrapper in the Linear's place (LoRA, quantisation) or a forward hook on it (feature extraction, FLOP counters) is
     called as it is, unpadded: the padded path reads the weight directly and would go around them."""
-    hooked = linear._forward_hooks or linear._forward_pre_hooks or _module_state._global_forward_hooks \
-        or _module_state._global_forward_pre_hooks
     pad = -linear.out_features % multiple
-    if type(linear) is not nn.Linear or hooked or not pad:
+    if not pad or not is_plain_linear(linear):
         return linear(x)
     bias = None if linear.bias is None else F.pad(linear.bias, (0, pad))
     return F.linear(x, F.pad(linear.weight, (0, 0, 0, pad)), bias)
