@@ -28,6 +28,7 @@ import visionssm  # noqa: F401  (registers the models)
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import relative_error
 from visionssm.layers import comba as comba_module
+from visionssm.utils.benchmark import capture_graph
 
 L = 196
 #: Backward launch settings timed by --sweep (the first of each: the defaults on an H100, 132 SMs).
@@ -75,19 +76,6 @@ def host_time_us(mixer, x, old: bool, calls: int = 300, rounds: int = 5) -> floa
     return best
 
 
-def graphed(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def gpu_times_us(mixer, batch: int, old: bool) -> tuple[float, float]:
     x = torch.randn(batch, L, mixer.dim, device="cuda")
     xg = x.clone().requires_grad_()
@@ -107,7 +95,7 @@ def gpu_times_us(mixer, batch: int, old: bool) -> tuple[float, float]:
         y.backward(cot)
 
     with old_path(old):
-        fwd_graph, train_graph = graphed(forward), graphed(train_step)
+        fwd_graph, train_graph = capture_graph(forward), capture_graph(train_step)
     return tuple(do_bench(graph.replay, warmup=25, rep=200) * 1e3 for graph in (fwd_graph, train_graph))
 
 
