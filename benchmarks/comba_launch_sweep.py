@@ -39,6 +39,10 @@ VARIANTS = {
     "no_pre_wy": {"pre_wy": False},
     "state_fp32": {"state_lp": False},
     "walk_regs_free": {"walk_max_registers": None},
+    "grad_warps8": {"grad_num_warps": 8},
+    "grad_warps8_walk_regs_free": {"grad_num_warps": 8, "walk_max_registers": None},
+    "grad_regs200": {"grad_max_registers": 200},
+    "grad_regs184": {"grad_max_registers": 184},
     "fwd_lp": {"fwd_lp": True},
 }
 # (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S and comba_vision_T mixers, two LM shapes

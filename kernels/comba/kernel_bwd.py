@@ -227,7 +227,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, NV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr,
                      SPLIT: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
-                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
+                     LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr,
+                     ATOMIC_ADD: tl.constexpr):
     """The backward's gradients (grid: chunk with ``SPLIT`` else 1, batch·head, value block × directions on the
     grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients;
     otherwise each direction writes its own partial gradients (summed afterwards)."""
@@ -243,7 +244,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
             _bwd_gradients(q, k, v, p, g, beta, do, h0 + seq * K * V, inv + seq * BT * BT, dh + seq * K * V,
                            dq + i_part * K, dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V,
                            dg + i_part, dbeta + i_part, scale, i_b, i_h, i_v, i_c, T, NT, H, K, V, BT, LOG2_BT, BK,
-                           BV, d == 1, DIR_LOOP and d == 1, SPLIT, PREC, LP_DOT, LOAD_INV, PREFETCH, TAIL, STATE_LP)
+                           BV, d == 1, (1 + ATOMIC_ADD) * (DIR_LOOP and d == 1), SPLIT, PREC, LP_DOT, LOAD_INV,
+                           PREFETCH, TAIL, STATE_LP)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction adds onto what other threads of this program stored
 

@@ -152,7 +152,13 @@ def _chunk_wy(b_k, b_p, b_g, b_beta, lp_ty, REV: tl.constexpr, BT: tl.constexpr,
 
 @triton.jit
 def _accumulate(ptr, value, mask, ACC: tl.constexpr):
-    """Store ``value``, adding what is already there when ``ACC`` (the second direction onto the first)."""
-    if ACC:
-        value += tl.load(ptr, mask=mask, other=0).to(tl.float32)
-    tl.store(ptr, value.to(ptr.dtype.element_ty), mask=mask)
+    """Store ``value`` (``ACC`` 0), or add it to what is already there (the second direction onto the first): ACC 2
+    by an atomic add, whose result nothing waits for, ACC 1 by a load, an add and a store (Triton's interpreter has
+    no 16-bit atomics), where the warp stalls on the load. Either way the sum is rounded to the output's dtype once
+    more: the first direction's value was stored rounded, the atomic add also rounds ``value`` first."""
+    if ACC == 2:
+        tl.atomic_add(ptr, value.to(ptr.dtype.element_ty), mask=mask, sem="relaxed")
+    else:
+        if ACC == 1:
+            value += tl.load(ptr, mask=mask, other=0).to(tl.float32)
+        tl.store(ptr, value.to(ptr.dtype.element_ty), mask=mask)

@@ -10,6 +10,7 @@ setting            meaning
 value_block        value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
 num_warps          warps of every kernel but the chunk-parallel inverse pass (one, two or four)
 dh_num_warps       warps of the split backward's state-gradient walk
+grad_num_warps     warps of the backward's gradient kernel (one pass or per chunk)
 dir_loop           non-causal: one program runs both directions (else one per program, fp32 partial outputs)
 inv_pass           compute every chunk's inverse in a chunk-parallel pass before the forward walk
 pre_wy             also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
@@ -23,6 +24,7 @@ state_lp           bf16 inputs: the states kept for the backward (h0, dh) are st
 fwd_lp             with state_lp, the forward walk's products (but the inverse's) on 16-bit tensor cores too
 walk_max_registers register cap per thread of the forward walk and the split backward's state-gradient walk (None: the
                    compiler's choice)
+grad_max_registers register cap per thread of the backward's gradient kernel (None: the compiler's choice)
 ================== ====================================================================================================
 
 Launch plans: everything a call does that depends only on the problem's shape, dtypes, device and flags (layout,
@@ -41,8 +43,8 @@ from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
-SETTINGS = ("value_block", "num_warps", "dh_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch", "bwd_prefetch",
-            "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers")
+SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
+            "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers")
 #: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
 #: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
 CHUNK = 16
@@ -67,7 +69,11 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # H4 D64; at B256 T197 against the per-chunk backward with its inverse pass: 0.93× non-causal at H3, the
     # comba_vision_T mixer, 0.86× causal at H6) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
     split_bwd = wide and not (BK == 64 and programs <= 1536)
-    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
+    # the gradient kernel holds 255 registers a thread at 16- and 64-wide heads (2.4 waves of one-warp programs at
+    # B256 T196 H10 D16); caps that would fit more programs per SM spill, and more warps split its small tiles further
+    # (H100 2026-11-24, fwd+bwd: 200 / 184 registers 1.14-1.30x at 16-wide heads, causal and not; eight warps
+    # 1.37-1.40x at B256 T197 H6 / H3 D64 non-causal)
+    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": num_warps,
            # non-causal: both directions in one program from 768 sequences up (comba_vision_T's mixer, B256 T197 H3
            # D64: fwd 0.92x, fwd+bwd 0.88x of directions over the grid, whose two fp32 partials are then added; B256
            # T196 H10 D16 0.92x, T49 H20 D16 0.82x); fewer sequences keep the grid's parallelism
@@ -102,7 +108,8 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
            # capped forward measured 0.425-0.436 ms there, uncapped 0.443 ms (other runs; no gain shown).
            # With fewer walks than SM slots (B4 T2048 H8 D128, B64 T1024 H4 D64) the cap only cost: forward 1.22x /
            # 1.10x. Capping the gradient kernel instead spilled 1.7 KB and took 1.48x.
-           "walk_max_registers": 168 if wide and programs >= 1024 else None}
+           "walk_max_registers": 168 if wide and programs >= 1024 else None,
+           "grad_max_registers": None}
     tuning.apply_overrides(OP, cfg, SETTINGS)
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
@@ -116,6 +123,16 @@ def _precision(dtype: torch.dtype, device_type: str) -> dict:
     Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
     low = dtype in (torch.float16, torch.bfloat16)
     return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
+
+
+def _atomic_add(device_type: str) -> bool:
+    """Whether the backward's second direction adds its gradients onto the first's by atomic adds (the GPU; the
+    interpreter has no 16-bit atomics) instead of loading them first, which stalled the warps on each of its six
+    gradients per chunk. Non-causal fwd+bwd on an H100 (2026-11-24, CUDA graph; the forward's atomic adds onto its
+    output in the same run): B256 T196 H10 D16 0.518 against 0.578 ms, B256 T197 H6 D64 2.296 against 2.393,
+    B256 T197 H3 D64 0.975 against 1.054. The forward keeps its load: with atomic adds onto its one output tile per
+    chunk it took 0.163 against 0.142 ms at the 16-wide shape."""
+    return device_type == "cuda"
 
 
 def _state_dtype(cfg: dict, dtype: torch.dtype) -> torch.dtype:
@@ -226,8 +243,9 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
     plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
                              {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
+                              "ATOMIC_ADD": _atomic_add(device.type),
                               "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
-                             {"num_warps": cfg["num_warps"]})
+                             launch_options(cfg["grad_num_warps"], max_registers=cfg["grad_max_registers"]))
     return plan
 
 
