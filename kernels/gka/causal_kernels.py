@@ -286,6 +286,9 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
     chunk) + the later chunks' share from the adjoint scan."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+    # read before the stores below, which the compiler cannot move them above: the warp would wait for them there
+    dgpt = tl.load(dgp + row, mask=m_t, other=0.0)
+    later = tl.sum(tl.load(offs + base * NKR + tl.arange(0, NKR)), 0)
     w_end = tl.exp(g_end - G)
     kc, M_y, M_x, M_z, W, two_a, M_v = _chunk_mats(q, k, v, alpha, do, x, y, c, row, m_t, b, G, Ad, K, V, PREC,
                                                    IN_EXACT, HAS_ALPHA)
@@ -316,8 +319,7 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
         tl.store(dv + row[:, None] * V + o_c[None, :], (b[:, None] * P).to(dv.dtype.element_ty), mask=m_t[:, None])
     if HAS_BETA:
         tl.store(dbeta + row, db.to(dbeta.dtype.element_ty), mask=m_t)
-    dG = tl.load(dgp + row, mask=m_t, other=0.0) - b * db
-    later = tl.sum(tl.load(offs + base * NKR + tl.arange(0, NKR)), 0)
+    dG = dgpt - b * db
     tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
 
 
@@ -339,6 +341,9 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
         o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
         b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
         ct = tl.load(c + row, mask=m_t, other=0.0)
+        # read with the chunk's other inputs: read where it is used, after the chunk's stores (which the compiler
+        # cannot move it above), the warp would wait for it
+        dgpt = tl.load(dgp + row, mask=m_t, other=0.0)
         kc = load_tile(k, row, m_t, K, 0, K)
         dO = load_tile(do, row, m_t, V, 0, V)
         X = load_tile(x, row, m_t, K, 0, K)
@@ -352,8 +357,8 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
                      + tl.arange(0, K)[None, :])
         e = tl.exp(G)
         a_c = tl.sum(Ad * (ct * e)[:, None], 0)
-        dG = _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es,
-                          K, V, PREC, IN_EXACT, HAS_BETA)
+        dG = _chunk_grads(v, dgpt, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es, K,
+                          V, PREC, IN_EXACT, HAS_BETA)
         tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
         later += tl.sum(dG, 0)
         # this chunk's share of D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ, with
@@ -367,11 +372,11 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
 
 
 @triton.jit
-def _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Dm, Em,
+def _chunk_grads(v, dgpt, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Dm, Em,
                  K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
                  HAS_BETA: tl.constexpr):
     """dk, dv, dβ of one chunk from its loaded tiles and the whole adjoint states D, E at its end (the formulas of
-    :func:`grad_kernel`); returns dG_t = dgp_t − β_t dβ_t."""
+    :func:`grad_kernel`; ``dgpt``: the chunk's dgp); returns dG_t = dgp_t − β_t dβ_t."""
     w_end = tl.exp(g_end - G)
     kT = tl.trans(kc)
     vc = load_tile(v, row, m_t, V, 0, V)
@@ -395,4 +400,4 @@ def _chunk_grads(v, do, dgp, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, d
     tl.store(dk + row[:, None] * K + o_k[None, :], (b[:, None] * R).to(dk.dtype.element_ty), mask=m_t[:, None])
     if HAS_BETA:
         tl.store(dbeta + row, db.to(dbeta.dtype.element_ty), mask=m_t)
-    return tl.load(dgp + row, mask=m_t, other=0.0) - b * db
+    return dgpt - b * db
