@@ -125,14 +125,15 @@ def _precision(dtype: torch.dtype, device_type: str) -> dict:
     return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
 
 
-def _atomic_add(device_type: str) -> bool:
-    """Whether the backward's second direction adds its gradients onto the first's by atomic adds (the GPU; the
-    interpreter has no 16-bit atomics) instead of loading them first, which stalled the warps on each of its six
-    gradients per chunk. Non-causal fwd+bwd on an H100 (2026-11-24, CUDA graph; the forward's atomic adds onto its
-    output in the same run): B256 T196 H10 D16 0.518 against 0.578 ms, B256 T197 H6 D64 2.296 against 2.393,
-    B256 T197 H3 D64 0.975 against 1.054. The forward keeps its load: with atomic adds onto its one output tile per
-    chunk it took 0.163 against 0.142 ms at the 16-wide shape."""
-    return device_type == "cuda"
+def _atomic_add(device_type: str, gate_dtypes: tuple[torch.dtype, ...], dtype: torch.dtype) -> bool:
+    """Whether the backward's second direction adds its gradients onto the first's by atomic adds instead of loading
+    them first, which stalled the warps on each of its six gradients per chunk: on the GPU, and in Triton's
+    interpreter (which has no 16-bit atomics) when every gradient is fp32, so that CPU tests run this path too.
+    Non-causal fwd+bwd on an H100 (2026-11-24, CUDA graph; the forward's atomic adds onto its output in the same
+    run): B256 T196 H10 D16 0.518 against 0.578 ms, B256 T197 H6 D64 2.296 against 2.393, B256 T197 H3 D64 0.975
+    against 1.054. The forward keeps its load: with atomic adds onto its one output tile per chunk it took 0.163
+    against 0.142 ms at the 16-wide shape."""
+    return device_type == "cuda" or all(d == torch.float32 for d in (dtype, *gate_dtypes))
 
 
 def _state_dtype(cfg: dict, dtype: torch.dtype) -> torch.dtype:
@@ -219,9 +220,10 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
 
 
 def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: int, dtype: torch.dtype,
-              device: torch.device, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+              device: torch.device, has_inv: bool, state_dtype: torch.dtype,
+              gate_dtypes: tuple[torch.dtype, ...]) -> BwdPlan:
     """``has_inv`` and ``state_dtype`` say what the forward stored (its inverses, its states' dtype): the backward
-    follows them, not the settings in force when it runs."""
+    follows them, not the settings in force when it runs. ``gate_dtypes``: those of g and β (their gradients')."""
     BV, NV = cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
@@ -243,7 +245,7 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
     plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
                              {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
-                              "ATOMIC_ADD": _atomic_add(device.type),
+                              "ATOMIC_ADD": _atomic_add(device.type, gate_dtypes, dtype),
                               "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
                              launch_options(cfg["grad_num_warps"], max_registers=cfg["grad_max_registers"]))
     return plan
@@ -309,12 +311,12 @@ def _build_cached_fwd(q, v, causal: bool, save_state: bool) -> FwdPlan:
 
 def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
     key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv, state_dtype)
-    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, causal, BT, has_inv, state_dtype))
+    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, g, beta, causal, BT, has_inv, state_dtype))
 
 
-def _build_cached_bwd(q, v, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+def _build_cached_bwd(q, v, g, beta, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
     B, T, H, K = q.shape
     V = v.shape[3]
     ND = 1 if causal else 2
     return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv,
-                     state_dtype)
+                     state_dtype, (g.dtype, beta.dtype))
