@@ -31,7 +31,8 @@ values converted to fp32 (exact products, fp32 accumulation: what the tensor cor
 Accuracy of M: a swept inverse in fp32 is off by ~κ·u in every entry, unstructured, and the read-out and
 gradient contractions cancel large entries of M (e.g. k·M k when the keys span few directions), which turns that
 into ~1e-4 relative errors of dβ and dk for fp32 inputs; ``F64`` sweeps in fp64 and rounds M once (fp32 inputs
-only: for bf16 inputs the error is far below the output's rounding).
+only: for bf16 inputs the error is far below the output's rounding). Other inputs invert in fp32 with a block
+inverse for wide heads (``LEAF`` < K: :mod:`.inverse_kernels`).
 
 The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
 triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
@@ -43,44 +44,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .inverse_kernels import _block_inverse, _lp_dot, _split, _state_dot, _sweep_inverse
+
 __all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
-
-
-@triton.jit
-def _lp_dot(a, b, acc, EMU: tl.constexpr):
-    """a @ b + acc for 16-bit a, b: exact products, fp32 accumulation."""
-    if EMU:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
-
-
-@triton.jit
-def _split(x, LP_TY: tl.constexpr, PASSES: tl.constexpr):
-    """fp32 x ≈ hi + lo with hi, lo in LP_TY (lo = hi when one pass is asked for: never read then)."""
-    hi = x.to(LP_TY)
-    if PASSES == 2:
-        lo = (x - hi.to(tl.float32)).to(LP_TY)
-    else:
-        lo = hi
-    return hi, lo
-
-
-@triton.jit
-def _state_dot(a, b, SPREC: tl.constexpr, EMU: tl.constexpr):
-    """a @ b for fp32 a, b (the per-(batch, head) products): ``"bf16x3"`` = hi·hi + hi·lo + lo·hi on bf16 tensor
-    cores (~2⁻¹⁶ relative; its operands take half the shared memory of tf32x3's, which matters for 128-wide
-    heads), else tl.dot's ``SPREC``."""
-    if SPREC == "bf16x3":
-        a_hi, a_lo = _split(a, tl.bfloat16, 2)
-        b_hi, b_lo = _split(b, tl.bfloat16, 2)
-        out = _lp_dot(a_hi, b_lo, None, EMU)
-        out = _lp_dot(a_lo, b_hi, out, EMU)
-        out = _lp_dot(a_hi, b_hi, out, EMU)
-    else:
-        out = tl.dot(a, b, input_precision=SPREC)
-    return out
 
 
 @triton.jit
@@ -202,30 +168,6 @@ def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, 
 
 
 @triton.jit
-def _sweep_inverse(A, scale, K: tl.constexpr):
-    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here) whose diagonal entries are at most ``scale``:
-    K Gauss–Jordan sweeps of B = A / scale, no pivoting, one rank-1 update each.
-
-    Sweeping pivot j with d = b_jj maps b_jj → −1/d, b_ij and b_ji → b_ij/d (i ≠ j) and every other entry
-    b_il → b_il − b_ij b_jl / d; after all K pivots the tile holds −B⁻¹. For a symmetric tile that map is
-    B − a aᵀ − 2 e_j e_jᵀ with a = (b_:j − e_j)/√d (d > 0: B stays positive definite on the pivots not swept yet).
-    The −2 on b_jj is left out: no later pivot reads b_jj (they read their own column, whose entry j is off the
-    diagonal), so after all K pivots B⁻¹ = 2I − B. Each step is one column reduction (within a warp) and one
-    update of one fused multiply–add per entry; the tile stays exactly symmetric (a_i a_l = a_l a_i). The scaling
-    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end."""
-    offs = tl.arange(0, K)
-    inv_scale = 1.0 / scale
-    B = A * inv_scale
-    for j in range(K):
-        col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
-        unit = tl.where(offs == j, 1.0, 0.0)
-        d = tl.sum(col * unit, 0)
-        a = (col - unit) * (1.0 / tl.sqrt(d))
-        B -= a[:, None] * a[None, :]
-    return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
-
-
-@triton.jit
 def _chebyshev_inverse(A, lam, F, K: tl.constexpr, NUM_ITERS: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
     """p_r(A) for the paper's Algorithm 1 (μ = λ, L = F + λ) run on the identity: then x_t = p_r(A) q_t is the
     iteration's result for every token."""
@@ -248,8 +190,9 @@ def _chebyshev_inverse(A, lam, F, K: tl.constexpr, NUM_ITERS: tl.constexpr, SPRE
 
 @triton.jit
 def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, SPREC: tl.constexpr,
-                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr):
-    """M for H: the exact inverse of H + λI (SOLVER 0; swept in fp64 when F64) or its Chebyshev polynomial."""
+                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr, LEAF: tl.constexpr):
+    """M for H: the exact inverse of H + λI (SOLVER 0: swept in fp64 when F64, else a block inverse on sweeps of
+    LEAF) or its Chebyshev polynomial."""
     offs = tl.arange(0, K)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     lam = ridge * (F + EPS)
@@ -258,7 +201,7 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
         if F64:
             M = _sweep_inverse(A.to(tl.float64), (F + lam).to(tl.float64), K).to(tl.float32)
         else:
-            M = _sweep_inverse(A, F + lam, K)
+            M = _block_inverse(A, F + lam, K, LEAF, SPREC, EMU)
     else:
         M = _chebyshev_inverse(A, lam, F, K, NUM_ITERS, SPREC, EMU)
     return M
@@ -362,7 +305,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                           PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
                           F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
-                          PACKED: tl.constexpr):
+                          PACKED: tl.constexpr, LEAF: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
     PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
     latency hidden behind them and the solve).
@@ -392,7 +335,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
         _store_matrix(p_u, Us, K, V)
     else:
         if PHASE == 0:
-            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
             if SAVE or RELOAD:
                 _store_symmetric(p_h, Hs, K, PACKED)
                 _store_symmetric(p_m, M, K, PACKED)
@@ -409,10 +352,10 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
 @triton.jit
 def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
                             NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr):
+                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr, LEAF: tl.constexpr):
     """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
     p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
-    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
     _store_symmetric(p_m, M, K, PACKED)
 
 

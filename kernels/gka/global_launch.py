@@ -29,6 +29,9 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
   default: 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
   benchmarks/gka_global_timing.py), 1.34× with one solve warp;
+* ``global_solve_leaf`` — the width of the Gauss–Jordan sweeps of the direct solve (inputs other than fp32, which
+  sweep the whole matrix in fp64): K sweeps the whole K×K matrix, K/2 and K/4 invert by one or two levels of 2×2
+  Schur complements (:mod:`.inverse_kernels`); default K/2 for heads of 64 and more, K below;
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
@@ -49,7 +52,7 @@ __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
           "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
-          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed")
+          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed", "global_solve_leaf")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -67,7 +70,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
-           "packed": False,
+           "packed": False, "solve_leaf": 32 if K >= 64 else K,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -102,6 +105,9 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
     if cfg["solve_warps"] not in (1, 2, 4, 8):
         raise ValueError(f"gka launch setting global_solve_warps must be 1, 2, 4 or 8, got {cfg['solve_warps']}")
+    if cfg["solve_leaf"] not in (K, K // 2, K // 4) or cfg["solve_leaf"] < 16:
+        raise ValueError(f"gka launch setting global_solve_leaf must be K, K/2 or K/4 and at least 16 (K = {K}), got "
+                         f"{cfg['solve_leaf']}")
     if cfg["packed"] and max(K, V) > 32:
         raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
     for name in ("prefetch", "prefetch_bwd", "split", "packed"):
@@ -138,7 +144,8 @@ class GlobalPlan:
         self.scratch_shape = (B * H, K * K + V * K) if reload else None
         # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
         self.dummy = torch.empty(1, device=device, dtype=torch.float32)
-        solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS}
+        solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS,
+                 "LEAF": cfg["solve_leaf"]}
         fwd = {**{n: c for n, c in common.items() if n != "RELOAD"}, **solve, "BT": cfg["block_t"], "SAVE": save,
                "RELOAD": reload, "PREFETCH": bool(cfg["prefetch"])}
         options = launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"])
