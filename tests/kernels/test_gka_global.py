@@ -347,7 +347,11 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
     ((64, 196, 10, 16, 16), {"global_packed": True, "global_split": True, "global_solve_warps": 1}),
     ((64, 197, 6, 64, 64), {"global_split": True}),
     ((64, 197, 6, 64, 64), {"global_split": True, "global_solve_warps": 1, "global_block_t": 32}),
-], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32"])
+    ((64, 197, 6, 64, 64), {"global_solve_leaf": 16}),
+    ((64, 197, 6, 64, 64), {"global_solve_leaf": 64}),
+    ((16, 197, 4, 128, 128), {"global_solve_leaf": 32, "global_split": True}),
+], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32", "leaf16-D64", "leaf64-D64",
+        "leaf32-split-D128"])
 def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
     # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
     # forward's fp64 solve
