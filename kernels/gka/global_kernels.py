@@ -44,7 +44,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .inverse_kernels import _block_inverse, _lp_dot, _split, _state_dot, _sweep_inverse
+from .inverse_kernels import _block_inverse, _inverse_in_memory, _lp_dot, _split, _state_dot, _sweep_inverse
 
 __all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
 
@@ -353,10 +353,14 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
 def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
                             NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
                             F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr, LEAF: tl.constexpr):
-    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
+    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``). The block
+    inverse (LEAF < K) reads and writes its top-level blocks in place in the state instead of holding K×K tiles."""
     p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
-    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
-    _store_symmetric(p_m, M, K, PACKED)
+    if SOLVER == 0 and not F64 and not PACKED and LEAF < K:
+        _inverse_in_memory(p_h, p_m, ridge, K, LEAF, SPREC, EMU, EPS)
+    else:
+        M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
+        _store_symmetric(p_m, M, K, PACKED)
 
 
 @triton.jit

@@ -31,7 +31,7 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   benchmarks/gka_global_timing.py), 1.34× with one solve warp;
 * ``global_solve_leaf`` — the width of the Gauss–Jordan sweeps of the direct solve (inputs other than fp32, which
   sweep the whole matrix in fp64): K sweeps the whole K×K matrix, K/2 and K/4 invert by one or two levels of 2×2
-  Schur complements (:mod:`.inverse_kernels`); default K/2 for heads of 64 and more, K below;
+  Schur complements (:mod:`.inverse_kernels`); default K/2 for 64-wide heads (with ``global_split``), K otherwise;
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
@@ -70,7 +70,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
-           "packed": False, "solve_leaf": 32 if K >= 64 else K,
+           "packed": False, "solve_leaf": K,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -88,6 +88,9 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
         cfg.update(block_t=32)
+    elif K == 64:
+        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf)
+        cfg.update(split=True, solve_leaf=32)
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)

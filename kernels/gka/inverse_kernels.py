@@ -104,10 +104,18 @@ def _symmetrised(X):
 @triton.jit
 def _schur_combine(I11, A12, A21, A22, scale, N: tl.constexpr, NESTED: tl.constexpr, SPREC: tl.constexpr,
                    EMU: tl.constexpr):
-    """A⁻¹ from I11 = A11⁻¹ and the other blocks: X = A11⁻¹A12, S = A22 − A21 X, M22 = S⁻¹ (swept, or with NESTED
-    one more block level), M12 = −X M22, M11 = A11⁻¹ − M12 Xᵀ (= A11⁻¹ + X S⁻¹ Xᵀ), M21 = M12ᵀ. The products are
-    not exactly symmetric in floating point: S and M11 are symmetrised (the sweep reads S's rows as its columns, and
-    the backward reads M as symmetric)."""
+    """The (N, N) A⁻¹ from I11 = A11⁻¹ and the other blocks (:func:`_schur_blocks`)."""
+    M11, M12, M22 = _schur_blocks(I11, A12, A21, A22, scale, N, NESTED, SPREC, EMU)
+    return _assemble(M11, M12, tl.trans(M12), M22, N)
+
+
+@triton.jit
+def _schur_blocks(I11, A12, A21, A22, scale, N: tl.constexpr, NESTED: tl.constexpr, SPREC: tl.constexpr,
+                  EMU: tl.constexpr):
+    """Blocks M11, M12, M22 of A⁻¹ (M21 = M12ᵀ) from I11 = A11⁻¹ and the other (N/2, N/2) blocks of A:
+    X = A11⁻¹A12, S = A22 − A21 X, M22 = S⁻¹ (swept, or with NESTED one more block level), M12 = −X M22,
+    M11 = A11⁻¹ − M12 Xᵀ (= A11⁻¹ + X S⁻¹ Xᵀ). The products are not exactly symmetric in floating point: S and M11
+    are symmetrised (the sweep reads S's rows as its columns, and the backward reads M as symmetric)."""
     X = _state_dot(I11, A12, SPREC, EMU)
     S = _symmetrised(A22 - _state_dot(A21, X, SPREC, EMU))
     if NESTED:
@@ -116,7 +124,7 @@ def _schur_combine(I11, A12, A21, A22, scale, N: tl.constexpr, NESTED: tl.conste
         M22 = _sweep_inverse(S, scale, N // 2)
     M12 = -_state_dot(X, M22, SPREC, EMU)
     M11 = _symmetrised(I11 - _state_dot(M12, tl.trans(X), SPREC, EMU))
-    return _assemble(M11, M12, tl.trans(M12), M22, N)
+    return M11, M12, M22
 
 
 @triton.jit
@@ -145,3 +153,32 @@ def _block_inverse(A, scale, K: tl.constexpr, LEAF: tl.constexpr, SPREC: tl.cons
         tl.static_assert(LEAF * 4 == K, "LEAF must be K, K/2 or K/4")
         M = _schur_nested(A, scale, K, SPREC, EMU)
     return M
+
+
+@triton.jit
+def _inverse_in_memory(p_h, p_m, ridge, K: tl.constexpr, LEAF: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                       EPS: tl.constexpr):
+    """M = (H + λI)⁻¹ from the row-major symmetric (K, K) H at ``p_h`` into ``p_m``, for LEAF = K/2 or K/4: the
+    top-level blocks are read and written in place in memory, so that no (K, K) tile is ever held (the registers
+    of one program, hence how many programs share an SM to hide the serial steps' latency)."""
+    N: tl.constexpr = K // 2
+    r = tl.arange(0, N)[:, None]
+    c = tl.arange(0, N)[None, :]
+    A11 = tl.load(p_h + r * K + c)
+    A12 = tl.load(p_h + r * K + N + c)
+    A21 = tl.load(p_h + (N + r) * K + c)
+    A22 = tl.load(p_h + (N + r) * K + N + c)
+    F = tl.sqrt(tl.sum(tl.sum(A11 * A11 + A12 * A12 + A21 * A21 + A22 * A22, 1), 0))
+    lam = ridge * (F + EPS)
+    scale = F + lam
+    A11 = tl.where(r == c, A11 + lam, A11)
+    A22 = tl.where(r == c, A22 + lam, A22)
+    if LEAF * 2 == K:
+        I11 = _sweep_inverse(A11, scale, N)
+    else:
+        I11 = _schur_sweeps(A11, scale, N, SPREC, EMU)
+    M11, M12, M22 = _schur_blocks(I11, A12, A21, A22, scale, K, LEAF * 4 == K, SPREC, EMU)
+    tl.store(p_m + r * K + c, M11)
+    tl.store(p_m + r * K + N + c, M12)
+    tl.store(p_m + (N + c) * K + r, M12)                                  # M21 = M12ᵀ
+    tl.store(p_m + (N + r) * K + N + c, M22)
