@@ -56,7 +56,7 @@ def _state_dot(a, b, SPREC: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
-def _sweep_inverse(A, scale, K: tl.constexpr):
+def _sweep_inverse(A, scale, K: tl.constexpr, BY_ROWS: tl.constexpr = False):
     """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here) whose diagonal entries are at most ``scale``:
     K Gauss–Jordan sweeps of B = A / scale, no pivoting, one rank-1 update each.
 
@@ -66,15 +66,22 @@ def _sweep_inverse(A, scale, K: tl.constexpr):
     The −2 on b_jj is left out: no later pivot reads b_jj (they read their own column, whose entry j is off the
     diagonal), so after all K pivots B⁻¹ = 2I − B. Each step is one column reduction (within a warp) and one
     update of one fused multiply–add per entry; the tile stays exactly symmetric (a_i a_l = a_l a_i). The scaling
-    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end."""
+    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end.
+
+    BY_ROWS: row j is taken by a reduction over the rows (axis 0) instead of column j over the columns. Triton lays
+    a tile's columns across a warp's lanes, so that reduction stays within each thread when one warp holds the tile
+    (the 32-wide leaves of :func:`_block_inverse`), where the column's is five shuffle rounds per held row."""
     offs = tl.arange(0, K)
     inv_scale = 1.0 / scale
     B = A * inv_scale
     for j in range(K):
-        col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
+        if BY_ROWS:
+            line = tl.sum(tl.where(offs[:, None] == j, B, 0.0), 0)      # row j = column j
+        else:
+            line = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)      # column j = row j
         unit = tl.where(offs == j, 1.0, 0.0)
-        d = tl.sum(col * unit, 0)
-        a = (col - unit) * (1.0 / tl.sqrt(d))
+        d = tl.sum(line * unit, 0)
+        a = (line - unit) * (1.0 / tl.sqrt(d))
         B -= a[:, None] * a[None, :]
     return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
 
@@ -121,7 +128,7 @@ def _schur_blocks(I11, A12, A21, A22, scale, N: tl.constexpr, NESTED: tl.constex
     if NESTED:
         M22 = _schur_sweeps(S, scale, N // 2, SPREC, EMU)
     else:
-        M22 = _sweep_inverse(S, scale, N // 2)
+        M22 = _sweep_inverse(S, scale, N // 2, True)
     M12 = -_state_dot(X, M22, SPREC, EMU)
     M11 = _symmetrised(I11 - _state_dot(M12, tl.trans(X), SPREC, EMU))
     return M11, M12, M22
@@ -131,7 +138,7 @@ def _schur_blocks(I11, A12, A21, A22, scale, N: tl.constexpr, NESTED: tl.constex
 def _schur_sweeps(A, scale, N: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
     """A⁻¹ by one 2×2 block level whose two diagonal inverses (A11 and the Schur complement) are N/2-step sweeps."""
     A11, A12, A21, A22 = _quarters(A, N)
-    return _schur_combine(_sweep_inverse(A11, scale, N // 2), A12, A21, A22, scale, N, False, SPREC, EMU)
+    return _schur_combine(_sweep_inverse(A11, scale, N // 2, True), A12, A21, A22, scale, N, False, SPREC, EMU)
 
 
 @triton.jit
@@ -174,7 +181,7 @@ def _inverse_in_memory(p_h, p_m, ridge, K: tl.constexpr, LEAF: tl.constexpr, SPR
     A11 = tl.where(r == c, A11 + lam, A11)
     A22 = tl.where(r == c, A22 + lam, A22)
     if LEAF * 2 == K:
-        I11 = _sweep_inverse(A11, scale, N)
+        I11 = _sweep_inverse(A11, scale, N, True)
     else:
         I11 = _schur_sweeps(A11, scale, N, SPREC, EMU)
     M11, M12, M22 = _schur_blocks(I11, A12, A21, A22, scale, K, LEAF * 4 == K, SPREC, EMU)
