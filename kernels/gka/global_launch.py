@@ -26,8 +26,9 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   up to 32 wide, whose tiles take few registers;
 * ``global_split`` — the forward in three launches (statistics; the K×K solve on programs of
   ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: meant for 64-wide
-  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
-  default: 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
+  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. On by
+  default for 64-wide heads (bf16 / fp16 inputs) with the block inverse (``global_solve_leaf``); with the 64-step
+  sweep it was 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
   benchmarks/gka_global_timing.py), 1.34× with one solve warp;
 * ``global_solve_leaf`` — the width of the Gauss–Jordan sweeps of the direct solve (inputs other than fp32, which
   sweep the whole matrix in fp64): K sweeps the whole K×K matrix, K/2 and K/4 invert by one or two levels of 2×2
@@ -88,8 +89,11 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
         cfg.update(block_t=32)
-    elif K == 64:
-        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf)
+    elif K == 64 and V <= 64:
+        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf); H100,
+        # bf16, B256 T197 H6 D64, fwd+bwd from a CUDA graph: 0.569 ms = 1.35x SDPA; the fused forward with the block
+        # inverse held in registers (255 registers; its leaf sweeps then reduced over columns) took 0.641 ms = 1.52x
+        # in an earlier run (2026-11-24, SDPA in each run)
         cfg.update(split=True, solve_leaf=32)
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",

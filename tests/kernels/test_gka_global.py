@@ -245,6 +245,12 @@ def test_interpreter_block_inverse_in_the_op(triton_interpreter, poison_outputs,
               grad_tol=2e-2)
 
 
+def test_interpreter_wide_default_layout_chebyshev(triton_interpreter, poison_outputs):
+    # 64-wide bf16 heads default to the split forward with the block inverse; the Chebyshev solver bypasses it
+    tensors = make_inputs(1, 13, 1, 64, 16, dtype=torch.bfloat16, seed=80)
+    check(tensors, solver="chebyshev", grad_reference=chebyshev_grad_reference(), fwd_tol=1e-2, grad_tol=3e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
