@@ -36,8 +36,9 @@ SWEEP = {
          {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}],
     # 64-wide heads default to the split forward with the block inverse on 32-wide leaves (global_solve_leaf)
     64: [{}, {"global_solve_leaf": 64}, {"global_solve_leaf": 16}, {"global_solve_warps": 4},
-         {"global_split": False}, {"global_split": False, "global_solve_leaf": 64}, {"global_num_warps_bwd": 8},
-         {"global_block_t_bwd": 32}],
+         {"global_solve_warps": 1}, {"global_split": False}, {"global_split": False, "global_solve_leaf": 64},
+         {"global_num_warps_bwd": 8}, {"global_block_t_bwd": 32}, {"global_split_bwd": True},
+         {"global_split_bwd": True, "global_block_t_bwd": 32}],
 }
 
 

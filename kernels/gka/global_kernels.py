@@ -439,12 +439,13 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
-def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, T, H,
+def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, first, last, T, H,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr,
               LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dk = β ⊙ (K S + V dU), dv = β ⊙ (K dUᵀ), dβ_t = k_t·(½ S k_t + dUᵀ v_t) for every token. RELOAD: S and dU
-    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. PREFETCH: as in
-    :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
+    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. The tiles start at
+    ``first``, ``first + BT``, … below ``last`` (0 and T but in the key-side launch of the split backward).
+    PREFETCH: as in :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
     if not RELOAD:
         dUt = tl.trans(dU)
         if LP:
@@ -453,7 +454,7 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
             dUt_hi, dUt_lo = _split(dUt, tl.bfloat16, PASSES)
         else:
             S_hi, S_lo, dU_hi, dU_lo, dUt_hi, dUt_lo = S, S, dU, dU, dUt, dUt
-    for start in range(0, T, BT):
+    for start in range(first, last, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
         if PREFETCH:
@@ -481,12 +482,37 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
                           PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
-                          PACKED: tl.constexpr):
+                          PACKED: tl.constexpr, STAGE: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
-    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
+    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients).
+
+    STAGE 0 does all of it. The split backward (wide heads: each part then needs fewer registers, and the key side,
+    which sums nothing over the tokens, runs one program per token tile) is STAGE 1, everything up to S and dU, stored
+    in ``scratch``, then STAGE 2 on the grid (batch·head, token tiles): dk, dv, dβ of tile ``program_id(1)``."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
+    p_s = scratch + i_bh * (K * K + V * K)
+    p_du = p_s + K * K
+    if STAGE == 2:
+        S = tl.load(p_s + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+        dU = tl.load(p_du + tl.arange(0, V)[:, None] * K + tl.arange(0, K)[None, :])
+        first = tl.program_id(1) * BT
+        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, 0.0,
+                  0.0, 0.0, first, first + BT, T, H, K, V, BT, HAS_BETA, False, LP, PASSES, PREC, EMU, False)
+    else:
+        _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh,
+                             off_k, off_v, off_g, T, H, K, V, BT, HAS_BETA, HAS_ALPHA, RELOAD, LP, PASSES, PREC,
+                             SPREC, EMU, PREFETCH, PACKED, STAGE)
+
+
+@triton.jit
+def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh, off_k,
+                         off_v, off_g, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                         PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                         PREFETCH: tl.constexpr, PACKED: tl.constexpr, STAGE: tl.constexpr):
+    """The backward of one (batch, head) but for STAGE 1 its key side (:func:`gka_global_bwd_kernel`)."""
     p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
     if PREFETCH:
@@ -504,14 +530,14 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
                          an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
     kn, vn, bn = 0.0, 0.0, 0.0
-    if PREFETCH:
+    if PREFETCH and STAGE == 0:
         kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
     S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU, PACKED)
-    p_s = scratch + i_bh * (K * K + V * K)
-    p_du = p_s + K * K
-    if RELOAD:
+    if RELOAD or STAGE == 1:
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)
-        tl.debug_barrier()
-    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn, bn,
-              T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+    if STAGE == 0:
+        if RELOAD:
+            tl.debug_barrier()
+        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn,
+                  bn, 0, T, T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)

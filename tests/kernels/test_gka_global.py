@@ -245,6 +245,21 @@ def test_interpreter_block_inverse_in_the_op(triton_interpreter, poison_outputs,
               grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("K,V,T,gates", [(16, 32, 37, "both"), (32, 16, 16, "beta"), (64, 16, 23, "alpha"),
+                                         (16, 16, 1, "none")])
+def test_interpreter_split_backward(triton_interpreter, poison_outputs, K, V, T, gates):
+    # the backward in two launches (query side + state gradients, then the key side per token tile), with and
+    # without the re-read operands; T = 16: one full tile, T = 1 and 37: partial last tiles
+    tensors = make_inputs(1, T, 2, K, V, use_beta=gates in ("both", "beta"), use_alpha=gates in ("both", "alpha"),
+                          seed=90 + K + T)
+    for reload in (False, True):
+        with launch_overrides("gka", global_split_bwd=True, global_reload=reload, global_block_t_bwd=16):
+            check(tensors)
+    # bf16 (one token would make H rank one: dβ then cancels to ~6e-2 relative with or without the split)
+    with launch_overrides("gka", global_split_bwd=True):
+        check(make_inputs(1, T + 4, 2, K, V, dtype=torch.bfloat16, seed=91 + T), fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_wide_default_layout_chebyshev(triton_interpreter, poison_outputs):
     # 64-wide bf16 heads default to the split forward with the block inverse; the Chebyshev solver bypasses it
     tensors = make_inputs(1, 13, 1, 64, 16, dtype=torch.bfloat16, seed=80)
@@ -291,7 +306,7 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
 @pytest.mark.parametrize("setting, value", [("global_chunk", 32), ("global_block_t", 24), ("global_block_t_bwd", 8),
                                             ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
                                             ("global_solve_warps", 3), ("global_split", "no"),
-                                            ("global_solve_leaf", 8)])
+                                            ("global_solve_leaf", 8), ("global_split_bwd", "on")])
 def test_launch_override_names(triton_interpreter, setting, value):
     """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
@@ -356,8 +371,9 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
     ((64, 197, 6, 64, 64), {"global_solve_leaf": 16}),
     ((64, 197, 6, 64, 64), {"global_solve_leaf": 64}),
     ((16, 197, 4, 128, 128), {"global_solve_leaf": 32, "global_split": True}),
+    ((64, 197, 6, 64, 64), {"global_split_bwd": True}),
 ], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32", "leaf16-D64", "leaf64-D64",
-        "leaf32-split-D128"])
+        "leaf32-split-D128", "split-bwd-D64"])
 def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
     # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
     # forward's fp64 solve
