@@ -171,20 +171,23 @@ def _inverse_in_memory(p_h, p_m, ridge, K: tl.constexpr, LEAF: tl.constexpr, SPR
     N: tl.constexpr = K // 2
     r = tl.arange(0, N)[:, None]
     c = tl.arange(0, N)[None, :]
+    # H is symmetric (A21 = A12ᵀ); A12 and A22 are read again where they are used (L1 / L2 hits), so that only
+    # A11 is held through its sweep
     A11 = tl.load(p_h + r * K + c)
     A12 = tl.load(p_h + r * K + N + c)
-    A21 = tl.load(p_h + (N + r) * K + c)
     A22 = tl.load(p_h + (N + r) * K + N + c)
-    F = tl.sqrt(tl.sum(tl.sum(A11 * A11 + A12 * A12 + A21 * A21 + A22 * A22, 1), 0))
+    F = tl.sqrt(tl.sum(tl.sum(A11 * A11 + 2.0 * (A12 * A12) + A22 * A22, 1), 0))
     lam = ridge * (F + EPS)
     scale = F + lam
     A11 = tl.where(r == c, A11 + lam, A11)
-    A22 = tl.where(r == c, A22 + lam, A22)
     if LEAF * 2 == K:
         I11 = _sweep_inverse(A11, scale, N, True)
     else:
         I11 = _schur_sweeps(A11, scale, N, SPREC, EMU)
-    M11, M12, M22 = _schur_blocks(I11, A12, A21, A22, scale, K, LEAF * 4 == K, SPREC, EMU)
+    A12 = tl.load(p_h + r * K + N + c, cache_modifier=".cg")
+    A22 = tl.load(p_h + (N + r) * K + N + c, cache_modifier=".cg")
+    A22 = tl.where(r == c, A22 + lam, A22)
+    M11, M12, M22 = _schur_blocks(I11, A12, tl.trans(A12), A22, scale, K, LEAF * 4 == K, SPREC, EMU)
     tl.store(p_m + r * K + c, M11)
     tl.store(p_m + r * K + N + c, M12)
     tl.store(p_m + (N + c) * K + r, M12)                                  # M21 = M12ᵀ
