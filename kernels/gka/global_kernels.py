@@ -36,7 +36,8 @@ inverse for wide heads (``LEAF`` < K: :mod:`.inverse_kernels`).
 
 The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
 triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
-recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores.
+recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores. Both passes can
+run as separate launches (the forward's ``PHASE``, the backward's ``STAGE``), which 64-wide heads use for the solve.
 """
 
 from __future__ import annotations
