@@ -171,8 +171,8 @@ def _inverse_in_memory(p_h, p_m, ridge, K: tl.constexpr, LEAF: tl.constexpr, SPR
     N: tl.constexpr = K // 2
     r = tl.arange(0, N)[:, None]
     c = tl.arange(0, N)[None, :]
-    # H is symmetric (A21 = A12ᵀ); A12 and A22 are read again where they are used (L1 / L2 hits), so that only
-    # A11 is held through its sweep
+    # H is symmetric (A21 = A12ᵀ). Few blocks are live at a time (registers: one warp holds a 32×32 fp32 block in 32
+    # per thread): A12 and A22 are read again where they are used, and A11⁻¹ waits in M11's place until the end
     A11 = tl.load(p_h + r * K + c)
     A12 = tl.load(p_h + r * K + N + c)
     A22 = tl.load(p_h + (N + r) * K + N + c)
@@ -184,11 +184,20 @@ def _inverse_in_memory(p_h, p_m, ridge, K: tl.constexpr, LEAF: tl.constexpr, SPR
         I11 = _sweep_inverse(A11, scale, N, True)
     else:
         I11 = _schur_sweeps(A11, scale, N, SPREC, EMU)
+    tl.store(p_m + r * K + c, I11)
     A12 = tl.load(p_h + r * K + N + c, cache_modifier=".cg")
+    X = _state_dot(I11, A12, SPREC, EMU)                                   # A11⁻¹ A12
     A22 = tl.load(p_h + (N + r) * K + N + c, cache_modifier=".cg")
-    A22 = tl.where(r == c, A22 + lam, A22)
-    M11, M12, M22 = _schur_blocks(I11, A12, tl.trans(A12), A22, scale, K, LEAF * 4 == K, SPREC, EMU)
-    tl.store(p_m + r * K + c, M11)
+    S = _symmetrised(tl.where(r == c, A22 + lam, A22) - _state_dot(tl.trans(A12), X, SPREC, EMU))
+    if LEAF * 2 == K:
+        M22 = _sweep_inverse(S, scale, N, True)
+    else:
+        M22 = _schur_sweeps(S, scale, N, SPREC, EMU)
+    M12 = -_state_dot(X, M22, SPREC, EMU)
     tl.store(p_m + r * K + N + c, M12)
     tl.store(p_m + (N + c) * K + r, M12)                                  # M21 = M12ᵀ
     tl.store(p_m + (N + r) * K + N + c, M22)
+    tl.debug_barrier()                                                    # A11⁻¹ in M11's place, seen by all warps
+    I11 = tl.load(p_m + r * K + c, cache_modifier=".cg")
+    tl.debug_barrier()                                                    # read by all before M11 overwrites it
+    tl.store(p_m + r * K + c, _symmetrised(I11 - _state_dot(M12, tl.trans(X), SPREC, EMU)))
