@@ -3,12 +3,13 @@
 For each vision shape: forward (inputs requiring grad, as in training), inference forward (no grad) and
 forward+backward (gradients of q, k, v, β, α for GKA; q, k, v for SDPA), each eager and replayed from a CUDA graph
 (GPU time without launch gaps); ratios GKA / SDPA against the targets. ``--sweep`` then times fwd+bwd for a few
-launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names). ``--precision`` sets
+launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names), and ``--kernels`` the
+GPU time of each kernel of those layouts (torch.profiler, after all the CUDA-graph timings). ``--precision`` sets
 one bf16 product pass against two (``global_passes``): the relative error of o and of every gradient against the
 float64 closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the
 fwd+bwd GPU time of each (CUDA graph, best of three interleaved rounds).
 
-    python benchmarks/gka_global_timing.py [--quick] [--sweep] [--precision] [--out DIR]
+    python benchmarks/gka_global_timing.py [--quick] [--sweep] [--kernels] [--precision] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 2
 SWEEP = {
     16: [{}, {"global_packed": True}, {"global_prefetch": False, "global_prefetch_bwd": False},
          {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}],
-    64: [{}, {"global_split": True}, {"global_split": True, "global_solve_warps": 1},
-         {"global_split": True, "global_solve_warps": 4}, {"global_split": True, "global_block_t": 32}],
+    # 64-wide heads default to the split forward with the block inverse on 32-wide leaves (global_solve_leaf)
+    64: [{}, {"global_solve_leaf": 64}, {"global_solve_leaf": 16}, {"global_solve_warps": 4},
+         {"global_solve_warps": 1}, {"global_split": False}, {"global_split": False, "global_solve_leaf": 64},
+         {"global_num_warps_bwd": 8}, {"global_block_t_bwd": 32}, {"global_split_bwd": True},
+         {"global_split_bwd": True, "global_block_t_bwd": 32}],
 }
 
 
@@ -126,6 +130,24 @@ def sweep(rows: list[dict], deadline: float) -> None:
                   flush=True)
 
 
+def kernels(rows: list[dict]) -> None:
+    """GPU µs per call of every kernel of GKA's fwd+bwd (torch.profiler) for each sweep layout. Run after every
+    CUDA-graph timing of the process: with torch 2.11, a graph captured after a profiler session fails
+    (cudaErrorStreamCaptureImplicit)."""
+    from visionssm.utils.benchmark import kernel_times_us
+
+    for name, B, T, H, D, _ in SHAPES:
+        shape = f"B{B} T{T} H{H} D{D}"
+        for cfg in SWEEP[D]:
+            with launch_overrides("gka", **cfg):
+                times = kernel_times_us(steps(B, T, H, D)["gka"]["fwd+bwd"])
+            label = ",".join(f"{k[len('global_'):]}={v}" for k, v in cfg.items()) or "default"
+            ours = {key: round(us, 1) for key, us in times.items() if "gka" in key}
+            rows.append({"shape": shape, "id": name, "mode": "kernels", "config": label, **ours})
+            print(f"kernels {name} {shape:>20} {label:>44}  " + "  ".join(f"{key} {us:.1f} us"
+                                                                       for key, us in ours.items()), flush=True)
+
+
 def _errors(outs, refs) -> str:
     """Relative Frobenius error / max-abs error over the reference's max-abs, per tensor (o, then the gradients)."""
     cells = []
@@ -195,6 +217,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
                         "benchmarks/results)")
     parser.add_argument("--quick", action="store_true", help="main table: forward and fwd+bwd, CUDA graphs only")
+    parser.add_argument("--kernels", action="store_true", help="last: per-kernel GPU time of each sweep layout "
+                        "(torch.profiler)")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds after which the sweep stops")
     args = parser.parse_args()
     start = time.time()
@@ -208,6 +232,9 @@ def main() -> None:
     save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
     if args.sweep:
         sweep(rows, start + args.budget)
+        save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
+    if args.kernels:
+        kernels(rows)
         save_results("kernels-gka-global", rows, out_dir=args.out, env=env)
     print(f"# results: {Path(args.out)}/kernels-gka-global-{slug(env['device'])}-"
           f"{env['date']}.json", flush=True)

@@ -31,11 +31,13 @@ values converted to fp32 (exact products, fp32 accumulation: what the tensor cor
 Accuracy of M: a swept inverse in fp32 is off by ~κ·u in every entry, unstructured, and the read-out and
 gradient contractions cancel large entries of M (e.g. k·M k when the keys span few directions), which turns that
 into ~1e-4 relative errors of dβ and dk for fp32 inputs; ``F64`` sweeps in fp64 and rounds M once (fp32 inputs
-only: for bf16 inputs the error is far below the output's rounding).
+only: for bf16 inputs the error is far below the output's rounding). Other inputs invert in fp32 with a block
+inverse for wide heads (``LEAF`` < K: :mod:`.inverse_kernels`).
 
 The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
 triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
-recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores.
+recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores. Both passes can
+run as separate launches (the forward's ``PHASE``, the backward's ``STAGE``), which 64-wide heads use for the solve.
 """
 
 from __future__ import annotations
@@ -43,44 +45,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .inverse_kernels import _block_inverse, _inverse_in_memory, _lp_dot, _split, _state_dot, _sweep_inverse
+
 __all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
-
-
-@triton.jit
-def _lp_dot(a, b, acc, EMU: tl.constexpr):
-    """a @ b + acc for 16-bit a, b: exact products, fp32 accumulation."""
-    if EMU:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
-
-
-@triton.jit
-def _split(x, LP_TY: tl.constexpr, PASSES: tl.constexpr):
-    """fp32 x ≈ hi + lo with hi, lo in LP_TY (lo = hi when one pass is asked for: never read then)."""
-    hi = x.to(LP_TY)
-    if PASSES == 2:
-        lo = (x - hi.to(tl.float32)).to(LP_TY)
-    else:
-        lo = hi
-    return hi, lo
-
-
-@triton.jit
-def _state_dot(a, b, SPREC: tl.constexpr, EMU: tl.constexpr):
-    """a @ b for fp32 a, b (the per-(batch, head) products): ``"bf16x3"`` = hi·hi + hi·lo + lo·hi on bf16 tensor
-    cores (~2⁻¹⁶ relative; its operands take half the shared memory of tf32x3's, which matters for 128-wide
-    heads), else tl.dot's ``SPREC``."""
-    if SPREC == "bf16x3":
-        a_hi, a_lo = _split(a, tl.bfloat16, 2)
-        b_hi, b_lo = _split(b, tl.bfloat16, 2)
-        out = _lp_dot(a_hi, b_lo, None, EMU)
-        out = _lp_dot(a_lo, b_hi, out, EMU)
-        out = _lp_dot(a_hi, b_hi, out, EMU)
-    else:
-        out = tl.dot(a, b, input_precision=SPREC)
-    return out
 
 
 @triton.jit
@@ -202,30 +169,6 @@ def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, 
 
 
 @triton.jit
-def _sweep_inverse(A, scale, K: tl.constexpr):
-    """A⁻¹ for a symmetric positive definite A (κ ≤ 1 + 1/ridge here) whose diagonal entries are at most ``scale``:
-    K Gauss–Jordan sweeps of B = A / scale, no pivoting, one rank-1 update each.
-
-    Sweeping pivot j with d = b_jj maps b_jj → −1/d, b_ij and b_ji → b_ij/d (i ≠ j) and every other entry
-    b_il → b_il − b_ij b_jl / d; after all K pivots the tile holds −B⁻¹. For a symmetric tile that map is
-    B − a aᵀ − 2 e_j e_jᵀ with a = (b_:j − e_j)/√d (d > 0: B stays positive definite on the pivots not swept yet).
-    The −2 on b_jj is left out: no later pivot reads b_jj (they read their own column, whose entry j is off the
-    diagonal), so after all K pivots B⁻¹ = 2I − B. Each step is one column reduction (within a warp) and one
-    update of one fused multiply–add per entry; the tile stays exactly symmetric (a_i a_l = a_l a_i). The scaling
-    keeps every pivot d ≤ 1, so the shifted diagonal 2 − 1/d − … never cancels against the 2 taken off at the end."""
-    offs = tl.arange(0, K)
-    inv_scale = 1.0 / scale
-    B = A * inv_scale
-    for j in range(K):
-        col = tl.sum(tl.where(offs[None, :] == j, B, 0.0), 1)            # column j = row j
-        unit = tl.where(offs == j, 1.0, 0.0)
-        d = tl.sum(col * unit, 0)
-        a = (col - unit) * (1.0 / tl.sqrt(d))
-        B -= a[:, None] * a[None, :]
-    return (tl.where(offs[:, None] == offs[None, :], 2.0, 0.0) - B) * inv_scale
-
-
-@triton.jit
 def _chebyshev_inverse(A, lam, F, K: tl.constexpr, NUM_ITERS: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr):
     """p_r(A) for the paper's Algorithm 1 (μ = λ, L = F + λ) run on the identity: then x_t = p_r(A) q_t is the
     iteration's result for every token."""
@@ -248,8 +191,9 @@ def _chebyshev_inverse(A, lam, F, K: tl.constexpr, NUM_ITERS: tl.constexpr, SPRE
 
 @triton.jit
 def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, SPREC: tl.constexpr,
-                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr):
-    """M for H: the exact inverse of H + λI (SOLVER 0; swept in fp64 when F64) or its Chebyshev polynomial."""
+                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr, LEAF: tl.constexpr):
+    """M for H: the exact inverse of H + λI (SOLVER 0: swept in fp64 when F64, else a block inverse on sweeps of
+    LEAF) or its Chebyshev polynomial."""
     offs = tl.arange(0, K)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     lam = ridge * (F + EPS)
@@ -258,7 +202,7 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
         if F64:
             M = _sweep_inverse(A.to(tl.float64), (F + lam).to(tl.float64), K).to(tl.float32)
         else:
-            M = _sweep_inverse(A, F + lam, K)
+            M = _block_inverse(A, F + lam, K, LEAF, SPREC, EMU)
     else:
         M = _chebyshev_inverse(A, lam, F, K, NUM_ITERS, SPREC, EMU)
     return M
@@ -362,7 +306,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                           PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
                           F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
-                          PACKED: tl.constexpr):
+                          PACKED: tl.constexpr, LEAF: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
     PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
     latency hidden behind them and the solve).
@@ -392,7 +336,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
         _store_matrix(p_u, Us, K, V)
     else:
         if PHASE == 0:
-            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
             if SAVE or RELOAD:
                 _store_symmetric(p_h, Hs, K, PACKED)
                 _store_symmetric(p_m, M, K, PACKED)
@@ -409,11 +353,15 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
 @triton.jit
 def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
                             NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr):
-    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``)."""
+                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr, LEAF: tl.constexpr):
+    """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``). The block
+    inverse (LEAF < K) reads and writes its top-level blocks in place in the state instead of holding K×K tiles."""
     p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
-    M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
-    _store_symmetric(p_m, M, K, PACKED)
+    if SOLVER == 0 and not F64 and not PACKED and LEAF < K:
+        _inverse_in_memory(p_h, p_m, ridge, K, LEAF, SPREC, EMU, EPS)
+    else:
+        M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
+        _store_symmetric(p_m, M, K, PACKED)
 
 
 @triton.jit
@@ -492,12 +440,13 @@ def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
-def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, T, H,
+def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, first, last, T, H,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr,
               LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dk = β ⊙ (K S + V dU), dv = β ⊙ (K dUᵀ), dβ_t = k_t·(½ S k_t + dUᵀ v_t) for every token. RELOAD: S and dU
-    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. PREFETCH: as in
-    :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
+    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. The tiles start at
+    ``first``, ``first + BT``, … below ``last`` (0 and T but in the key-side launch of the split backward).
+    PREFETCH: as in :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
     if not RELOAD:
         dUt = tl.trans(dU)
         if LP:
@@ -506,7 +455,7 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
             dUt_hi, dUt_lo = _split(dUt, tl.bfloat16, PASSES)
         else:
             S_hi, S_lo, dU_hi, dU_lo, dUt_hi, dUt_lo = S, S, dU, dU, dUt, dUt
-    for start in range(0, T, BT):
+    for start in range(first, last, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
         if PREFETCH:
@@ -534,12 +483,37 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
                           PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
-                          PACKED: tl.constexpr):
+                          PACKED: tl.constexpr, STAGE: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
-    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
+    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients).
+
+    STAGE 0 does all of it. The split backward (wide heads: each part then needs fewer registers, and the key side,
+    which sums nothing over the tokens, runs one program per token tile) is STAGE 1, everything up to S and dU, stored
+    in ``scratch``, then STAGE 2 on the grid (batch·head, token tiles): dk, dv, dβ of tile ``program_id(1)``."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
+    p_s = scratch + i_bh * (K * K + V * K)
+    p_du = p_s + K * K
+    if STAGE == 2:
+        S = tl.load(p_s + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+        dU = tl.load(p_du + tl.arange(0, V)[:, None] * K + tl.arange(0, K)[None, :])
+        first = tl.program_id(1) * BT
+        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, 0.0,
+                  0.0, 0.0, first, first + BT, T, H, K, V, BT, HAS_BETA, False, LP, PASSES, PREC, EMU, False)
+    else:
+        _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh,
+                             off_k, off_v, off_g, T, H, K, V, BT, HAS_BETA, HAS_ALPHA, RELOAD, LP, PASSES, PREC,
+                             SPREC, EMU, PREFETCH, PACKED, STAGE)
+
+
+@triton.jit
+def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh, off_k,
+                         off_v, off_g, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                         PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                         PREFETCH: tl.constexpr, PACKED: tl.constexpr, STAGE: tl.constexpr):
+    """The backward of one (batch, head) but for STAGE 1 its key side (:func:`gka_global_bwd_kernel`)."""
     p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
     if PREFETCH:
@@ -557,14 +531,14 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
                          an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
     kn, vn, bn = 0.0, 0.0, 0.0
-    if PREFETCH:
+    if PREFETCH and STAGE == 0:
         kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
     S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU, PACKED)
-    p_s = scratch + i_bh * (K * K + V * K)
-    p_du = p_s + K * K
-    if RELOAD:
+    if RELOAD or STAGE == 1:
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)
-        tl.debug_barrier()
-    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn, bn,
-              T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+    if STAGE == 0:
+        if RELOAD:
+            tl.debug_barrier()
+        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn,
+                  bn, 0, T, T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)

@@ -26,9 +26,17 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   up to 32 wide, whose tiles take few registers;
 * ``global_split`` — the forward in three launches (statistics; the K×K solve on programs of
   ``global_solve_warps`` warps that hold nothing else, many to an SM; the read-out) instead of one: meant for 64-wide
-  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. Off by
-  default: 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
+  heads, whose fused program fits two to an SM and spends most of its time in the solve's serial steps. On by
+  default for 64-wide heads (bf16 / fp16 inputs) with the block inverse (``global_solve_leaf``); with the 64-step
+  sweep it was 0.99–1.00× the fused program's fwd+bwd at B256 T197 H6 D64 (H100, the sweep of
   benchmarks/gka_global_timing.py), 1.34× with one solve warp;
+* ``global_solve_leaf`` — the width of the Gauss–Jordan sweeps of the direct solve (inputs other than fp32, which
+  sweep the whole matrix in fp64): K sweeps the whole K×K matrix, K/2 and K/4 invert by one or two levels of 2×2
+  Schur complements (:mod:`.inverse_kernels`); default K/2 for 64-wide heads (with ``global_split``), K otherwise;
+* ``global_split_bwd`` — the backward in two launches: the query side and the state gradients (S and dU stored in a
+  scratch buffer), then the key side on one program per (batch·head, token tile), which sums nothing over the
+  tokens. Meant for 64-wide heads, whose one-launch backward takes 255 registers with spills at sm_90a (two programs
+  per SM); off by default (not yet timed);
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
@@ -49,7 +57,8 @@ __all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
           "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
-          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed")
+          "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed", "global_solve_leaf",
+          "global_split_bwd")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -67,7 +76,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
-           "packed": False,
+           "packed": False, "solve_leaf": K, "split_bwd": False,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -85,6 +94,12 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         cfg.update(block_t=32, prec="ieee", sprec="ieee")
     elif full and width <= 64:
         cfg.update(block_t=32)
+    elif K == 64 and V <= 64:
+        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf); H100,
+        # bf16, B256 T197 H6 D64, fwd+bwd from a CUDA graph: 0.569 ms = 1.35x SDPA; the fused forward with the block
+        # inverse held in registers (255 registers; its leaf sweeps then reduced over columns) took 0.641 ms = 1.52x
+        # in an earlier run (2026-11-24, SDPA in each run)
+        cfg.update(split=True, solve_leaf=32)
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
@@ -102,9 +117,12 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         raise ValueError(f"gka launch setting global_passes must be 1 or 2, got {cfg['passes']}")
     if cfg["solve_warps"] not in (1, 2, 4, 8):
         raise ValueError(f"gka launch setting global_solve_warps must be 1, 2, 4 or 8, got {cfg['solve_warps']}")
+    if cfg["solve_leaf"] not in (K, K // 2, K // 4) or cfg["solve_leaf"] < 16:
+        raise ValueError(f"gka launch setting global_solve_leaf must be K, K/2 or K/4 and at least 16 (K = {K}), got "
+                         f"{cfg['solve_leaf']}")
     if cfg["packed"] and max(K, V) > 32:
         raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
-    for name in ("prefetch", "prefetch_bwd", "split", "packed"):
+    for name in ("prefetch", "prefetch_bwd", "split", "packed", "split_bwd"):
         if cfg[name] not in (True, False):
             raise ValueError(f"gka launch setting global_{name} must be True or False, got {cfg[name]!r}")
     return cfg
@@ -113,7 +131,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
 class GlobalPlan:
     """Everything about one problem's launches that does not change from call to call."""
 
-    __slots__ = ("fwd", "bwd", "solve", "read_out", "states_shape", "scratch_shape", "dummy", "save")
+    __slots__ = ("fwd", "bwd", "bwd_keys", "solve", "read_out", "states_shape", "scratch_shape", "dummy", "save")
 
     def __init__(self, B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype, v_dtype: torch.dtype,
                  device: torch.device, has_beta: bool, has_alpha: bool, solver: str, num_iters: int, save: bool):
@@ -135,10 +153,12 @@ class GlobalPlan:
         split = bool(cfg["split"])
         self.save = save
         self.states_shape = (B * H, state_words(K, V, reload, bool(cfg["packed"]))) if save or reload or split else None
-        self.scratch_shape = (B * H, K * K + V * K) if reload else None
+        split_bwd = bool(cfg["split_bwd"])
+        self.scratch_shape = (B * H, K * K + V * K) if reload or split_bwd else None
         # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
         self.dummy = torch.empty(1, device=device, dtype=torch.float32)
-        solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS}
+        solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS,
+                 "LEAF": cfg["solve_leaf"]}
         fwd = {**{n: c for n, c in common.items() if n != "RELOAD"}, **solve, "BT": cfg["block_t"], "SAVE": save,
                "RELOAD": reload, "PREFETCH": bool(cfg["prefetch"])}
         options = launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"])
@@ -150,11 +170,17 @@ class GlobalPlan:
                                        "PACKED": common["PACKED"]},
                                       launch_options(cfg["solve_warps"], num_stages=1))
             self.read_out = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 2}, options)
-        self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H),
-                                {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"])},
-                                launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
-                                               max_registers=cfg["max_registers_bwd"])
-                                ) if save else None
+        self.bwd = self.bwd_keys = None
+        if save:
+            bwd = {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"])}
+            bwd_options = launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
+                                         max_registers=cfg["max_registers_bwd"])
+            self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**bwd, "STAGE": 1 if split_bwd else 0},
+                                    bwd_options)
+            if split_bwd:
+                tiles = -(-T // cfg["block_t_bwd"])
+                self.bwd_keys = DirectLaunch(gka_global_bwd_kernel, (B * H, tiles), (T, H),
+                                             {**bwd, "PREFETCH": False, "STAGE": 2}, bwd_options)
 
 
 _PLANS = tuning.PlanCache()
@@ -207,7 +233,10 @@ def global_bwd(plan: GlobalPlan, q, k, v, beta, alpha, states, do, ridge: float)
     dalpha = None if alpha is None else empty_output_like(alpha)
     shape = plan.scratch_shape
     scratch = dummy if shape is None else torch.empty(shape, device=q.device, dtype=torch.float32)
-    plan.bwd(aligned16(q, k, v, beta, alpha, do), q, k, v, dummy if beta is None else beta,
-             dummy if alpha is None else alpha, do, states, scratch, dq, dk, dv, dummy if dbeta is None else dbeta,
-             dummy if dalpha is None else dalpha, ridge)
+    args = (q, k, v, dummy if beta is None else beta, dummy if alpha is None else alpha, do, states, scratch, dq, dk,
+            dv, dummy if dbeta is None else dbeta, dummy if dalpha is None else dalpha, ridge)
+    aligned = aligned16(q, k, v, beta, alpha, do)
+    plan.bwd(aligned, *args)
+    if plan.bwd_keys is not None:
+        plan.bwd_keys(aligned, *args)
     return dq, dk, dv, dbeta, dalpha

@@ -16,7 +16,9 @@ import torch
 from gka_inputs import adversarial_keys, run_with_grads
 
 from visionssm.kernels.gka import gka
-from visionssm.kernels.gka.naive import gka_chunked, gka_recurrent
+from visionssm.kernels.gka.global_kernels import gka_global_solve_kernel
+from visionssm.kernels.gka.global_launch import state_words
+from visionssm.kernels.gka.naive import EPS, gka_chunked, gka_recurrent
 from visionssm.kernels.gka.naive import gka_closed_form as closed_form_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
@@ -212,6 +214,58 @@ def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
         check(make_inputs(1, 23, 1, 64, 16, dtype=torch.bfloat16, seed=71), fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("K,leaf", [(32, 16), (64, 32), (64, 16), (128, 64), (128, 32)])
+@pytest.mark.parametrize("tokens", [3, 200])
+def test_interpreter_block_inverse(triton_interpreter, K, leaf, tokens):
+    # the solve alone (the split forward's middle launch) on saved H: the block inverse (2x2 Schur complements on
+    # sweeps of ``leaf``, fp32) against float64; 3 tokens give a rank-3 H, κ at its bound 1 + 1/ridge
+    ridge = 0.02
+    gen = torch.Generator().manual_seed(K + leaf + tokens)
+    keys = torch.nn.functional.normalize(torch.randn(2, tokens, K, generator=gen, dtype=torch.float64), dim=-1)
+    H = torch.einsum("bti,btj->bij", keys * torch.rand(2, tokens, 1, generator=gen, dtype=torch.float64), keys)
+    words = state_words(K, 16, reload=False, packed=False)
+    states = torch.full((2, words), float("nan"), dtype=torch.float32)
+    states[:, :K * K] = H.reshape(2, K * K).float()
+    gka_global_solve_kernel[(2,)](states, ridge, K=K, V=16, SOLVER=0, NUM_ITERS=0, RELOAD=False, SPREC="ieee",
+                                  EMU=True, F64=False, EPS=EPS, PACKED=False, LEAF=leaf)
+    A = H.float().double() + ridge * (torch.linalg.matrix_norm(H.float().double()) + EPS)[:, None, None] * torch.eye(
+        K, dtype=torch.float64)
+    M = states[:, K * K:2 * K * K].reshape(2, K, K)
+    assert torch.equal(M, M.transpose(1, 2)), "M must be exactly symmetric"
+    assert_close(M, torch.linalg.inv(A), tol=1e-5, name=f"M (K {K}, leaf {leaf})")
+
+
+@pytest.mark.parametrize("K,V,leaf,split", [(64, 16, 32, False), (64, 16, 16, True), (128, 16, 64, False),
+                                            (128, 16, 32, True)])
+def test_interpreter_block_inverse_in_the_op(triton_interpreter, poison_outputs, K, V, leaf, split):
+    # fp16 inputs (exact in fp32, solved in fp32 with the block inverse; fp32 inputs sweep in fp64) and bf16 ones
+    with launch_overrides("gka", global_solve_leaf=leaf, global_split=split):
+        check(make_inputs(1, 21, 1, K, V, dtype=torch.float16, seed=K + leaf), fwd_tol=2e-3, grad_tol=5e-3)
+        check(make_inputs(1, 9, 1, K, V, dtype=torch.bfloat16, use_alpha=False, seed=K - leaf), fwd_tol=1e-2,
+              grad_tol=2e-2)
+
+
+@pytest.mark.parametrize("K,V,T,gates", [(16, 32, 37, "both"), (32, 16, 16, "beta"), (64, 16, 23, "alpha"),
+                                         (16, 16, 1, "none")])
+def test_interpreter_split_backward(triton_interpreter, poison_outputs, K, V, T, gates):
+    # the backward in two launches (query side + state gradients, then the key side per token tile), with and
+    # without the re-read operands; T = 16: one full tile, T = 1 and 37: partial last tiles
+    tensors = make_inputs(1, T, 2, K, V, use_beta=gates in ("both", "beta"), use_alpha=gates in ("both", "alpha"),
+                          seed=90 + K + T)
+    for reload in (False, True):
+        with launch_overrides("gka", global_split_bwd=True, global_reload=reload, global_block_t_bwd=16):
+            check(tensors)
+    # bf16 (one token would make H rank one: dβ then cancels to ~6e-2 relative with or without the split)
+    with launch_overrides("gka", global_split_bwd=True):
+        check(make_inputs(1, T + 4, 2, K, V, dtype=torch.bfloat16, seed=91 + T), fwd_tol=1e-2, grad_tol=2e-2)
+
+
+def test_interpreter_wide_default_layout_chebyshev(triton_interpreter, poison_outputs):
+    # 64-wide bf16 heads default to the split forward with the block inverse; the Chebyshev solver bypasses it
+    tensors = make_inputs(1, 13, 1, 64, 16, dtype=torch.bfloat16, seed=80)
+    check(tensors, solver="chebyshev", grad_reference=chebyshev_grad_reference(), fwd_tol=1e-2, grad_tol=3e-2)
+
+
 def test_interpreter_g_is_ignored(triton_interpreter, poison_outputs):
     q, k, v, beta, alpha = make_inputs(1, 19, 2, 16, 16, seed=4)
     q.requires_grad_(True)
@@ -251,7 +305,8 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
 
 @pytest.mark.parametrize("setting, value", [("global_chunk", 32), ("global_block_t", 24), ("global_block_t_bwd", 8),
                                             ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
-                                            ("global_solve_warps", 3), ("global_split", "no")])
+                                            ("global_solve_warps", 3), ("global_split", "no"),
+                                            ("global_solve_leaf", 8), ("global_split_bwd", "on")])
 def test_launch_override_names(triton_interpreter, setting, value):
     """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
@@ -313,7 +368,12 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
     ((64, 196, 10, 16, 16), {"global_packed": True, "global_split": True, "global_solve_warps": 1}),
     ((64, 197, 6, 64, 64), {"global_split": True}),
     ((64, 197, 6, 64, 64), {"global_split": True, "global_solve_warps": 1, "global_block_t": 32}),
-], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32"])
+    ((64, 197, 6, 64, 64), {"global_solve_leaf": 16}),
+    ((64, 197, 6, 64, 64), {"global_solve_leaf": 64}),
+    ((16, 197, 4, 128, 128), {"global_solve_leaf": 32, "global_split": True}),
+    ((64, 197, 6, 64, 64), {"global_split_bwd": True}),
+], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32", "leaf16-D64", "leaf64-D64",
+        "leaf32-split-D128", "split-bwd-D64"])
 def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
     # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
     # forward's fp64 solve
