@@ -95,11 +95,12 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     elif full and width <= 64:
         cfg.update(block_t=32)
     elif K == 64 and V <= 64:
-        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf); H100,
-        # bf16, B256 T197 H6 D64, fwd+bwd from a CUDA graph: 0.569 ms = 1.35x SDPA; the fused forward with the block
-        # inverse held in registers (255 registers; its leaf sweeps then reduced over columns) took 0.641 ms = 1.52x
-        # in an earlier run (2026-11-24, SDPA in each run)
-        cfg.update(split=True, solve_leaf=32)
+        # the solve in its own launch as 2x2 Schur complements on 32-step sweeps (see global_solve_leaf), on one
+        # warp; H100, bf16, B256 T197 H6 D64, fwd+bwd from a CUDA graph (2026-11-24, SDPA 0.421 ms in the same call,
+        # kernels-gka-global-blockinverse-final-*): one solve warp 0.534 ms (its solve kernel 69 µs), two 0.547
+        # (85 µs), four 0.622 (157 µs); 16-wide leaves on two warps 0.539; the 64-step sweep 0.600 (140 µs); the
+        # forward in one launch 0.640 with the block inverse held in registers (255 registers), 0.607 with the sweep
+        cfg.update(split=True, solve_leaf=32, solve_warps=1)
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
@@ -120,6 +121,10 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     if cfg["solve_leaf"] not in (K, K // 2, K // 4) or cfg["solve_leaf"] < 16:
         raise ValueError(f"gka launch setting global_solve_leaf must be K, K/2 or K/4 and at least 16 (K = {K}), got "
                          f"{cfg['solve_leaf']}")
+    if cfg["solve_leaf"] != K and K != 64:
+        # built and measured for 64-wide heads; at K = 128 the split forward with 32-wide leaves ran out of GPU
+        # resources (H100, Triton 3.6) where Triton's interpreter had run it
+        raise ValueError(f"gka launch setting global_solve_leaf below K needs 64-wide heads, got K = {K}")
     if cfg["packed"] and max(K, V) > 32:
         raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
     for name in ("prefetch", "prefetch_bwd", "split", "packed", "split_bwd"):
