@@ -230,8 +230,8 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
                      LOAD_INV: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr,
                      ATOMIC_ADD: tl.constexpr):
     """The backward's gradients (grid: chunk with ``SPLIT`` else 1, batch·head, value block × directions on the
-    grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients;
-    otherwise each direction writes its own partial gradients (summed afterwards)."""
+    grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients
+    (``ATOMIC_ADD``: by atomic adds); otherwise each direction writes its own partial gradients (summed afterwards)."""
     i_c, i_bh, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_v = i_z % NV
     i_b, i_h = i_bh // H, i_bh % H

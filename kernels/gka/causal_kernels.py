@@ -341,8 +341,8 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, d
         o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
         b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
         ct = tl.load(c + row, mask=m_t, other=0.0)
-        # read with the chunk's other inputs: read where it is used, after the chunk's stores (which the compiler
-        # cannot move it above), the warp would wait for it
+        # read with the chunk's other inputs: where it is used, after the chunk's stores (which the compiler cannot
+        # move a load above), the warp would wait for it
         dgpt = tl.load(dgp + row, mask=m_t, other=0.0)
         kc = load_tile(k, row, m_t, K, 0, K)
         dO = load_tile(do, row, m_t, V, 0, V)
