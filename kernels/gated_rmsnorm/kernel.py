@@ -34,6 +34,28 @@ def _tile(pid_r, pid_h, R, L, gstride_b, gstride_t, H: tl.constexpr, D: tl.const
 
 
 @triton.jit
+def _normalized(o, off, mask, D: tl.constexpr, EPS: tl.constexpr):
+    """(n, 1/RMS) of the tile's heads in float32: n = x / RMS(x) over each head's D channels, 1/RMS as [BR, HB, 1]."""
+    x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)[:, :, None]
+    return x * rstd, rstd
+
+
+@triton.jit
+def _norm_weight(weight, D: tl.constexpr, BD: tl.constexpr):
+    """The per-channel weight (shared by the heads) as a float32 [1, 1, BD] tile, zero in the padding."""
+    d3 = tl.arange(0, BD)[None, None, :]
+    return tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _norm_input_grad(g, n, rstd, w, D: tl.constexpr):
+    """The gradient of x for the gradient ``g`` of n·w (n = x / RMS(x) per head)."""
+    dn = g * w
+    return rstd * (dn - n * (tl.sum(dn * n, axis=2) / D)[:, :, None])
+
+
+@triton.jit
 def _gate_act(gate, goff, mask, SILU: tl.constexpr):
     """(activation(gate), its derivative)."""
     return _act(tl.load(gate + goff, mask=mask, other=0.0).to(tl.float32), SILU)
@@ -56,11 +78,8 @@ def gated_rmsnorm_fwd_kernel(
     HAS_GATE: tl.constexpr, SILU: tl.constexpr, EPS: tl.constexpr,
 ):
     off, goff, mask = _tile(tl.program_id(0), tl.program_id(1), R, L, gstride_b, gstride_t, H, D, BR, HB, BD)
-    x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)
-    d3 = tl.arange(0, BD)[None, None, :]
-    w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
-    out = x * rstd[:, :, None] * w
+    n, _ = _normalized(o, off, mask, D, EPS)
+    out = n * _norm_weight(weight, D, BD)
     if HAS_GATE:
         act, _ = _gate_act(gate, goff, mask, SILU)
         out *= act
@@ -76,19 +95,15 @@ def gated_rmsnorm_bwd_kernel(
 ):
     pid_r, pid_h = tl.program_id(0), tl.program_id(1)
     off, goff, mask = _tile(pid_r, pid_h, R, L, gstride_b, gstride_t, H, D, BR, HB, BD)
-    x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)[:, :, None]
-    n = x * rstd
-    d3 = tl.arange(0, BD)[None, None, :]
-    w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
+    n, rstd = _normalized(o, off, mask, D, EPS)
+    w = _norm_weight(weight, D, BD)
     g = tl.load(dy + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_GATE:
         act, act_grad = _gate_act(gate, goff, mask, SILU)
         tl.store(dgate + off, g * n * w * act_grad, mask=mask)
         g *= act
     # g is now the gradient of n · w
-    dn = g * w
-    tl.store(do + off, rstd * (dn - n * (tl.sum(dn * n, axis=2) / D)[:, :, None]), mask=mask)
+    tl.store(do + off, _norm_input_grad(g, n, rstd, w, D), mask=mask)
     dw = tl.sum(tl.sum(g * n, axis=0), axis=0)
     d1 = tl.arange(0, BD)
     tl.store(dw_partial + (pid_r * tl.num_programs(1) + pid_h) * D + d1, dw, mask=d1 < D)
@@ -150,14 +165,12 @@ def gated_rmsnorm_lowrank_fwd_kernel(
 ):
     pid, pid_h = tl.program_id(0), tl.program_id(1)
     off, _, mask = _tile(pid, pid_h, NR, L, 0, 0, H, D, BR, HB, BD)
-    x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)
-    d3 = tl.arange(0, BD)[None, None, :]
-    w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
+    n, _ = _normalized(o, off, mask, D, EPS)
+    w = _norm_weight(weight, D, BD)
     gl, _ = _load_gate_low(gate + goffset, pid, NR, L, gstride_b, gstride_t, BR, RANK, RP)
     wt = _load_up_weight(gate_weight, pid_h, H, D, HB, BD, RANK, RP)
     act, _ = _act(_up_project(gl, wt, gate_bias, pid_h, H, D, BR, HB, BD, HAS_BIAS, PREC), SILU)
-    tl.store(y + off, x * rstd[:, :, None] * w * act, mask=mask)
+    tl.store(y + off, n * w * act, mask=mask)
 
 
 @triton.jit
@@ -170,17 +183,14 @@ def gated_rmsnorm_lowrank_bwd_kernel(
     """Programs (p, g) take the row tiles p, p + P, … (P = the grid's first size) of the heads g·HB …; the gradient of
     gate_low is this head group's share, ``dgate_partial[g]`` (the gate's own gradient when there is one group)."""
     pid, pid_h = tl.program_id(0), tl.program_id(1)
-    d3 = tl.arange(0, BD)[None, None, :]
-    w = tl.load(weight + d3, mask=d3 < D, other=0.0).to(tl.float32)
+    w = _norm_weight(weight, D, BD)
     r1 = tl.arange(0, RP)
     acc_w = tl.zeros([BD], dtype=tl.float32)
     acc_gw = tl.zeros([RP, HB * BD], dtype=tl.float32)
     acc_gb = tl.zeros([HB * BD], dtype=tl.float32)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         off, _, mask = _tile(tile, pid_h, NR, L, 0, 0, H, D, BR, HB, BD)
-        x = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(x * x, axis=2) / D + EPS)[:, :, None]
-        n = x * rstd
+        n, rstd = _normalized(o, off, mask, D, EPS)
         g = tl.load(dy + off, mask=mask, other=0.0).to(tl.float32)
         gl, rows = _load_gate_low(gate + goffset, tile, NR, L, gstride_b, gstride_t, BR, RANK, RP)
         # loaded per tile (from L1/L2): kept across the loop it pins a second copy of itself in shared memory
@@ -190,8 +200,7 @@ def gated_rmsnorm_lowrank_bwd_kernel(
         dz = tl.reshape(g * n * w * act_grad, (BR, HB * BD))
         g *= act
         # g is now the gradient of n · w
-        dn = g * w
-        tl.store(do + off, rstd * (dn - n * (tl.sum(dn * n, axis=2) / D)[:, :, None]), mask=mask)
+        tl.store(do + off, _norm_input_grad(g, n, rstd, w, D), mask=mask)
         acc_w += tl.sum(tl.sum(g * n, axis=0), axis=0)
         dgl = tl.dot(dz, tl.trans(wt), input_precision=PREC)
         tl.store(dgate_partial + pid_h * NR * RANK + rows[:, None] * RANK + r1[None, :], dgl,
