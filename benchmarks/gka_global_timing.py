@@ -132,8 +132,8 @@ def sweep(rows: list[dict], deadline: float) -> None:
 
 def kernels(rows: list[dict]) -> None:
     """GPU µs per call of every kernel of GKA's fwd+bwd (torch.profiler) for each sweep layout. Run after every
-    CUDA-graph timing of the process: with torch 2.11, a graph captured after a profiler session fails
-    (cudaErrorStreamCaptureImplicit)."""
+    CUDA-graph timing of the process: in this script's runs on torch 2.11 a graph captured after a profiler session
+    failed (cudaErrorStreamCaptureImplicit; other scripts captured after one without error, cause not established)."""
     from visionssm.utils.benchmark import kernel_times_us
 
     for name, B, T, H, D, _ in SHAPES:

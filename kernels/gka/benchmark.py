@@ -138,10 +138,9 @@ def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None
         leaves = [q, k, v, g, beta, alpha]
         do = torch.randn_like(v)
         step = lambda: torch.autograd.grad(gka(q, k, v, g, beta, alpha), leaves, do)
+        kernels = kernel_times_us(step, reps)
         fwd = time_fn(lambda: gka(q, k, v, g, beta, alpha), warmup=3, repeats=20, cuda_graph=True).median_ms
         both = time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms
-        # profiled after the graphs: on torch 2.11 a CUDA graph captured after a profiler session fails
-        kernels = kernel_times_us(step, reps)
     return {"kernels": kernels, "fwd_ms": fwd, "fwdbwd_ms": both}
 
 
