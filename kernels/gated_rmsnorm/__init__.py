@@ -19,7 +19,7 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import tuning
-from ..utils import check_dtype
+from ..utils import check_dtype, check_same_device
 from .naive import gated_rmsnorm_reference
 
 __all__ = ["ACTIVATIONS", "OP", "gated_rmsnorm", "gated_rmsnorm_reference"]
@@ -51,9 +51,6 @@ def _validate_low_rank(o, gate, gate_weight, gate_bias) -> None:
         check_dtype("gate_bias", gate_bias, _IO_DTYPES)
         if tuple(gate_bias.shape) != (H * D,):
             raise ValueError(f"gate_bias must have shape (H·D,) = ({H * D},), got {tuple(gate_bias.shape)}")
-    for name, tensor in (("gate", gate), ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
-        if tensor is not None and tensor.device != o.device:
-            raise ValueError(f"{name} is on {tensor.device}, o on {o.device}")
 
 
 def _validate(o, gate, weight, activation, eps, gate_weight, gate_bias) -> None:
@@ -66,13 +63,10 @@ def _validate(o, gate, weight, activation, eps, gate_weight, gate_bias) -> None:
         check_dtype("gate", gate, _IO_DTYPES)
         if tuple(gate.shape) != (B, L, H * D):
             raise ValueError(f"gate must have shape (B, L, H·D) = ({B}, {L}, {H * D}), got {tuple(gate.shape)}")
-        if gate.device != o.device:
-            raise ValueError(f"gate is on {gate.device}, o on {o.device}")
     check_dtype("weight", weight, _IO_DTYPES)
     if tuple(weight.shape) != (D,):
         raise ValueError(f"weight must have shape (D,) = ({D},), got {tuple(weight.shape)}")
-    if weight.device != o.device:
-        raise ValueError(f"weight is on {weight.device}, o on {o.device}")
+    check_same_device(o=o, gate=gate, weight=weight, gate_weight=gate_weight, gate_bias=gate_bias)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):

@@ -36,7 +36,8 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
 * ``global_split_bwd`` — the backward in two launches: the query side and the state gradients (S and dU stored in a
   scratch buffer), then the key side on one program per (batch·head, token tile), which sums nothing over the
   tokens. Meant for 64-wide heads, whose one-launch backward takes 255 registers with spills at sm_90a (two programs
-  per SM); off by default (not yet timed);
+  per SM); off by default: fwd+bwd 0.628 against 0.534 ms at B256 T197 H6 D64 (H100, the block-inverse sweep of
+  benchmarks/gka_global_timing.py);
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,

@@ -380,8 +380,8 @@ def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
 ], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32", "leaf16-D64", "leaf32-w2-D64",
         "leaf64-D64", "split-bwd-D64"])
 def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
-    # the settings that are off by default (packed state, split forward): bf16 at vision shapes, and fp32 for the split
-    # forward's fp64 solve
+    # layouts other than the defaults (packed state, the split forward at 16-wide heads, other solve leaves and warps
+    # at 64-wide ones, the split backward): bf16 at vision shapes, and fp32 for the split forward's fp64 solve
     tensors = make_inputs(*shape, device="cuda", dtype=torch.bfloat16, seed=shape[1] + shape[3])
     with launch_overrides("gka", **settings):
         check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
