@@ -5,13 +5,15 @@
 Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
 settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
 are first checked against the default's, then forward+backward and the forward alone (no autograd) are timed in
-interleaved rounds (best of them; two unless ``--rounds``), bf16. ``--warm`` only compiles. Re-run on a new GPU
-before changing the defaults in ``launch_config``.
+interleaved rounds (best of them; two unless ``--rounds``), bf16, and each shape ends with SDPA on the same data
+(the ``ANCHOR`` line). ``--warm`` only compiles. Re-run on a new GPU before changing the defaults in
+``launch_config``.
 """
 
 import sys
 
 import torch
+import torch.nn.functional as F
 
 from visionssm.kernels import comba
 from visionssm.kernels.comba.benchmark import make_inputs
@@ -22,6 +24,8 @@ VARIANTS = {
     "default": {},
     "one_pass_bwd": {"split_bwd": False},
     "one_pass_bwd_recompute": {"split_bwd": False, "inv_pass": False, "store_inv": False},
+    "one_pass_bwd_stored": {"split_bwd": False, "inv_pass": True, "store_inv": True},
+    "one_pass_bwd_inv_pass": {"split_bwd": False, "inv_pass": True, "store_inv": False},
     "split_bwd": {"split_bwd": True},
     "split_bwd_stored": {"split_bwd": True, "inv_pass": True, "store_inv": True},
     "inv_pass": {"inv_pass": True},
@@ -105,6 +109,20 @@ def sweep_shape(B, T, H, D, causal, names, warm, rounds):
         print(f"SWEEP {shape} ms fwd+bwd / fwd (ratio to default): "
               + "  ".join(f"{k} {b:.4f}/{f:.4f} ({b / ref[0]:.2f}/{f / ref[1]:.2f})" for k, (b, f) in best.items()),
               flush=True)
+        sdpa_both, sdpa_fwd = sdpa_ms(leaves, do, causal)
+        print(f"ANCHOR {shape} sdpa on the same (B, H, T, D) data, CUDA graph: fwd+bwd {sdpa_both:.4f} fwd "
+              f"{sdpa_fwd:.4f} ms; default / sdpa {ref[0] / sdpa_both:.2f}x / {ref[1] / sdpa_fwd:.2f}x", flush=True)
+
+
+def sdpa_ms(leaves, do, causal):
+    """(fwd+bwd, fwd) CUDA-graph ms of scaled_dot_product_attention on the same q, k, v (as (B, H, T, D))."""
+    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in leaves[:3])
+    sdo = do.transpose(1, 2).contiguous()
+    attend = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    both = time_fn(lambda: torch.autograd.grad(attend(), [q, k, v], sdo), warmup=3, repeats=20, cuda_graph=True)
+    with torch.no_grad():
+        fwd = time_fn(attend, warmup=3, repeats=20, cuda_graph=True)
+    return both.median_ms, fwd.median_ms
 
 
 def main():

@@ -50,9 +50,10 @@ SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_l
 CHUNK = 16
 
 
-def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
-    """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions. The
-    measurements behind each choice are H100 ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
+def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = True) -> dict:
+    """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions; ``training``:
+    a backward follows (the forward keeps its states). The measurements behind each choice are H100
+    ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
@@ -64,11 +65,11 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
     # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
-    # 64-wide and larger states with many sequences: per-chunk programs (one pass 1.28× at B256 T197 H6 D64
-    # non-causal, 3072 programs; 1.06× at B4 T2048 H8 D128); one pass up to 1536 64-wide programs (0.85× at B64 T1024
-    # H4 D64; at B256 T197 against the per-chunk backward with its inverse pass: 0.93× non-causal at H3, the
-    # comba_vision_T mixer, 0.86× causal at H6) and for small states (per-chunk 1.07× at B256 T196 H10 D16)
-    split_bwd = wide and not (BK == 64 and programs <= 1536)
+    # 128-wide keys: per-chunk programs (one pass 1.06× at B4 T2048 H8 D128). 64-wide keys and small states: one
+    # pass per sequence. At 64-wide keys it won at every measured size: 0.85× at B64 T1024 H4 D64; at B256 T197 0.86×
+    # causal at H6, and non-causal, since the atomic-add backward, 0.78× at H6 (both directions in one program, 1536
+    # programs; 1.28× before) and 1.00× at H3. Per-chunk 1.07× at B256 T196 H10 D16.
+    split_bwd = wide and BK > 64
     # the gradient kernel holds 255 registers a thread at 16- and 64-wide heads (2.4 waves of one-warp programs at
     # B256 T196 H10 D16); caps that would fit more programs per SM spill, and more warps split its small tiles further
     # (H100 2026-11-24, fwd+bwd: 200 / 184 registers 1.14-1.30x at 16-wide heads, causal and not; eight warps
@@ -78,10 +79,12 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int) -> dict:
            # D64: fwd 0.92x, fwd+bwd 0.88x of directions over the grid, whose two fp32 partials are then added; B256
            # T196 H10 D16 0.92x, T49 H20 D16 0.82x); fewer sequences keep the grid's parallelism
            "dir_loop": ND == 2 and BH * NV >= 768,
-           # off the walk's sequential path where the per-chunk backward follows: B256 T197 H6 D64 non-causal forward
-           # 0.88×; 16-wide 1.30–1.36× slower; before the 64-wide one-pass backward, the inverse pass and the stored
-           # inverse together cost 1.04× (B64 T1024 H4 D64 causal, fwd+bwd)
-           "inv_pass": split_bwd,
+           # off the walk's sequential path: wide states where the per-chunk backward follows, non-causal or no
+           # backward at all. At B256 T197 D64 with the one-pass backward: non-causal fwd+bwd 0.78× at H6 (against
+           # the per-chunk backward without it; 0.82× with one pass without it) and 0.95× at H3 (forward alone
+           # 0.85×); causal at H6 the forward alone 0.88×, but fwd+bwd 1.02× (and 1.04× at B64 T1024 H4 D64).
+           # 16-wide 1.30–1.36× slower.
+           "inv_pass": split_bwd or (wide and (ND == 2 or not training)),
            # W and U0 stored up front pay off only when the value dimension is split over programs (the walk would
            # repeat the K-side work per block): B64 T1024 H4 D64 (one block) forward 0.82× without
            "pre_wy": NV > 1 and programs < 1024 and T > 64,
@@ -304,7 +307,8 @@ def _build_cached_fwd(q, v, causal: bool, save_state: bool) -> FwdPlan:
     B, T, H, K = q.shape
     V = v.shape[3]
     ND = 1 if causal else 2
-    plan = build_fwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, q.dtype, q.device, save_state)
+    plan = build_fwd(launch_config(K, V, T, B * H, ND, training=save_state), B, T, H, K, V, ND, q.dtype, q.device,
+                     save_state)
     plan.cached = True
     return plan
 

@@ -387,6 +387,22 @@ def test_triton_interpreter_repeated_calls_reuse_the_launch_plan(triton_interpre
     assert all(plan.pre is None for plan in launch._FWD_PLANS.values())
 
 
+def test_wide_heads_take_the_inverse_pass_where_it_was_measured_faster(triton_interpreter):
+    """64-wide heads: a forward with no backward to follow runs the chunk-parallel inverse pass, causal or not; a
+    causal training forward does not (fwd+bwd 1.02x with it); every 64-wide backward runs in one pass."""
+    launch = _reset_plans()
+    x = make_inputs(B=1, T=20, H=1, K=64, V=64)
+    with torch.no_grad():
+        comba_op(*x, causal=True)
+    assert [plan.pre is not None for plan in launch._FWD_PLANS.values()] == [True]
+    for causal in (True, False):
+        _reset_plans()
+        leaves = [t.clone().requires_grad_() for t in x]
+        comba_op(*leaves, causal=causal).sum().backward()
+        assert [plan.pre is not None for plan in launch._FWD_PLANS.values()] == [not causal]
+        assert [plan.dh_walk is None for plan in launch._BWD_PLANS.values()] == [True]
+
+
 def _fwd_bwd(leaves, do, causal):
     o = comba_op(*leaves, causal=causal)
     return (o, *torch.autograd.grad(o, leaves, do))
