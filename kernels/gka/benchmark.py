@@ -9,9 +9,10 @@ and forward+backward ≤ 4 ms. FLA's gated backward refuses Triton < 3.7.1 on Ho
 
 Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` rows: forward, or forward +
 autograd backward): GPU time without the host's per-call work, which the plain rows include wherever the host is the
-slower side. ``solver`` is ``"auto"`` (the per-token direct solve for causal 16-wide heads, Chebyshev-30 for wider
-causal heads; non-causal rows run whatever the non-causal kernels are). ``GB/s`` counts the minimal traffic
-(inputs read once, outputs written once), so ``%copy`` is a lower bound of the bandwidth the kernels use.
+slower side. ``solver`` is ``"auto"`` (the per-token direct solve for causal 16-wide heads, for wider causal heads
+the Chebyshev iteration with the steps its 1e-3 bound needs, 29 at ridge 0.02; non-causal rows run whatever the
+non-causal kernels are). ``GB/s`` counts the minimal traffic (inputs read once, outputs written once), so ``%copy``
+is a lower bound of the bandwidth the kernels use.
 """
 
 from __future__ import annotations
@@ -116,6 +117,42 @@ def _print_ratios(rows: list[dict]) -> None:
 SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"fused_grad": False}), ((256, 196, 10, 16), {"positions": 8}),
          ((256, 196, 10, 16), {"lane_warps": 2}), ((256, 49, 20, 16), {}), ((256, 49, 20, 16), {"fused_grad": False}),
          ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
+
+
+def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, seed: int = 0) -> dict:
+    """Worst relative error of x̂ against the exact ridge solve, in float64, when the first ``c`` of the
+    :func:`.naive.auto_chebyshev_steps` steps (for each ``c`` in ``coarse``) round H and the iterate to bf16 in
+    their product, as the kernels' one-pass bf16 steps do (they round H0, the iterate and the in-chunk scores).
+    The matrices are decayed sums of 1 to 300 unit keys, a third of them strongly correlated; the rank-one ones
+    attain the bound."""
+    from .naive import auto_chebyshev_steps, chebyshev_solve
+
+    gen = torch.Generator().manual_seed(seed)
+    mats = []
+    for i in range(n):
+        m = (1, 2, 3, 5, 10, 30, 100, 300)[i % 8]
+        keys = torch.randn(m, D, dtype=torch.float64, generator=gen)
+        if i % 3 == 0:
+            keys = keys + 3 * torch.randn(1, D, dtype=torch.float64, generator=gen)
+        keys = keys / keys.norm(dim=1, keepdim=True)
+        weights = torch.rand(m, dtype=torch.float64, generator=gen) ** (1 + i % 5)
+        mats.append((keys.T * weights) @ keys)
+    H = torch.stack(mats)
+    rhs = torch.randn(n, D, dtype=torch.float64, generator=gen)
+    fro = torch.linalg.matrix_norm(H)
+    lam = ridge * fro
+    A = H + lam[:, None, None] * torch.eye(D, dtype=torch.float64)
+    exact = torch.linalg.solve(A, rhs)
+    bf16 = lambda t: t.to(torch.bfloat16).double()
+    H_bf16 = bf16(H)
+    full = lambda x: (A @ x.unsqueeze(-1)).squeeze(-1)
+    rough = lambda x: (H_bf16 @ bf16(x).unsqueeze(-1)).squeeze(-1) + lam[:, None] * x
+    steps = auto_chebyshev_steps(ridge)[0]
+    errors = {}
+    for c in coarse:
+        x = chebyshev_solve(full, rhs, lam, fro, steps, rough, c)
+        errors[c] = ((x - exact).norm(dim=1) / exact.norm(dim=1)).max().item()
+    return errors
 
 
 def sdpa_graph_ms(B: int, T: int, H: int, D: int) -> tuple[float, float]:

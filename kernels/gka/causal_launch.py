@@ -25,14 +25,12 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import tuning
 from ..dispatch import interpreter_enabled
 from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options
-from .naive import EPS
+from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
@@ -40,15 +38,18 @@ SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", 
             "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
+#: Widest heads whose ``solver="auto"`` solve runs its first steps coarse (one-pass products). H100, 2026-11-24,
+#: CUDA graph, bf16 (benchmarks/results/gka-wide-solver-*-2026-11-24.log): at B256 T197 H6 D64 29 steps with 10
+#: coarse took 1.831 / 5.686 ms (fwd / fwd+bwd) against 2.086 / 6.158 for the paper's 30 full ones. At B4 T2048 H8
+#: D128 the solve kernels already spill (3.8 KB a thread in the forward at sm_90a); with the coarse loop compiled in
+#: the spills doubled and the forward took 2.55 ms against 1.86 without it.
+COARSE_MAX_WIDTH = 64
 
 
 def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
     """Chebyshev steps after which the iterate is within ``tol`` (relative) of the exact ridge solution for every
-    H_t: with μ = λ = ridge (F + eps) and L = F + λ the condition number is at most κ = 1 + 1/ridge and the error
-    after r steps at most 2 R^r / (1 + R^{2r}), R = (√κ − 1)/(√κ + 1) (60 steps at ridge 0.02)."""
-    root = math.sqrt(1.0 + 1.0 / ridge)
-    rate = (root - 1.0) / (root + 1.0)
-    return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
+    H_t (:func:`.naive.chebyshev_steps`; 60 steps at ridge 0.02 for the default fp32 tolerance)."""
+    return chebyshev_steps(ridge, tol)
 
 
 def launch_config(K: int, V: int, per_token: bool) -> dict:
@@ -124,8 +125,8 @@ def _precision(dtype: torch.dtype, device: torch.device, width: int) -> tuple[st
 
 
 class _FwdPlan:
-    __slots__ = ("BT", "NT", "NKR", "per_token", "num_iters", "state", "solve", "readout", "h0_shape", "s0_shape",
-                 "dummy", "bwd", "key", "cfg")
+    __slots__ = ("BT", "NT", "NKR", "per_token", "num_iters", "num_coarse", "state", "solve", "readout", "h0_shape",
+                 "s0_shape", "dummy", "bwd", "key", "cfg")
 
 
 class _BwdPlan:
@@ -139,13 +140,14 @@ def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alp
             "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha}
 
 
-def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token: bool, num_iters: int) -> _FwdPlan:
+def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token: bool, num_iters: int,
+               num_coarse: int) -> _FwdPlan:
     B, T, H, K = q.shape
     V = v.shape[3]
     plan = _FwdPlan()
     plan.key, plan.cfg, plan.bwd = key, cfg, None
     BT = plan.BT = cfg["chunk"]
-    plan.per_token, plan.num_iters = per_token, num_iters
+    plan.per_token, plan.num_iters, plan.num_coarse = per_token, num_iters, num_coarse
     plan.NT = NT = cdiv(T, BT)
     plan.NKR = NKR = K // cfg["state_rows"]
     plan.h0_shape, plan.s0_shape = (B * H, NT, K, K), (B * H, NT, K, V)
@@ -168,8 +170,9 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     else:
         from .chebyshev_kernels import chebyshev_fwd_kernel
 
-        plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, T, NT),
-                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")},
+        plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, num_coarse, T, NT),
+                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
+                                  | {"HAS_COARSE": num_coarse > 0},
                                   {"num_warps": cfg["solve_warps"], "num_stages": 1})
     plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
                                 {"num_warps": cfg["tile_warps"], "num_stages": 1})
@@ -201,8 +204,9 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     else:
         from .chebyshev_kernels import chebyshev_bwd_kernel
 
-        plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, T, NT),
-                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
+        plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, fwd.num_coarse, T, NT),
+                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
+                                  | {"HAS_COARSE": fwd.num_coarse > 0},
                                   {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
     plan.fused = None
     if cfg["fused_grad"]:
@@ -223,18 +227,26 @@ _FWD_PLANS = tuning.PlanCache()
 
 
 def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
-    """The cached forward plan of this problem (``solver`` resolved: "direct" or "chebyshev")."""
+    """The cached forward plan of this problem (``solver`` resolved: "direct", "chebyshev" or "chebyshev_auto")."""
     key = (q.shape, v.shape[3], q.dtype, v.dtype, g.dtype, None if beta is None else beta.dtype,
-           None if alpha is None else alpha.dtype, q.device, solver, num_iters, ridge if solver == "direct" else None)
+           None if alpha is None else alpha.dtype, q.device, solver, num_iters,
+           None if solver == "chebyshev" else ridge)
     return _FWD_PLANS.get_or_build(key, lambda: _new_fwd_plan(key, q, v, beta, alpha, solver, num_iters, ridge))
 
 
 def _new_fwd_plan(key, q, v, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
     K, V = q.shape[3], v.shape[3]
     per_token = solver == "direct" and K == 16
-    iters = num_iters if solver == "chebyshev" else converged_iters(ridge)
+    if solver == "chebyshev":
+        iters, coarse = num_iters, 0
+    elif solver == "chebyshev_auto":
+        iters, coarse = auto_chebyshev_steps(ridge)
+        if max(K, V) > COARSE_MAX_WIDTH:
+            coarse = 0
+    else:
+        iters, coarse = converged_iters(ridge), 0
     cfg = launch_config(K, V, per_token)
-    return _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters)
+    return _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters, coarse)
 
 
 def causal_fwd(plan: _FwdPlan, q, k, v, g, beta, alpha, ridge: float, save: bool):

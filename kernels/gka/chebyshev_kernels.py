@@ -8,7 +8,10 @@ differentiation, appendix D) with the stored norm. Matmul precision as in :mod:`
 for 16-bit inputs, with H0's and the keys' parts split once per chunk, outside the iteration).
 
 The same kernels with ``num_iters`` chosen for fp32 convergence serve ``solver="direct"`` for heads wider than 16
-(see causal_launch.converged_iters).
+(see causal_launch.converged_iters). ``solver="auto"`` runs the steps its 1e-3 promise needs, the first
+``num_coarse`` of them coarse: every product in one bf16 (16-bit inputs) or TF32 pass. An early step's rounding
+is an error in the iterate that the remaining full-precision steps shrink like any other, so only the last steps
+need the split products (naive.auto_chebyshev_steps says how many).
 """
 
 from __future__ import annotations
@@ -41,9 +44,19 @@ def _parts_dot(a_hi, a_lo, b_hi, b_lo, acc, PREC: tl.constexpr, B_EXACT: tl.cons
 
 @triton.jit
 def _matvec_acc(X, acc, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC: tl.constexpr,
-                IN_EXACT: tl.constexpr):
+                IN_EXACT: tl.constexpr, COARSE: tl.constexpr = False):
     """acc + rows H_t x_t of the chunk, e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t. X is split once for both of its
-    products, and the intra-chunk product accumulates onto acc + e^G ⊙ (X H0) (one accumulator chain)."""
+    products, and the intra-chunk product accumulates onto acc + e^G ⊙ (X H0) (one accumulator chain).
+    ``COARSE``: each product in one pass instead (bf16 high parts only; TF32 for "tf32x3")."""
+    if COARSE and PREC == "tf32x3":
+        S = A * tl.dot(X, kT, input_precision="tf32")
+        acc += tl.dot(X, Hm, input_precision="tf32") * eG[:, None]
+        return tl.dot(S, kc, acc, input_precision="tf32")
+    if COARSE and PREC != "ieee":
+        x_hi = _hi(X)
+        S = A * _dot_acc(x_hi, kT_hi, tl.zeros_like(A), PREC)
+        acc += _dot_acc(x_hi, Hm_hi, tl.zeros_like(X), PREC) * eG[:, None]
+        return _dot_acc(_hi(S), kc_hi, acc, PREC)
     if PREC == "ieee" or PREC == "tf32x3":
         S = A * tl.dot(X, kT, input_precision=PREC)
         acc += tl.dot(X, Hm, input_precision=PREC) * eG[:, None]
@@ -57,25 +70,39 @@ def _matvec_acc(X, acc, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A,
 
 
 @triton.jit
+def _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A,
+                    eG, lam, step, rho2, K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+                    COARSE: tl.constexpr):
+    """One step of Algorithm 1: (x, x_prev, ω) → (x_new, x, ω_new). The right-hand side is loaded again in every
+    step rather than held in registers through the loop, and the residual (H_t + λ_t) x − b is one accumulator
+    chain started at λ_t x − b."""
+    omega = 4.0 / (4.0 - rho2 * omega)
+    b = scale[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
+    res = _matvec_acc(x, lam[:, None] * x - b, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC,
+                      IN_EXACT, COARSE)
+    return x - (step * omega)[:, None] * res + (omega - 1.0)[:, None] * (x - x_prev), x, omega
+
+
+@triton.jit
 def _chebyshev(rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
-               K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr):
+               num_coarse, K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_COARSE: tl.constexpr):
     """Algorithm 1 row-wise: ``num_iters`` steps for (H_t + λ_t I) x = b with μ = λ_t, L = ‖H_t‖_F + λ_t and
-    b = scale ⊙ rhs[rows]. The right-hand side is loaded again in every step rather than held in
-    registers through the loop, and the residual (H_t + λ_t) x − b is one accumulator chain started at λ_t x − b."""
+    b = scale ⊙ rhs[rows], the first ``num_coarse`` of them with one-pass products (``HAS_COARSE``: the coarse
+    loop is compiled in at all; with it, the 128-wide solve spills twice as much)."""
     step = 2.0 / (fro + 2.0 * lam)
     half = fro * step * 0.5
     rho2 = half * half
     x = (step * scale)[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
     x_prev = tl.zeros_like(x)
     omega = tl.full(step.shape, 2.0, tl.float32)
-    for _ in range(num_iters):
-        omega = 4.0 / (4.0 - rho2 * omega)
-        b = scale[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
-        res = _matvec_acc(x, lam[:, None] * x - b, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG,
-                          PREC, IN_EXACT)
-        x_new = x - (step * omega)[:, None] * res + (omega - 1.0)[:, None] * (x - x_prev)
-        x_prev = x
-        x = x_new
+    if HAS_COARSE:
+        for _ in range(num_coarse):
+            x, x_prev, omega = _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi,
+                                               kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC, IN_EXACT,
+                                               True)
+    for _ in range(num_iters - num_coarse):
+        x, x_prev, omega = _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi,
+                                           kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC, IN_EXACT, False)
     return x
 
 
@@ -95,9 +122,9 @@ def _chunk_system(k, g, beta, h0, row, m_t, base, K: tl.constexpr, BT: tl.conste
 
 
 @triton.jit
-def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iters, T, NT, H: tl.constexpr,
+def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iters, num_coarse, T, NT, H: tl.constexpr,
                          K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
-                         HAS_BETA: tl.constexpr):
+                         HAS_BETA: tl.constexpr, HAS_COARSE: tl.constexpr):
     """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
@@ -111,15 +138,16 @@ def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iter
     fro = tl.sqrt(tl.maximum(fro2, 0.0))
     lam = ridge * (fro + eps)
     X = _chebyshev(q, tl.where(m_t, 1.0, 0.0), row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG,
-                   lam, fro, num_iters, K, PREC, IN_EXACT)
+                   lam, fro, num_iters, num_coarse, K, PREC, IN_EXACT, HAS_COARSE)
     tl.store(x_out + row[:, None] * K + o_k[None, :], X, mask=m_t[:, None])
     tl.store(fro_out + row, fro, mask=m_t)
 
 
 @triton.jit
 def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha, y_out, c_out, dgp, ridge, eps,
-                         num_iters, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                         IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+                         num_iters, num_coarse, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                         PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr,
+                         HAS_ALPHA: tl.constexpr, HAS_COARSE: tl.constexpr):
     """Adjoint solve y = CH(H_t + λ_t I, α_t dz_t) with the forward's ‖H_t‖_F, then dq, dα, c_t = −ridge x·y / F_t
     and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient)."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
@@ -133,7 +161,7 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
     else:
         a = tl.where(m_t, 1.0, 0.0)
     Y = _chebyshev(dz, a, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
-                   K, PREC, IN_EXACT)
+                   num_coarse, K, PREC, IN_EXACT, HAS_COARSE)
     dZ = load_tile(dz, row, m_t, K, 0, K)
     tl.store(y_out + row[:, None] * K + o_k[None, :], Y, mask=m_t[:, None])
     tl.store(dq + row[:, None] * K + o_k[None, :], ((1.0 - a[:, None]) * dZ + Y).to(dq.dtype.element_ty),

@@ -30,19 +30,54 @@ float64 reference of the non-causal kernels at full-size shapes.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
-__all__ = ["EPS", "chebyshev_solve", "gka_chunked", "gka_closed_form", "gka_recurrent", "spd_solve"]
+__all__ = ["AUTO_TOLERANCE", "EPS", "auto_chebyshev_steps", "chebyshev_solve", "chebyshev_steps", "gka_chunked",
+           "gka_closed_form", "gka_recurrent", "spd_solve"]
 
 #: Added to ‖H_t‖_F inside λ_t so that an all-zero covariance still gives a regular system (see module docstring).
 EPS = 1e-6
+#: What ``solver="auto"`` promises where it iterates: every x̂_t within this relative distance of the exact solution.
+AUTO_TOLERANCE = 1e-3
 
 
-def chebyshev_solve(matvec, rhs: torch.Tensor, lam: torch.Tensor, fro: torch.Tensor, num_iters: int) -> torch.Tensor:
+def _convergence_rate(ridge: float) -> tuple[float, float]:
+    """(κ, R): the condition number bound κ = 1 + 1/ridge of H_t + λ_t I with λ_t = ridge (F_t + EPS) (its spectrum
+    lies in [λ_t, F_t + λ_t]) and Chebyshev's error factor per step R = (√κ − 1)/(√κ + 1)."""
+    kappa = 1.0 + 1.0 / ridge
+    root = math.sqrt(kappa)
+    return kappa, (root - 1.0) / (root + 1.0)
+
+
+def chebyshev_steps(ridge: float, tol: float) -> int:
+    """Steps of Algorithm 1 after which the iterate is within ``tol`` (relative) of the exact ridge solution for every
+    H_t: the error after r steps is at most 2 R^r / (1 + R^{2r}) (attained when H_t has rank one)."""
+    _, rate = _convergence_rate(ridge)
+    return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
+
+
+def auto_chebyshev_steps(ridge: float) -> tuple[int, int]:
+    """(steps, coarse steps) of the Chebyshev solve ``solver="auto"`` runs for causal heads wider than 16.
+
+    Steps: those whose bound is 6e-4, leaving 4e-4 of :data:`AUTO_TOLERANCE` for rounding (29 at ridge 0.02). The
+    Triton kernels run the first of them coarse, with one-pass bf16 (TF32 for fp32 inputs) products: such a step's
+    rounding is an error in the iterate of up to about κ·2⁻⁸, which the full-precision steps after it shrink like any
+    other error, so the last steps are kept full until their bound reaches 0.5/κ (19 at ridge 0.02, so 10 coarse).
+    Fitted to float64 simulations of the bf16 rounding at 64- and 128-wide heads, ridge 0.005 to 0.5
+    (``benchmarks/gka_coarse_steps.py``)."""
+    kappa, _ = _convergence_rate(ridge)
+    steps = chebyshev_steps(ridge, 6e-4)
+    return steps, max(0, steps - chebyshev_steps(ridge, 0.5 / kappa))
+
+
+def chebyshev_solve(matvec, rhs: torch.Tensor, lam: torch.Tensor, fro: torch.Tensor, num_iters: int,
+                    coarse_matvec=None, num_coarse: int = 0) -> torch.Tensor:
     """Algorithm 1: ``num_iters`` Chebyshev steps for ``(H + λI) x = rhs`` with eigenvalue bounds μ = λ, L = F + λ.
 
-    ``matvec(x)`` returns ``(H + λI) x``; ``lam`` and ``fro`` broadcast against ``rhs[..., 0]``."""
+    ``matvec(x)`` returns ``(H + λI) x``; ``lam`` and ``fro`` broadcast against ``rhs[..., 0]``. The first
+    ``num_coarse`` steps call ``coarse_matvec`` instead (to model the Triton kernels' one-pass products)."""
     lam = lam.unsqueeze(-1)
     fro = fro.unsqueeze(-1)
     step = 2.0 / (fro + 2.0 * lam)          # 2 / (L + μ)
@@ -50,9 +85,10 @@ def chebyshev_solve(matvec, rhs: torch.Tensor, lam: torch.Tensor, fro: torch.Ten
     x_prev = torch.zeros_like(rhs)
     x = step * rhs
     omega = torch.full_like(rho_sq, 2.0)
-    for _ in range(num_iters):
+    for i in range(num_iters):
         omega = 4.0 / (4.0 - rho_sq * omega)
-        x_new = x - step * omega * (matvec(x) - rhs) + (omega - 1.0) * (x - x_prev)
+        product = (coarse_matvec if i < num_coarse else matvec)(x)
+        x_new = x - step * omega * (product - rhs) + (omega - 1.0) * (x - x_prev)
         x_prev, x = x, x_new
     return x
 
