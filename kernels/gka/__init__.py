@@ -25,9 +25,9 @@ def resolve_solver(solver: str, causal: bool, head_dim: int) -> str:
     held by one GPU thread); for causal heads of 32 and more ``"chebyshev_auto"``: a 32-wide matrix (528 entries)
     does not fit one thread's registers, so the Triton ``"direct"`` solve there is the Chebyshev iteration run to
     fp32 convergence (60 steps at ridge 0.02), and ``"auto"`` takes the Chebyshev iteration with the fewest steps
-    whose error bound stays within 1e-3 of the exact solve, on the GPU its first steps with one-pass products
-    (:func:`.naive.auto_chebyshev_steps`: 29 steps, 10 of them coarse, at ridge 0.02; unlike the paper's fixed 30
-    it holds the 1e-3 at every ridge, e.g. 58 steps at ridge 0.005)."""
+    whose error bound stays within 1e-3 of the exact solve, on the GPU at heads up to 64 wide its first steps with
+    one-pass products (:func:`.naive.auto_chebyshev_steps`: at ridge 0.02 29 steps, 10 of them coarse, or 28 full
+    ones; unlike the paper's fixed 30 it holds the 1e-3 at every ridge, e.g. 58 / 55 steps at ridge 0.005)."""
     if solver != "auto":
         return solver
     return "direct" if not causal or head_dim <= 16 else "chebyshev_auto"
@@ -88,7 +88,7 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
             ``"chebyshev"``: the paper's Algorithm 1 with ``num_iters`` steps (its numerics, for checkpoints trained
             with them); ``"auto"``: :func:`resolve_solver` — exact for non-causal problems and causal heads ≤ 16
             wide, for wider causal heads the Chebyshev iteration with as many steps as its bound needs to stay
-            within 1e-3 of the exact solve (29 at ridge 0.02; ``num_iters`` is not used).
+            within 1e-3 of the exact solve (28-29 at ridge 0.02; ``num_iters`` is not used).
 
     Returns:
         ``o``: ``(B, T, H, V)`` in the dtype of ``v``. Internally fp32 (float64 inputs stay float64 on the PyTorch
@@ -111,6 +111,6 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
     from .naive import auto_chebyshev_steps, gka_chunked
 
     if solver == "chebyshev_auto":  # every step in full precision here: the coarse ones are a GPU speed measure
-        num_iters = auto_chebyshev_steps(float(ridge))[0]
+        num_iters = auto_chebyshev_steps(float(ridge), coarse=False)[0]
     return gka_chunked(q, k, v, g, beta, alpha, causal=causal, ridge=float(ridge), num_iters=num_iters,
                        exact=solver == "direct")

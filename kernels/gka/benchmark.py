@@ -119,10 +119,12 @@ SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"fused_grad": False}), 
          ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
 
 
-def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, seed: int = 0) -> dict:
-    """Worst relative error of x̂ against the exact ridge solve, in float64, when the first ``c`` of the
-    :func:`.naive.auto_chebyshev_steps` steps (for each ``c`` in ``coarse``) round H and the iterate to bf16 in
-    their product, as the kernels' one-pass bf16 steps do (they round H0, the iterate and the in-chunk scores).
+def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, seed: int = 0,
+                       steps: int | None = None) -> dict:
+    """Worst relative error of x̂ against the exact ridge solve, in float64, when the first ``c`` of ``steps``
+    Chebyshev steps (default: those of :func:`.naive.auto_chebyshev_steps`), for each ``c`` in ``coarse``, round H
+    and the iterate to bf16 in their product, as the kernels' one-pass bf16 steps do (they round H0, the iterate and
+    the in-chunk scores).
     The matrices are decayed sums of 1 to 300 unit keys, a third of them strongly correlated; the rank-one ones
     attain the bound."""
     from .naive import auto_chebyshev_steps, chebyshev_solve
@@ -147,7 +149,7 @@ def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, s
     H_bf16 = bf16(H)
     full = lambda x: (A @ x.unsqueeze(-1)).squeeze(-1)
     rough = lambda x: (H_bf16 @ bf16(x).unsqueeze(-1)).squeeze(-1) + lam[:, None] * x
-    steps = auto_chebyshev_steps(ridge)[0]
+    steps = steps or auto_chebyshev_steps(ridge)[0]
     errors = {}
     for c in coarse:
         x = chebyshev_solve(full, rhs, lam, fro, steps, rough, c)

@@ -72,6 +72,13 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     in bounds at 64-token chunks (64- and 128-wide heads, partial last chunks), which points to the code Triton 3.6
     generates for these tiles (not established further). Chunks are therefore at most 32 tokens.
 
+    Output columns at a time and the adjoint solve's warps (H100, 2026-11-24, CUDA graph, solver auto; benchmarks/
+    results/kernels-gka-wide-launch-nvidia-h100-80gb-hbm3-2026-11-24.log): 64 columns took the gradient kernel from
+    1336 to 952 µs and dz from 200 to 158 µs at B256 T197 H6 D64 (fwd+bwd 5.68 → 5.21 ms; 32 columns 5.47), and from
+    723 to 614 / 133 to 89 µs at B4 T2048 H8 D128 (128 columns spilled: 7.3 ms); at D128 the adjoint solve on
+    8 warps took 1088 against 1288 µs (fwd+bwd with both 4.04 against 4.40 ms), where at D64 it took 2313 against
+    1444 µs and the forward solve on 8 warps at D128 1725 against 1553 µs.
+
     The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
     benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
     134.2 + 218.5 µs at B256 T196 H10 D16 and 148.0 against 84.3 + 135.4 µs at B256 T49 H20 D16, with 2 pipeline
@@ -89,7 +96,9 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps"):
         cfg[name] = small if width <= 32 else 4
     cfg["state_rows"] = min(K, 16 if K >= 64 else 32)
-    cfg["columns"] = min(K, V, 16 if width == 64 else 32)
+    cfg["columns"] = min(K, V, 64)
+    if K >= 128:
+        cfg["adjoint_warps"] = 8
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2
     cfg["fused_regs"] = 0
@@ -240,9 +249,7 @@ def _new_fwd_plan(key, q, v, beta, alpha, solver: str, num_iters: int, ridge: fl
     if solver == "chebyshev":
         iters, coarse = num_iters, 0
     elif solver == "chebyshev_auto":
-        iters, coarse = auto_chebyshev_steps(ridge)
-        if max(K, V) > COARSE_MAX_WIDTH:
-            coarse = 0
+        iters, coarse = auto_chebyshev_steps(ridge, coarse=max(K, V) <= COARSE_MAX_WIDTH)
     else:
         iters, coarse = converged_iters(ridge), 0
     cfg = launch_config(K, V, per_token)

@@ -58,15 +58,18 @@ def chebyshev_steps(ridge: float, tol: float) -> int:
     return max(1, math.ceil(math.log(2.0 / tol) / -math.log(rate)))
 
 
-def auto_chebyshev_steps(ridge: float) -> tuple[int, int]:
+def auto_chebyshev_steps(ridge: float, coarse: bool = True) -> tuple[int, int]:
     """(steps, coarse steps) of the Chebyshev solve ``solver="auto"`` runs for causal heads wider than 16.
 
-    Steps: those whose bound is 6e-4, leaving 4e-4 of :data:`AUTO_TOLERANCE` for rounding (29 at ridge 0.02). The
-    Triton kernels run the first of them coarse, with one-pass bf16 (TF32 for fp32 inputs) products: such a step's
-    rounding is an error in the iterate of up to about κ·2⁻⁸, which the full-precision steps after it shrink like any
-    other error, so the last steps are kept full until their bound reaches 0.5/κ (19 at ridge 0.02, so 10 coarse).
-    Fitted to float64 simulations of the bf16 rounding at 64- and 128-wide heads, ridge 0.005 to 0.5
-    (``benchmarks/gka_coarse_steps.py``)."""
+    With ``coarse`` the Triton kernels run the first steps with one-pass bf16 (TF32 for fp32 inputs) products: such a
+    step's rounding is an error in the iterate of up to about κ·2⁻⁸, which the full-precision steps after it shrink
+    like any other error, so the last steps are kept full until their bound reaches 0.5/κ. The steps are then those
+    whose bound is 6e-4, leaving 4e-4 of :data:`AUTO_TOLERANCE` to the coarse steps and rounding: 29 at ridge 0.02,
+    10 of them coarse. Fitted to float64 simulations of the bf16 rounding at 64- and 128-wide heads, ridge 0.005 to
+    0.5 (``benchmarks/gka_coarse_steps.py``). Without, every step has split (≈ fp32) products, whose rounding stays
+    below 1e-4 (8.5e-5 at worst in float64 simulations), so the bound may take 9e-4: 28 steps at ridge 0.02."""
+    if not coarse:
+        return chebyshev_steps(ridge, 9e-4), 0
     kappa, _ = _convergence_rate(ridge)
     steps = chebyshev_steps(ridge, 6e-4)
     return steps, max(0, steps - chebyshev_steps(ridge, 0.5 / kappa))

@@ -202,6 +202,9 @@ def test_auto_chebyshev_steps_keep_the_promise(ridge):
     errors = coarse_step_errors(64, ridge, [coarse, steps], n=400)
     assert errors[coarse] <= AUTO_TOLERANCE < errors[steps]
     assert auto_chebyshev_steps(0.02) == (29, 10)
+    full, none = auto_chebyshev_steps(ridge, coarse=False)
+    assert none == 0 and steps - 3 <= full < steps
+    assert coarse_step_errors(64, ridge, [0], n=400, steps=full)[0] <= AUTO_TOLERANCE
 
 
 def test_inference_path_matches_autograd_path(triton_interpreter):
@@ -249,7 +252,7 @@ def test_interpreter_coarse_steps_alone(triton_interpreter, poison_outputs, monk
     float64 iterate (3e-3 with full-precision steps); a product missing a term lands far off."""
     from visionssm.kernels.gka import causal_launch
 
-    monkeypatch.setattr(causal_launch, "auto_chebyshev_steps", lambda ridge: (12, 12))
+    monkeypatch.setattr(causal_launch, "auto_chebyshev_steps", lambda ridge, coarse: (12, 12 if coarse else 0))
     causal_launch._FWD_PLANS.clear()
     tensors = make_inputs(1, 37, 1, K, K, dtype=torch.bfloat16, seed=K)
     with torch.no_grad():
