@@ -68,8 +68,9 @@ class GKAMixer(SequenceMixer):
         ridge: ``a`` in the adaptive regulariser ``λ_t = a·‖H_t‖_F`` (0.02 in the paper).
         num_iters: Chebyshev iterations of the ridge solve (30 in the paper; ``solver="chebyshev"`` only).
         solver: how the ridge system is solved, see :func:`visionssm.kernels.gka`: ``"auto"`` (default: the exact
-            solution where that is the fastest, the paper's Chebyshev iteration elsewhere), ``"direct"`` or
-            ``"chebyshev"`` (the paper's numerics). Checkpoints load whatever the solver: it has no parameters.
+            solution where that is the fastest, elsewhere the Chebyshev iteration with the steps that keep it within
+            1e-3 of the exact one), ``"direct"`` or ``"chebyshev"`` (the paper's numerics). Checkpoints load whatever
+            the solver: it has no parameters.
         use_output_gate: multiply the normalised output by ``SiLU(W_gate x)`` (Fig. 4); ``False`` drops ``W_gate``.
         norm_eps: epsilon of the per-head output RMSNorm.
     """
