@@ -13,12 +13,11 @@ interleaved rounds (best of them; two unless ``--rounds``), bf16, and each shape
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from visionssm.kernels import comba
 from visionssm.kernels.comba.benchmark import make_inputs
 from visionssm.kernels.tuning import launch_overrides
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import sdpa_graph_ms, time_fn
 
 VARIANTS = {
     "default": {},
@@ -109,20 +108,10 @@ def sweep_shape(B, T, H, D, causal, names, warm, rounds):
         print(f"SWEEP {shape} ms fwd+bwd / fwd (ratio to default): "
               + "  ".join(f"{k} {b:.4f}/{f:.4f} ({b / ref[0]:.2f}/{f / ref[1]:.2f})" for k, (b, f) in best.items()),
               flush=True)
-        sdpa_both, sdpa_fwd = sdpa_ms(leaves, do, causal)
+        sdpa_fwd, sdpa_both = sdpa_graph_ms(*leaves[:3], do, causal)
         print(f"ANCHOR {shape} sdpa on the same (B, H, T, D) data, CUDA graph: fwd+bwd {sdpa_both:.4f} fwd "
               f"{sdpa_fwd:.4f} ms; default / sdpa {ref[0] / sdpa_both:.2f}x / {ref[1] / sdpa_fwd:.2f}x", flush=True)
 
-
-def sdpa_ms(leaves, do, causal):
-    """(fwd+bwd, fwd) CUDA-graph ms of scaled_dot_product_attention on the same q, k, v (as (B, H, T, D))."""
-    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in leaves[:3])
-    sdo = do.transpose(1, 2).contiguous()
-    attend = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    both = time_fn(lambda: torch.autograd.grad(attend(), [q, k, v], sdo), warmup=3, repeats=20, cuda_graph=True)
-    with torch.no_grad():
-        fwd = time_fn(attend, warmup=3, repeats=20, cuda_graph=True)
-    return both.median_ms, fwd.median_ms
 
 
 def main():

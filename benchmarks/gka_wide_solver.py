@@ -12,13 +12,12 @@ included, about 3e-3)."""
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 from visionssm.kernels.gka import gka
 from visionssm.kernels.gka.benchmark import _fla, make_inputs
 from visionssm.kernels.gka.naive import gka_chunked
 from visionssm.kernels.utils import relative_error
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import sdpa_graph_ms, time_fn
 
 SHAPES = {"d64": (256, 197, 6, 64), "d128": (4, 2048, 8, 128)}
 
@@ -32,10 +31,7 @@ def run_shape(B: int, T: int, H: int, D: int, solvers: list[str], fla) -> None:
     leaves = [t.requires_grad_() for t in (q, k, v, g, beta, alpha)]
     do = torch.randn_like(v)
     ref = gka_chunked(*[t.detach()[:1, :, :2].double() for t in leaves], causal=True, exact=True)
-    sq, sk, sv = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-    sdo = do.transpose(1, 2).contiguous()
-    sdpa = lambda: F.scaled_dot_product_attention(sq, sk, sv, is_causal=True)
-    sdpa_fwd, sdpa_both = graph_ms(sdpa), graph_ms(lambda: torch.autograd.grad(sdpa(), [sq, sk, sv], sdo))
+    sdpa_fwd, sdpa_both = sdpa_graph_ms(q, k, v, do, causal=True)
     line = f"B{B} T{T} H{H} D{D} causal: sdpa fwd {sdpa_fwd:.4f} / fwd+bwd {sdpa_both:.4f} ms"
     fla_fwd = None
     if fla is not None:

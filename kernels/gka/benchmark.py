@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, time_fn
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, sdpa_graph_ms, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -157,16 +157,6 @@ def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, s
     return errors
 
 
-def sdpa_graph_ms(B: int, T: int, H: int, D: int) -> tuple[float, float]:
-    """CUDA-graph fwd and fwd+bwd ms of causal SDPA on the same (B, H, T, D) bf16 data (the anchor of the stages)."""
-    q, k, v = (t.transpose(1, 2).contiguous().requires_grad_(True) for t in make_inputs(B, T, H, D)[:3])
-    do = torch.randn_like(v)
-    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    step = lambda: torch.autograd.grad(fwd(), [q, k, v], do)
-    return (time_fn(fwd, warmup=3, repeats=20, cuda_graph=True).median_ms,
-            time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms)
-
-
 def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None, reps: int = 10) -> dict:
     """GPU µs per kernel of one causal forward+backward (torch.profiler), and the CUDA-graph fwd and fwd+bwd ms."""
     from visionssm.kernels.gka import gka
@@ -185,7 +175,8 @@ def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None
 
 def _report(shape, overrides, result) -> None:
     B, T, H, D = shape
-    sdpa_fwd, sdpa_both = sdpa_graph_ms(*shape)
+    q, k, v = make_inputs(*shape)[:3]
+    sdpa_fwd, sdpa_both = sdpa_graph_ms(q, k, v, torch.randn_like(v), causal=True)
     print(f"## B{B} T{T} H{H} D{D} {overrides or 'defaults'}: CUDA graph fwd {result['fwd_ms']:.4f} ms, "
           f"fwd+bwd {result['fwdbwd_ms']:.4f} ms; sdpa (CUDA graph, same run) fwd {sdpa_fwd:.4f} ms, fwd+bwd "
           f"{sdpa_both:.4f} ms: {result['fwd_ms'] / sdpa_fwd:.2f}x / {result['fwdbwd_ms'] / sdpa_both:.2f}x",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results", "side_by_side", "slug",
-           "time_fn", "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
+__all__ = ["Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results", "sdpa_graph_ms",
+           "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -91,6 +91,23 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cu
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats)
+
+
+def sdpa_graph_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                  causal: bool) -> tuple[float, float]:
+    """CUDA-graph median ms (forward alone, forward + backward) of ``scaled_dot_product_attention`` on ``q, k, v``
+    and the output gradient ``do``, all given in the mixer ops' (B, T, H, D) layout and copied to SDPA's
+    (B, H, T, D): the anchor the kernel benchmarks time beside ours on the same data."""
+    import torch.nn.functional as F
+
+    timing = {"warmup": 3, "repeats": 20}
+    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    do = do.transpose(1, 2).contiguous()
+    attend = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with torch.no_grad():
+        fwd = time_fn(attend, cuda_graph=True, **timing).median_ms
+    both = time_fn(lambda: torch.autograd.grad(attend(), [q, k, v], do), cuda_graph=True, **timing).median_ms
+    return fwd, both
 
 
 def environment() -> dict:
