@@ -33,7 +33,7 @@ DEVICE = "cuda"
 SHAPES = [("S1", 256, 196, 10, 16, 0.25), ("S2", 256, 49, 20, 16, 0.3), ("S3", 256, 197, 6, 64, 0.3)]
 SWEEP = {
     16: [{}, {"global_packed": True}, {"global_prefetch": False, "global_prefetch_bwd": False},
-         {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}],
+         {"global_max_registers": 96}, {"global_split": True, "global_solve_warps": 1}, {"global_hold_p": False}],
     # 64-wide heads default to the split forward with the block inverse on 32-wide leaves (global_solve_leaf)
     64: [{}, {"global_solve_leaf": 64}, {"global_solve_leaf": 16}, {"global_solve_warps": 4},
          {"global_solve_warps": 1}, {"global_split": False}, {"global_split": False, "global_solve_leaf": 64},

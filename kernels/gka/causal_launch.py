@@ -124,13 +124,16 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     return cfg
 
 
-def _precision(dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
-    """(PREC, IN_EXACT): fp32 inputs get exact fp32 products (tf32x3 on the GPU for heads of 64 and more, where
-    fp32 FMA tiles would not fit registers); 16-bit inputs bf16 hi/lo splits (bf16 input tiles need no low part); on
-    CPU (Triton's interpreter) the split products are emulated in fp32."""
+def _precision(dtype: torch.dtype, v_dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
+    """(PREC, IN_EXACT): fp32 queries and keys get exact fp32 products (tf32x3 on the GPU for heads of 64 and more,
+    where fp32 FMA tiles would not fit registers); 16-bit ones bf16 hi/lo splits, on CPU (Triton's interpreter)
+    emulated in fp32. ``IN_EXACT`` (input tiles need no low part) holds every input tile to it, v's and dO's (which
+    takes v's dtype) included, so it needs bf16 values as well as bf16 queries and keys: an fp32 v would otherwise be
+    rounded to bf16 in the read-out and the gradients."""
     if dtype == torch.float32:
         return ("tf32x3" if device.type == "cuda" and width >= 64 else "ieee"), False
-    return ("split" if device.type == "cuda" else "split_emulated"), dtype == torch.bfloat16
+    exact = dtype == torch.bfloat16 and v_dtype == torch.bfloat16
+    return ("split" if device.type == "cuda" else "split_emulated"), exact
 
 
 class _FwdPlan:
@@ -144,7 +147,7 @@ class _BwdPlan:
 
 def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alpha: bool) -> dict:
     B, T, H, K = q.shape
-    prec, exact = _precision(q.dtype, q.device, max(K, v.shape[3]))
+    prec, exact = _precision(q.dtype, v.dtype, q.device, max(K, v.shape[3]))
     return {"H": H, "K": K, "V": v.shape[3], "BT": cfg["chunk"], "PREC": prec, "IN_EXACT": exact,
             "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha}
 

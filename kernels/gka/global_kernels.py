@@ -411,22 +411,28 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, 
 
 
 @triton.jit
-def _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                     RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PACKED: tl.constexpr):
-    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is recomputed
-    (RELOAD: read), not held through the query-side pass (registers of wide heads)."""
+def _state_gradients(G0, G1, P_held, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr,
+                     HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, HOLD_P: tl.constexpr, SPREC: tl.constexpr,
+                     EMU: tl.constexpr, PACKED: tl.constexpr):
+    """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is ``P_held``
+    (HOLD_P: narrow heads, where it costs a few registers through the query-side pass), else recomputed (RELOAD:
+    read), not held through that pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
     M = _load_symmetric(p_m, K, PACKED)
-    if RELOAD:
+    if HOLD_P:
+        P = P_held
+    elif RELOAD:
         P = tl.load(p_r + kv)
         if HAS_ALPHA:
             P += tl.load(p_u + kv)
     else:
         P = _state_dot(M, tl.load(p_u + kv), SPREC, EMU)
-    dU = G0 + _state_dot(G1, tl.where(eye, M - 1.0, M), SPREC, EMU)
-    W = _state_dot(_state_dot(P, G1, SPREC, EMU), M, SPREC, EMU)                    # Σ_t y_t x_tᵀ
+    # G₁M is a factor of both: dU = G₀ + G₁(M − I) and W = P G₁ M = Σ_t y_t x_tᵀ
+    G1M = _state_dot(G1, M, SPREC, EMU)
+    dU = G0 + G1M - G1
+    W = _state_dot(P, G1M, SPREC, EMU)
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
     Hs = _load_symmetric(p_h, K, PACKED)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
@@ -480,7 +486,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
                           PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
-                          PACKED: tl.constexpr, STAGE: tl.constexpr):
+                          PACKED: tl.constexpr, STAGE: tl.constexpr, HOLD_P: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
     load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients).
@@ -501,7 +507,7 @@ def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv,
     else:
         _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh,
                              off_k, off_v, off_g, T, H, K, V, BT, HAS_BETA, HAS_ALPHA, RELOAD, LP, PASSES, PREC,
-                             SPREC, EMU, PREFETCH, PACKED, STAGE)
+                             SPREC, EMU, PREFETCH, PACKED, STAGE, HOLD_P)
 
 
 @triton.jit
@@ -509,7 +515,7 @@ def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv
                          off_v, off_g, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                         PREFETCH: tl.constexpr, PACKED: tl.constexpr, STAGE: tl.constexpr):
+                         PREFETCH: tl.constexpr, PACKED: tl.constexpr, STAGE: tl.constexpr, HOLD_P: tl.constexpr):
     """The backward of one (batch, head) but for STAGE 1 its key side (:func:`gka_global_bwd_kernel`)."""
     p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
@@ -519,18 +525,19 @@ def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv
         # wide heads: the query-side pass re-reads its operands per token tile
         Us = tl.zeros([K, V], tl.float32)
         R = Us
+        P = Us
     else:
         # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
-        R = _state_dot(_load_symmetric(p_m, K, PACKED), Us, SPREC, EMU)
-        if HAS_ALPHA:
-            R -= Us
+        P = _state_dot(_load_symmetric(p_m, K, PACKED), Us, SPREC, EMU)
+        R = P - Us if HAS_ALPHA else P
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
                          an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
     kn, vn, bn = 0.0, 0.0, 0.0
     if PREFETCH and STAGE == 0:
         kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
-    S, dU = _state_gradients(G0, G1, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, SPREC, EMU, PACKED)
+    S, dU = _state_gradients(G0, G1, P, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, HOLD_P, SPREC, EMU,
+                             PACKED)
     if RELOAD or STAGE == 1:
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)

@@ -38,6 +38,11 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   tokens. Meant for 64-wide heads, whose one-launch backward takes 255 registers with spills at sm_90a (two programs
   per SM); off by default: fwd+bwd 0.628 against 0.534 ms at B256 T197 H6 D64 (H100, the block-inverse sweep of
   benchmarks/gka_global_timing.py);
+* ``global_hold_p`` — the backward keeps P = M Uᵀ, computed for its query-side pass, in registers for the state
+  gradients instead of computing it again there; not with ``global_reload``. Default: heads up to 32 wide without
+  ``global_reload`` (a K×V fp32 tile, 8 registers a thread at 16-wide heads on one warp). H100, bf16, fwd+bwd from
+  a CUDA graph: 0.0781–0.0789 against 0.0794–0.0804 ms at B256 T49 H20 D16, 0.1036 against 0.1048 at T196 H10;
+  wider heads would hold it through a pass that already spills;
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
@@ -59,7 +64,7 @@ _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
           "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
           "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed", "global_solve_leaf",
-          "global_split_bwd")
+          "global_split_bwd", "global_hold_p")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -77,7 +82,7 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
            "prefetch": width <= 32, "split": False, "solve_warps": 4 if full else 2,
-           "packed": False, "solve_leaf": K, "split_bwd": False,
+           "packed": False, "solve_leaf": K, "split_bwd": False, "hold_p": None,
            "prec": "tf32x3", "sprec": "tf32x3", "max_registers": None, "max_registers_bwd": None}
     if width <= 16 and not full:
         # H100 sweep (2026-11-23, bf16, fwd+bwd in a CUDA graph): 32-token tiles and one warp per (batch, head)
@@ -128,7 +133,11 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         raise ValueError(f"gka launch setting global_solve_leaf below K needs 64-wide heads, got K = {K}")
     if cfg["packed"] and max(K, V) > 32:
         raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
-    for name in ("prefetch", "prefetch_bwd", "split", "packed", "split_bwd"):
+    if cfg["hold_p"] is None:
+        cfg["hold_p"] = width <= 32 and not cfg["reload"]
+    if cfg["hold_p"] and cfg["reload"]:
+        raise ValueError("gka launch setting global_hold_p cannot be combined with global_reload")
+    for name in ("prefetch", "prefetch_bwd", "split", "packed", "split_bwd", "hold_p"):
         if cfg[name] not in (True, False):
             raise ValueError(f"gka launch setting global_{name} must be True or False, got {cfg[name]!r}")
     return cfg
@@ -178,7 +187,8 @@ class GlobalPlan:
             self.read_out = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 2}, options)
         self.bwd = self.bwd_keys = None
         if save:
-            bwd = {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"])}
+            bwd = {**common, "BT": cfg["block_t_bwd"], "PREFETCH": bool(cfg["prefetch_bwd"]),
+                   "HOLD_P": bool(cfg["hold_p"])}
             bwd_options = launch_options(cfg["num_warps_bwd"], num_stages=cfg["num_stages"],
                                          max_registers=cfg["max_registers_bwd"])
             self.bwd = DirectLaunch(gka_global_bwd_kernel, (B * H,), (T, H), {**bwd, "STAGE": 1 if split_bwd else 0},

@@ -125,6 +125,27 @@ def test_interpreter_bf16_split_products(triton_interpreter, poison_outputs):
         assert out.dtype == torch.bfloat16
 
 
+def check_bf16_keys_fp32_values(shape, device, seed):
+    """bf16 queries and keys with fp32 values and gates: the value-side products must keep v (and dO, which takes
+    v's dtype) in fp32, so the output and the fp32 gradients stay at fp32 accuracy for the keys the kernels were
+    given (rounding v to bf16 in those products puts ≈ 2⁻⁹ into them: 3.3e-3 on o). dq and dk come back in bf16."""
+    tensors = make_inputs(*shape, device=device, seed=seed)
+    tensors[0], tensors[1] = tensors[0].bfloat16(), tensors[1].bfloat16()
+    B, T, H, V = tensors[2].shape
+    do = torch.randn(B, T, H, V, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
+    out, grads = run_with_grads(lambda *a: gka(*a, causal=True, solver="direct"), tensors, do.to(device))
+    ref_out, ref_grads = reference(tensors, do, "direct")
+    assert out.dtype == torch.float32
+    assert_close(out, ref_out, tol=1e-4, name="o")
+    for name, grad, expected in zip(GRAD_NAMES, grads, ref_grads):
+        assert grad.dtype == (torch.bfloat16 if name in "qk" else torch.float32), name
+        assert_close(grad, expected, tol=1e-2 if name in "qk" else 1e-3, name=f"d{name}")
+
+
+def test_interpreter_bf16_keys_fp32_values(triton_interpreter, poison_outputs):
+    check_bf16_keys_fp32_values((1, 37, 2, 16, 16), "cpu", seed=11)
+
+
 def test_interpreter_strong_gates(triton_interpreter, poison_outputs):
     # fast forgetting (g down to ≈ −20 per token): every decay weight underflows to 0 within a few tokens
     tensors = make_inputs(1, 40, 2, 16, 16, gate_scale=10.0)
@@ -278,6 +299,12 @@ def test_cuda_direct_fp32(poison_outputs, shape):
                                    (1, 117, 2, 128, 128)], ids=lambda s: "x".join(map(str, s)))
 def test_cuda_chebyshev_fp32(poison_outputs, shape):
     check(make_inputs(*shape, device="cuda"), "chebyshev")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(2, 197, 4, 16, 16), (1, 129, 2, 64, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_cuda_bf16_keys_fp32_values(poison_outputs, shape):
+    check_bf16_keys_fp32_values(shape, "cuda", seed=12)
 
 
 @pytest.mark.cuda

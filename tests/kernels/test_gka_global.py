@@ -207,6 +207,16 @@ def test_interpreter_packed_state(triton_interpreter, poison_outputs, K, V):
         check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
+@pytest.mark.parametrize("use_alpha", [True, False])
+def test_interpreter_backward_holds_p(triton_interpreter, poison_outputs, use_alpha):
+    # the backward's P = M Uᵀ held from its start for the state gradients (the narrow-head default) or computed there
+    # again; with α the query-side pass reads D = P − Uᵀ, without it P itself
+    tensors = make_inputs(1, 29, 2, 16, 32, use_alpha=use_alpha, seed=80 + use_alpha)
+    for hold in (True, False):
+        with launch_overrides("gka", global_hold_p=hold):
+            check(tensors)
+
+
 def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
     # the split forward where it is meant to be used (64-wide heads), fp32 (its fp64 solve) and bf16
     with launch_overrides("gka", global_split=True):
@@ -305,7 +315,8 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
 @pytest.mark.parametrize("setting, value", [("global_chunk", 32), ("global_block_t", 24), ("global_block_t_bwd", 8),
                                             ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
                                             ("global_solve_warps", 3), ("global_split", "no"),
-                                            ("global_solve_leaf", 8), ("global_split_bwd", "on")])
+                                            ("global_solve_leaf", 8), ("global_split_bwd", "on"),
+                                            ("global_hold_p", "yes")])
 def test_launch_override_names(triton_interpreter, setting, value):
     """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
@@ -317,6 +328,13 @@ def test_block_inverse_needs_64_wide_heads(triton_interpreter):
     wide = make_inputs(1, 8, 1, 128, 16)
     with launch_overrides("gka", global_solve_leaf=64), pytest.raises(ValueError, match="global_solve_leaf"):
         gka(*wide[:3], None, *wide[3:], causal=False)
+
+
+def test_held_p_is_not_reloaded(triton_interpreter):
+    tensors = make_inputs(1, 8, 1, 16, 16)
+    with launch_overrides("gka", global_hold_p=True, global_reload=True), pytest.raises(ValueError,
+                                                                                       match="global_hold_p"):
+        gka(*tensors[:3], None, *tensors[3:], causal=False)
 
 
 def test_packed_state_needs_narrow_heads(triton_interpreter):
