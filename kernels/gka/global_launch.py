@@ -41,8 +41,9 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
 * ``global_hold_p`` — the backward keeps P = M Uᵀ, computed for its query-side pass, in registers for the state
   gradients instead of computing it again there; not with ``global_reload``. Default: heads up to 32 wide without
   ``global_reload`` (a K×V fp32 tile, 8 registers a thread at 16-wide heads on one warp). H100, bf16, fwd+bwd from
-  a CUDA graph: 0.0781–0.0789 against 0.0794–0.0804 ms at B256 T49 H20 D16, 0.1036 against 0.1048 at T196 H10;
-  wider heads would hold it through a pass that already spills;
+  a CUDA graph (benchmarks/results/kernels-gka-global-held-p-*): 0.0781–0.0789 against 0.0794–0.0804 ms at B256
+  T49 H20 D16, 0.1036–0.1040 against 0.1048–0.1051 at T196 H10; wider heads would hold it through a pass that
+  already spills;
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
