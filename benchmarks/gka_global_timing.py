@@ -5,9 +5,10 @@ forward+backward (gradients of q, k, v, β, α for GKA; q, k, v for SDPA), each 
 (GPU time without launch gaps); ratios GKA / SDPA against the targets. ``--sweep`` then times fwd+bwd for a few
 launch layouts per head width (``visionssm.kernels.tuning``, op ``gka``, ``global_*`` names), and ``--kernels`` the
 GPU time of each kernel of those layouts (torch.profiler, after all the CUDA-graph timings). ``--precision`` sets
-one bf16 product pass against two (``global_passes``): the relative error of o and of every gradient against the
-float64 closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the
-fwd+bwd GPU time of each (CUDA graph, best of three interleaved rounds).
+the product precisions of ``PRECISION_LAYOUTS`` side by side (one bf16 pass per token product against two, bf16x3
+against tf32x3 per-(batch, head) products): the relative error of o and of every gradient against the float64
+closed form, SDPA's bf16 error against its own float64 result on the same q, k, v beside them, and the fwd+bwd GPU
+time of each (CUDA graph, best of five interleaved rounds).
 
     python benchmarks/gka_global_timing.py [--quick] [--sweep] [--kernels] [--precision] [--out DIR]
 """
@@ -158,14 +159,21 @@ def _errors(outs, refs) -> str:
     return "  ".join(cells)
 
 
+# --precision: GKA's product precisions (launch overrides) against the float64 closed form: the default (two bf16
+# passes per token product, bf16x3 per-(batch, head) products in the read-out and the backward, tf32x3 in the
+# solve), one pass, tf32x3 products outside the solve too, bf16x3 inside it too
+PRECISION_LAYOUTS = {"default": {}, "passes=1": {"global_passes": 1}, "sprec=tf32x3": {"global_sprec": "tf32x3"},
+                     "solve_sprec=bf16x3": {"global_solve_sprec": "bf16x3"}}
+
+
 def _precision_steps(leaves, do) -> dict:
-    """fwd+bwd steps returning (o, gradients): GKA with one and with two bf16 product passes, SDPA on the same data."""
+    """fwd+bwd steps returning (o, gradients): GKA in each of PRECISION_LAYOUTS, SDPA on the same data."""
     sq, sk, sv = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in leaves[:3])
     sdo = do.transpose(1, 2).contiguous()
 
-    def gka_step(passes):
+    def gka_step(overrides):
         def run():
-            with launch_overrides("gka", global_passes=passes):
+            with launch_overrides("gka", **overrides):
                 out = gka(*leaves[:3], None, *leaves[3:], causal=False)
                 return (out.detach(), *torch.autograd.grad(out, leaves, do))
         return run
@@ -174,7 +182,8 @@ def _precision_steps(leaves, do) -> dict:
         out = F.scaled_dot_product_attention(sq, sk, sv)
         return (out.detach(), *torch.autograd.grad(out, (sq, sk, sv), sdo))
 
-    return {"passes=2": gka_step(2), "passes=1": gka_step(1), "sdpa": sdpa_step, "sdpa_inputs": (sq, sk, sv, sdo)}
+    steps_ = {label: gka_step(overrides) for label, overrides in PRECISION_LAYOUTS.items()}
+    return {**steps_, "sdpa": sdpa_step, "sdpa_inputs": (sq, sk, sv, sdo)}
 
 
 def _float64_grads(fn, leaves, do) -> tuple:
@@ -190,7 +199,7 @@ def precision(rows: list[dict]) -> None:
         do = torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16)
         steps_ = _precision_steps(leaves, do)
         refs = _float64_grads(gka_closed_form, leaves, do)
-        for label in ("passes=2", "passes=1"):
+        for label in PRECISION_LAYOUTS:
             print(f"precision {name} {shape} {label}  {_errors(steps_[label](), refs)}", flush=True)
         *sdpa_leaves, sdo = steps_.pop("sdpa_inputs")
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
@@ -198,7 +207,7 @@ def precision(rows: list[dict]) -> None:
         print(f"precision {name} {shape} sdpa-bf16  {_errors(steps_['sdpa'](), refs)}", flush=True)
         del refs
         best: dict[str, float] = {}
-        for _ in range(3):
+        for _ in range(5):
             for label, fn in steps_.items():
                 best[label] = min(best.get(label, float("inf")), timed(fn, True))
         for label, ms in best.items():
@@ -213,7 +222,7 @@ def precision(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--precision", action="store_true", help="one bf16 product pass against two: error and time")
+    parser.add_argument("--precision", action="store_true", help="product precisions side by side: error and time")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON/CSV results (default "
                         "benchmarks/results)")
     parser.add_argument("--quick", action="store_true", help="main table: forward and fwd+bwd, CUDA graphs only")

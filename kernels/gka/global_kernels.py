@@ -23,7 +23,8 @@ bf16 tensor cores (2 passes, ~2⁻¹⁷ relative per product); ``PASSES=1`` keep
 the bf16 output's own rounding). Other inputs run fp32 dots in ``PREC`` (the launch plan picks exact fp32 or
 tf32x3; the interpreter is exact). The statistics H and Uᵀ always use both halves of β_t k_t (a single pass would put
 2⁻⁹ into H, which the solve amplifies by up to κ ≈ 1/ridge). The per-(batch, head) K×K products run in ``SPREC``
-(tf32x3, exact fp32, or bf16x3: see :func:`_state_dot`).
+(tf32x3, exact fp32, or bf16x3: see :func:`_state_dot`), those inside the solve in ``SOLVE_SPREC`` (the solve kernel's
+``SPREC``).
 
 ``EMU``: Triton's CPU interpreter multiplies 16-bit dots wrongly, so there the bf16 dots run on the same bf16
 values converted to fp32 (exact products, fp32 accumulation: what the tensor cores compute).
@@ -301,7 +302,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
                           HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
                           PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
                           F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
-                          PACKED: tl.constexpr, LEAF: tl.constexpr):
+                          PACKED: tl.constexpr, LEAF: tl.constexpr, SOLVE_SPREC: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
     PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
     latency hidden behind them and the solve).
@@ -331,7 +332,7 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
         _store_matrix(p_u, Us, K, V)
     else:
         if PHASE == 0:
-            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SOLVE_SPREC, EMU, F64, EPS, LEAF)
             if SAVE or RELOAD:
                 _store_symmetric(p_h, Hs, K, PACKED)
                 _store_symmetric(p_m, M, K, PACKED)

@@ -44,6 +44,8 @@ Launch settings can be forced for tuning through :mod:`visionssm.kernels.tuning`
   a CUDA graph (benchmarks/results/kernels-gka-global-held-p-*): 0.0781–0.0789 against 0.0794–0.0804 ms at B256
   T49 H20 D16, 0.1036–0.1040 against 0.1048–0.1051 at T196 H10; wider heads would hold it through a pass that
   already spills;
+* ``global_sprec`` / ``global_solve_sprec`` — the precision (``"tf32x3"``, ``"bf16x3"``, ``"ieee"``) of the
+  per-(batch, head) products of the read-out and the backward / of those inside the solve (see ``_launch_config``);
 * ``global_packed`` — save H and M (symmetric) as packed upper triangles, K(K+1)/2 words each instead of K²: at 16-wide
   heads 0.94 KB less written by the forward and read by the backward per (batch, head). Heads up to 32 wide only
   (wider ones spill on the index tile); off by default: 0.99× at B256 T196 H10 / T49 H20 D16 in the same sweep,
@@ -65,7 +67,7 @@ _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
           "global_max_registers_bwd", "global_num_stages", "global_passes", "global_reload", "global_prefetch",
           "global_prefetch_bwd", "global_split", "global_solve_warps", "global_packed", "global_solve_leaf",
-          "global_split_bwd", "global_hold_p")
+          "global_split_bwd", "global_hold_p", "global_sprec", "global_solve_sprec")
 _SOLVER_IDS = {"direct": 0, "chebyshev": 1}
 
 
@@ -75,10 +77,11 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     benchmarks/gka_global_timing.py (64-wide heads: 32-token tiles, reload or 8 warps were all slower than the
     settings below).
 
-    ``prec`` / ``sprec``: the precision of the per-token fp32 products (non-bf16 inputs) and of the per-(batch, head)
-    K×K products. fp32 inputs get exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3
-    otherwise; 128-wide heads re-read their operands per token tile (``reload``) and, for bf16 inputs, use bf16x3
-    state products (tf32x3's operands alone would need 256 KB of shared memory)."""
+    ``prec`` / ``sprec`` / ``solve_sprec``: the precision of the per-token fp32 products (non-bf16 inputs), of the
+    per-(batch, head) K×K products of the read-out and the backward, and of those inside the solve. fp32 inputs get
+    exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3 otherwise; bf16 inputs bf16x3 outside
+    the solve and tf32x3 inside it but at 128-wide heads, which re-read their operands per token tile (``reload``)
+    and use bf16x3 for all of them (tf32x3's operands alone would need 256 KB of shared memory)."""
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
@@ -111,6 +114,16 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
     if width >= 128:
         cfg.update(block_t=32, num_warps=8, reload=True, sprec="ieee" if full else "bf16x3",
                    num_stages=1 if full else 2)
+    cfg["solve_sprec"] = cfg["sprec"]
+    if dtype == torch.bfloat16:
+        # the read-out's and the backward's K×K / K×V products (not the solve's) in bf16x3 (~2⁻¹⁶ relative, against
+        # the bf16 output's 2⁻⁹): H100, fwd+bwd from a CUDA graph (benchmarks/gka_global_timing.py --precision,
+        # kernels-gka-global-sprec-*-2026-11-24.log), tf32x3 → bf16x3 took B256 T197 H6 D64 from 0.506 to
+        # 0.426 ms, T49 H20 D16 0.0777 → 0.0752, T196 H10 D16 0.1047 → 0.1036, with the errors of o and of every
+        # gradient against the float64 closed form unchanged in their three digits (1.66e-3 relative). The solve's
+        # products (the 64-wide block inverse's Schur complements) in bf16x3 too took 0.416 ms at D64 with the same
+        # errors at ridge 0.02; they keep tf32x3, because their cancellation, hence the loss, grows like 1/ridge
+        cfg["sprec"] = "bf16x3"
     cfg.setdefault("block_t_bwd", cfg["block_t"])
     cfg.setdefault("prefetch_bwd", cfg["prefetch"])
     cfg["num_warps_bwd"] = cfg["num_warps"]
@@ -134,6 +147,10 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
         raise ValueError(f"gka launch setting global_solve_leaf below K needs 64-wide heads, got K = {K}")
     if cfg["packed"] and max(K, V) > 32:
         raise ValueError(f"gka launch setting global_packed needs heads up to 32 wide, got K = {K}, V = {V}")
+    for name in ("sprec", "solve_sprec"):
+        if cfg[name] not in ("tf32x3", "bf16x3", "ieee"):
+            raise ValueError(f"gka launch setting global_{name} must be 'tf32x3', 'bf16x3' or 'ieee', got "
+                             f"{cfg[name]!r}")
     if cfg["hold_p"] is None:
         cfg["hold_p"] = width <= 32 and not cfg["reload"]
     if cfg["hold_p"] and cfg["reload"]:
@@ -160,6 +177,7 @@ class GlobalPlan:
         low = dtype == torch.bfloat16 and v_dtype == torch.bfloat16
         prec = "ieee" if interpreted else cfg["prec"]
         sprec = "ieee" if interpreted and cfg["sprec"] != "bf16x3" else cfg["sprec"]
+        solve_sprec = "ieee" if interpreted and cfg["solve_sprec"] != "bf16x3" else cfg["solve_sprec"]
         reload = bool(cfg["reload"])
         common = {"K": K, "V": V, "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
                   "RELOAD": reload, "LP": low, "PASSES": cfg["passes"], "PREC": prec, "SPREC": sprec,
@@ -176,14 +194,14 @@ class GlobalPlan:
         solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS,
                  "LEAF": cfg["solve_leaf"]}
         fwd = {**{n: c for n, c in common.items() if n != "RELOAD"}, **solve, "BT": cfg["block_t"], "SAVE": save,
-               "RELOAD": reload, "PREFETCH": bool(cfg["prefetch"])}
+               "RELOAD": reload, "PREFETCH": bool(cfg["prefetch"]), "SOLVE_SPREC": solve_sprec}
         options = launch_options(cfg["num_warps"], num_stages=cfg["num_stages"], max_registers=cfg["max_registers"])
         self.fwd = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 1 if split else 0}, options)
         self.solve = self.read_out = None
         if split:
             self.solve = DirectLaunch(gka_global_solve_kernel, (B * H,), (),
-                                      {**solve, "K": K, "V": V, "RELOAD": reload, "SPREC": sprec, "EMU": interpreted,
-                                       "PACKED": common["PACKED"]},
+                                      {**solve, "K": K, "V": V, "RELOAD": reload, "SPREC": solve_sprec,
+                                       "EMU": interpreted, "PACKED": common["PACKED"]},
                                       launch_options(cfg["solve_warps"], num_stages=1))
             self.read_out = DirectLaunch(gka_global_fwd_kernel, (B * H,), (T, H), {**fwd, "PHASE": 2}, options)
         self.bwd = self.bwd_keys = None

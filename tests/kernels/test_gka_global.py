@@ -217,6 +217,19 @@ def test_interpreter_backward_holds_p(triton_interpreter, poison_outputs, use_al
             check(tensors)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_interpreter_state_product_precisions(triton_interpreter, poison_outputs, split):
+    # bf16 inputs: bf16x3 per-(batch, head) products outside the solve (the default), tf32x3 there (exact fp32 in the
+    # interpreter), and bf16x3 inside the solve as well: the Chebyshev polynomial's products in the fused forward,
+    # the Schur complements of the 64-wide block inverse in the split one
+    K, solver = (64, "direct") if split else (16, "chebyshev")
+    tensors = make_inputs(1, 23, 1, K, 16, dtype=torch.bfloat16, seed=90 + K)
+    grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
+    for overrides in ({}, {"global_sprec": "tf32x3"}, {"global_solve_sprec": "bf16x3"}):
+        with launch_overrides("gka", global_split=split, **overrides):
+            check(tensors, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
+
+
 def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
     # the split forward where it is meant to be used (64-wide heads), fp32 (its fp64 solve) and bf16
     with launch_overrides("gka", global_split=True):
@@ -316,7 +329,8 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
                                             ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
                                             ("global_solve_warps", 3), ("global_split", "no"),
                                             ("global_solve_leaf", 8), ("global_split_bwd", "on"),
-                                            ("global_hold_p", "yes")])
+                                            ("global_hold_p", "yes"), ("global_sprec", "bf16"),
+                                            ("global_solve_sprec", "tf32")])
 def test_launch_override_names(triton_interpreter, setting, value):
     """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
