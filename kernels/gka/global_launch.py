@@ -79,9 +79,9 @@ def _launch_config(K: int, V: int, T: int, dtype: torch.dtype) -> dict:
 
     ``prec`` / ``sprec`` / ``solve_sprec``: the precision of the per-token fp32 products (non-bf16 inputs), of the
     per-(batch, head) K×K products of the read-out and the backward, and of those inside the solve. fp32 inputs get
-    exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3 otherwise; bf16 inputs bf16x3 outside
-    the solve and tf32x3 inside it but at 128-wide heads, which re-read their operands per token tile (``reload``)
-    and use bf16x3 for all of them (tf32x3's operands alone would need 256 KB of shared memory)."""
+    exact fp32 FMAs where they compile without spilling (heads ≤ 32) and tf32x3 otherwise. bf16 inputs get bf16x3
+    outside the solve and tf32x3 inside it, except at 128-wide heads: these re-read their operands per token tile
+    (``reload``) and take bf16x3 everywhere (tf32x3's operands alone would need 256 KB of shared memory)."""
     width = max(K, V)
     full = dtype == torch.float32
     cfg = {"block_t": 64, "num_warps": 2 if width <= 16 else 4, "num_stages": 2, "passes": 2, "reload": False,
