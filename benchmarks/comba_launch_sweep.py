@@ -113,7 +113,6 @@ def sweep_shape(B, T, H, D, causal, names, warm, rounds):
               f"{sdpa_fwd:.4f} ms; default / sdpa {ref[0] / sdpa_both:.2f}x / {ref[1] / sdpa_fwd:.2f}x", flush=True)
 
 
-
 def main():
     warm = "--warm" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
