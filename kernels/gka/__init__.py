@@ -25,8 +25,8 @@ def resolve_solver(solver: str, causal: bool, head_dim: int) -> str:
     held by one GPU thread); for causal heads of 32 and more ``"chebyshev_auto"``: a 32-wide matrix (528 entries)
     does not fit one thread's registers, so the Triton ``"direct"`` solve there is the Chebyshev iteration run to
     fp32 convergence (60 steps at ridge 0.02), and ``"auto"`` takes the Chebyshev iteration with the fewest steps
-    whose error bound stays within 1e-3 of the exact solve, on the GPU at heads up to 64 wide its first steps with
-    one-pass products (:func:`.naive.auto_chebyshev_steps`: at ridge 0.02 29 steps, 10 of them coarse, or 28 full
+    whose error bound stays within 1e-3 of the exact solve, on the GPU its first steps with one-pass products
+    (:func:`.naive.auto_chebyshev_steps`: at ridge 0.02 29 steps, 10 of them coarse, where the CPU path runs 28 full
     ones; unlike the paper's fixed 30 it holds the 1e-3 at every ridge, e.g. 58 / 55 steps at ridge 0.005)."""
     if solver != "auto":
         return solver

@@ -17,6 +17,8 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
   kernel and of the two scans over the chunks;
 * ``state_rows``: rows of the K-wide states one scan program carries (divides K);
 * ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
+* ``coarse_launch``: ``solver="auto"``'s coarse Chebyshev steps in a launch of their own before the full ones (the
+  iterates pass through memory), so that neither launch holds the other's registers; ``coarse_warps``: its warps;
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
   ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
@@ -35,14 +37,19 @@ from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns", "fused_grad", "fused_stages", "fused_regs")
+            "scan_warps", "state_rows", "columns", "coarse_launch", "coarse_warps", "fused_grad", "fused_stages",
+            "fused_regs")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
-#: Widest heads whose ``solver="auto"`` solve runs its first steps coarse (one-pass products). H100, 2026-11-24,
-#: CUDA graph, bf16 (benchmarks/results/gka-wide-solver-*-2026-11-24.log): at B256 T197 H6 D64 29 steps with 10
-#: coarse took 1.831 / 5.686 ms (fwd / fwd+bwd) against 2.086 / 6.158 for the paper's 30 full ones. At B4 T2048 H8
-#: D128 the solve kernels already spill (3.8 KB a thread in the forward at sm_90a); with the coarse loop compiled in
-#: the spills doubled and the forward took 2.55 ms against 1.86 without it.
+#: Widest heads whose ``solver="auto"`` solve runs its coarse steps in the same launch as the full ones (wider heads:
+#: a launch of their own, ``coarse_launch``). H100, 2026-11-24, CUDA graph, bf16
+#: (benchmarks/results/gka-wide-solver-*-2026-11-24.log): at B256 T197 H6 D64 29 steps with 10 coarse in one launch
+#: took 1.831 / 5.686 ms (fwd / fwd+bwd) against 2.086 / 6.158 for the paper's 30 full ones. At B4 T2048 H8 D128 the
+#: one-launch solve kernels already spill (3.8 KB a thread in the forward at sm_90a), and with the coarse loop
+#: compiled in the spills doubled and the forward took 2.55 ms against 1.86 without it. In a launch of their own
+#: (kernels-gka-coarse-launch-*-2026-11-24.log, same process): D128 fwd / fwd+bwd 1.567 / 3.661 ms against 1.725 /
+#: 3.868 with 28 full steps in one launch, the forward solve's spills 208 bytes instead of 3.8 KB; at D64 the
+#: separate launch took 2.050 / 5.547 against 1.795 / 5.212 ms.
 COARSE_MAX_WIDTH = 64
 
 
@@ -77,7 +84,9 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     1336 to 952 µs and dz from 200 to 158 µs at B256 T197 H6 D64 (fwd+bwd 5.68 → 5.21 ms; 32 columns 5.47), and from
     723 to 614 / 133 to 89 µs at B4 T2048 H8 D128 (128 columns spilled: 7.3 ms); at D128 the adjoint solve on
     8 warps took 1088 against 1288 µs (fwd+bwd with both 4.04 against 4.40 ms), where at D64 it took 2313 against
-    1444 µs and the forward solve on 8 warps at D128 1725 against 1553 µs.
+    1444 µs and the forward solve on 8 warps at D128 1725 against 1553 µs. The coarse launch (``coarse_launch``, on at
+    heads wider than COARSE_MAX_WIDTH) on 8 warps at D128 took the forward solve to 1708 against 1273 µs on 4
+    (kernels-gka-coarse-launch-nvidia-h100-80gb-hbm3-2026-11-24.log).
 
     The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
     benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
@@ -93,10 +102,11 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     # the Chebyshev solve holds 255 registers a thread, so two 4-warp programs share an SM where one 8-warp program
     # sits alone, and 8 warps split a 32-row tile's columns, each warp reading the whole 32×K operand again)
     small = 1 if width <= 16 else 2
-    for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps"):
+    for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps", "coarse_warps"):
         cfg[name] = small if width <= 32 else 4
     cfg["state_rows"] = min(K, 16 if K >= 64 else 32)
     cfg["columns"] = min(K, V, 64)
+    cfg["coarse_launch"] = width > COARSE_MAX_WIDTH
     if K >= 128:
         cfg["adjoint_warps"] = 8
     cfg["fused_grad"] = width <= 16
@@ -137,12 +147,12 @@ def _precision(dtype: torch.dtype, v_dtype: torch.dtype, device: torch.device, w
 
 
 class _FwdPlan:
-    __slots__ = ("BT", "NT", "NKR", "per_token", "num_iters", "num_coarse", "state", "solve", "readout", "h0_shape",
-                 "s0_shape", "dummy", "bwd", "key", "cfg")
+    __slots__ = ("BT", "NT", "NKR", "per_token", "num_iters", "num_coarse", "state", "coarse", "solve", "readout",
+                 "h0_shape", "s0_shape", "dummy", "bwd", "key", "cfg")
 
 
 class _BwdPlan:
-    __slots__ = ("dz", "solve", "scan", "grad", "fused", "dend_shape", "eend_shape", "offs_shape")
+    __slots__ = ("dz", "coarse", "solve", "scan", "grad", "fused", "dend_shape", "eend_shape", "offs_shape")
 
 
 def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alpha: bool) -> dict:
@@ -150,6 +160,19 @@ def _common(cfg: dict, q: torch.Tensor, v: torch.Tensor, has_beta: bool, has_alp
     prec, exact = _precision(q.dtype, v.dtype, q.device, max(K, v.shape[3]))
     return {"H": H, "K": K, "V": v.shape[3], "BT": cfg["chunk"], "PREC": prec, "IN_EXACT": exact,
             "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha}
+
+
+def _chebyshev_launches(kernel, grid: tuple, dims: tuple, constexprs: dict, num_coarse: int, cfg: dict,
+                        num_warps: int) -> tuple:
+    """(coarse launch or None, solve launch) of a Chebyshev solve kernel: with coarse steps and ``coarse_launch``,
+    stage 1 runs them (on ``coarse_warps``) and stage 2 the full steps; otherwise one launch runs every step
+    (stage 0)."""
+    options = {"num_warps": num_warps, "num_stages": 1}
+    if num_coarse > 0 and cfg["coarse_launch"]:
+        return (DirectLaunch(kernel, grid, dims, constexprs | {"HAS_COARSE": True, "STAGE": 1},
+                             {"num_warps": cfg["coarse_warps"], "num_stages": 1}),
+                DirectLaunch(kernel, grid, dims, constexprs | {"HAS_COARSE": False, "STAGE": 2}, options))
+    return None, DirectLaunch(kernel, grid, dims, constexprs | {"HAS_COARSE": num_coarse > 0, "STAGE": 0}, options)
 
 
 def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token: bool, num_iters: int,
@@ -165,6 +188,7 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     plan.h0_shape, plan.s0_shape = (B * H, NT, K, K), (B * H, NT, K, V)
     plan.dummy = torch.empty(1, device=q.device, dtype=torch.float32)
     c = _common(cfg, q, v, has_beta, has_alpha)
+    plan.coarse = None
     from .causal_kernels import readout_kernel, state_fwd_kernel
 
     plan.state = DirectLaunch(state_fwd_kernel, (NKR, B * H), (T, NT),
@@ -182,10 +206,9 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     else:
         from .chebyshev_kernels import chebyshev_fwd_kernel
 
-        plan.solve = DirectLaunch(chebyshev_fwd_kernel, (NT, B * H), (num_iters, num_coarse, T, NT),
-                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
-                                  | {"HAS_COARSE": num_coarse > 0},
-                                  {"num_warps": cfg["solve_warps"], "num_stages": 1})
+        plan.coarse, plan.solve = _chebyshev_launches(
+            chebyshev_fwd_kernel, (NT, B * H), (num_iters, num_coarse, T, NT),
+            {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA")}, num_coarse, cfg, cfg["solve_warps"])
     plan.readout = DirectLaunch(readout_kernel, (NT, B * H), (T, NT), c | {"BC": cfg["columns"]},
                                 {"num_warps": cfg["tile_warps"], "num_stages": 1})
     return plan
@@ -199,6 +222,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     from .causal_kernels import adjoint_grad_kernel, adjoint_scan_kernel, dz_kernel, grad_kernel
 
     plan = _BwdPlan()
+    plan.coarse = None
     plan.dend_shape, plan.eend_shape, plan.offs_shape = (B * H, NT, K, K), (B * H, NT, K, V), (B * H, NT, NKR)
     plan.dz = DirectLaunch(dz_kernel, (NT, B * H), (T, NT),
                            {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
@@ -216,10 +240,10 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     else:
         from .chebyshev_kernels import chebyshev_bwd_kernel
 
-        plan.solve = DirectLaunch(chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, fwd.num_coarse, T, NT),
-                                  {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
-                                  | {"HAS_COARSE": fwd.num_coarse > 0},
-                                  {"num_warps": cfg["adjoint_warps"], "num_stages": 1})
+        plan.coarse, plan.solve = _chebyshev_launches(
+            chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, fwd.num_coarse, T, NT),
+            {k: c[k] for k in ("H", "K", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}, fwd.num_coarse, cfg,
+            cfg["adjoint_warps"])
     plan.fused = None
     if cfg["fused_grad"]:
         plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
@@ -249,13 +273,13 @@ def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float)
 def _new_fwd_plan(key, q, v, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
     K, V = q.shape[3], v.shape[3]
     per_token = solver == "direct" and K == 16
+    cfg = launch_config(K, V, per_token)
     if solver == "chebyshev":
         iters, coarse = num_iters, 0
     elif solver == "chebyshev_auto":
-        iters, coarse = auto_chebyshev_steps(ridge, coarse=max(K, V) <= COARSE_MAX_WIDTH)
+        iters, coarse = auto_chebyshev_steps(ridge, coarse=max(K, V) <= COARSE_MAX_WIDTH or cfg["coarse_launch"])
     else:
         iters, coarse = converged_iters(ridge), 0
-    cfg = launch_config(K, V, per_token)
     return _build_fwd(key, cfg, q, v, beta is not None, alpha is not None, per_token, iters, coarse)
 
 
@@ -275,7 +299,11 @@ def causal_fwd(plan: _FwdPlan, q, k, v, g, beta, alpha, ridge: float, save: bool
         plan.solve(aligned, q, k, g, beta_, h0, x, ridge, EPS)
     else:
         fro = empty_output(q.shape[:3], device=dev, dtype=torch.float32)
-        plan.solve(aligned, q, k, g, beta_, h0, x, fro, ridge, EPS)
+        x_prev = dummy
+        if plan.coarse is not None:
+            x_prev = empty_output(q.shape, device=dev, dtype=torch.float32)
+            plan.coarse(aligned, q, k, g, beta_, h0, x, fro, x_prev, ridge, EPS)
+        plan.solve(aligned, q, k, g, beta_, h0, x, fro, x_prev, ridge, EPS)
     o = empty_output_like(v)
     plan.readout(aligned, q, k, v, g, beta_, alpha_, x, s0, o)
     return o, ((x, fro, h0, s0) if save else None)
@@ -301,7 +329,11 @@ def causal_bwd(fwd: _FwdPlan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ridge
     if fwd.per_token:
         plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
     else:
-        plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, fro, dz, dq, dalpha_, y, c, dgp, ridge, EPS)
+        y_prev = dummy
+        if plan.coarse is not None:
+            y_prev = empty_output(q.shape, device=dev, dtype=f32)
+            plan.coarse(aligned, q, k, g, beta_, alpha_, h0, x, fro, dz, dq, dalpha_, y, c, dgp, y_prev, ridge, EPS)
+        plan.solve(aligned, q, k, g, beta_, alpha_, h0, x, fro, dz, dq, dalpha_, y, c, dgp, y_prev, ridge, EPS)
     dk, dv, dg = empty_output_like(k), empty_output_like(v), empty_output_like(g)
     dbeta = None if beta is None else empty_output_like(beta)
     dbeta_ = dummy if dbeta is None else dbeta

@@ -12,6 +12,11 @@ The same kernels with ``num_iters`` chosen for fp32 convergence serve ``solver="
 ``num_coarse`` of them coarse: every product in one bf16 (16-bit inputs) or TF32 pass. An early step's rounding
 is an error in the iterate that the remaining full-precision steps shrink like any other, so only the last steps
 need the split products (naive.auto_chebyshev_steps says how many).
+
+``STAGE`` splits a solve over two launches of the same kernel: 0 runs every step; 1 only the coarse steps, storing
+the iterate and the one before it (fp32, as the registers hold them); 2 the full steps from those. A kernel with
+both loops compiled in keeps the bf16 low parts live through the coarse loop, which at 128-wide heads doubles its
+spills; each stage alone holds what its own steps need.
 """
 
 from __future__ import annotations
@@ -85,24 +90,39 @@ def _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT
 
 @triton.jit
 def _chebyshev(rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
-               num_coarse, K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_COARSE: tl.constexpr):
+               num_coarse, x_buf, x_prev_buf, K: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
+               HAS_COARSE: tl.constexpr, STAGE: tl.constexpr):
     """Algorithm 1 row-wise: ``num_iters`` steps for (H_t + λ_t I) x = b with μ = λ_t, L = ‖H_t‖_F + λ_t and
     b = scale ⊙ rhs[rows], the first ``num_coarse`` of them with one-pass products (``HAS_COARSE``: the coarse
-    loop is compiled in at all; with it, the 128-wide solve spills twice as much)."""
+    loop is compiled in at all; with it, the 128-wide solve spills twice as much). ``STAGE`` 1 stops after the
+    coarse steps and stores x and x_prev in ``x_buf`` / ``x_prev_buf``; ``STAGE`` 2 starts from them (ω again from
+    its recurrence, which only depends on the step count)."""
     step = 2.0 / (fro + 2.0 * lam)
     half = fro * step * 0.5
     rho2 = half * half
-    x = (step * scale)[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
-    x_prev = tl.zeros_like(x)
     omega = tl.full(step.shape, 2.0, tl.float32)
-    if HAS_COARSE:
+    o_k = tl.arange(0, K)
+    if STAGE == 2:
+        x = load_tile(x_buf, row, m_t, K, 0, K)
+        x_prev = load_tile(x_prev_buf, row, m_t, K, 0, K)
         for _ in range(num_coarse):
+            omega = 4.0 / (4.0 - rho2 * omega)
+    else:
+        x = (step * scale)[:, None] * load_tile(rhs, row, m_t, K, 0, K).to(tl.float32)
+        x_prev = tl.zeros_like(x)
+        if HAS_COARSE:
+            for _ in range(num_coarse):
+                x, x_prev, omega = _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT,
+                                                   kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC,
+                                                   IN_EXACT, True)
+    if STAGE == 1:
+        tl.store(x_buf + row[:, None] * K + o_k[None, :], x, mask=m_t[:, None])
+        tl.store(x_prev_buf + row[:, None] * K + o_k[None, :], x_prev, mask=m_t[:, None])
+    else:
+        for _ in range(num_iters - num_coarse):
             x, x_prev, omega = _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi,
                                                kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC, IN_EXACT,
-                                               True)
-    for _ in range(num_iters - num_coarse):
-        x, x_prev, omega = _chebyshev_step(x, x_prev, omega, rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi,
-                                           kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC, IN_EXACT, False)
+                                               False)
     return x
 
 
@@ -122,34 +142,41 @@ def _chunk_system(k, g, beta, h0, row, m_t, base, K: tl.constexpr, BT: tl.conste
 
 
 @triton.jit
-def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, ridge, eps, num_iters, num_coarse, T, NT, H: tl.constexpr,
-                         K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, IN_EXACT: tl.constexpr,
-                         HAS_BETA: tl.constexpr, HAS_COARSE: tl.constexpr):
-    """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk."""
+def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, x_prev, ridge, eps, num_iters, num_coarse, T, NT,
+                         H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                         IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_COARSE: tl.constexpr,
+                         STAGE: tl.constexpr):
+    """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk (``STAGE``: see the module; stage 2 reads the
+    norm stage 1 stored, ``x_prev`` is the iterate buffer between them)."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
         k, g, beta, h0, row, m_t, base, K, BT, PREC, IN_EXACT, HAS_BETA)
-    khk = tl.sum(mm(kc, Hm, PREC, IN_EXACT, False) * kc, 1)
-    gram = mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
-    h_sq = tl.sum(tl.sum(Hm * Hm, 1), 0)
-    fro2 = eG * eG * h_sq + 2.0 * eG * tl.sum(A * khk[None, :], 1)
-    fro2 += tl.sum(A * mm(A, gram * gram, PREC, False, False), 1)
-    fro = tl.sqrt(tl.maximum(fro2, 0.0))
+    if STAGE == 2:
+        fro = tl.load(fro_out + row, mask=m_t, other=0.0)
+    else:
+        khk = tl.sum(mm(kc, Hm, PREC, IN_EXACT, False) * kc, 1)
+        gram = mm(kc, kT, PREC, IN_EXACT, IN_EXACT)
+        h_sq = tl.sum(tl.sum(Hm * Hm, 1), 0)
+        fro2 = eG * eG * h_sq + 2.0 * eG * tl.sum(A * khk[None, :], 1)
+        fro2 += tl.sum(A * mm(A, gram * gram, PREC, False, False), 1)
+        fro = tl.sqrt(tl.maximum(fro2, 0.0))
+        tl.store(fro_out + row, fro, mask=m_t)
     lam = ridge * (fro + eps)
     X = _chebyshev(q, tl.where(m_t, 1.0, 0.0), row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG,
-                   lam, fro, num_iters, num_coarse, K, PREC, IN_EXACT, HAS_COARSE)
-    tl.store(x_out + row[:, None] * K + o_k[None, :], X, mask=m_t[:, None])
-    tl.store(fro_out + row, fro, mask=m_t)
+                   lam, fro, num_iters, num_coarse, x_out, x_prev, K, PREC, IN_EXACT, HAS_COARSE, STAGE)
+    if STAGE != 1:
+        tl.store(x_out + row[:, None] * K + o_k[None, :], X, mask=m_t[:, None])
 
 
 @triton.jit
-def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha, y_out, c_out, dgp, ridge, eps,
-                         num_iters, num_coarse, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha, y_out, c_out, dgp, y_prev, ridge,
+                         eps, num_iters, num_coarse, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                          PREC: tl.constexpr, IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr,
-                         HAS_ALPHA: tl.constexpr, HAS_COARSE: tl.constexpr):
+                         HAS_ALPHA: tl.constexpr, HAS_COARSE: tl.constexpr, STAGE: tl.constexpr):
     """Adjoint solve y = CH(H_t + λ_t I, α_t dz_t) with the forward's ‖H_t‖_F, then dq, dα, c_t = −ridge x·y / F_t
-    and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient)."""
+    and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient). ``STAGE`` 1 only runs the
+    coarse steps (iterates to ``y_out`` / ``y_prev``); the rest happens in stage 2 (or 0)."""
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
@@ -161,18 +188,19 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
     else:
         a = tl.where(m_t, 1.0, 0.0)
     Y = _chebyshev(dz, a, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, fro, num_iters,
-                   num_coarse, K, PREC, IN_EXACT, HAS_COARSE)
-    dZ = load_tile(dz, row, m_t, K, 0, K)
-    tl.store(y_out + row[:, None] * K + o_k[None, :], Y, mask=m_t[:, None])
-    tl.store(dq + row[:, None] * K + o_k[None, :], ((1.0 - a[:, None]) * dZ + Y).to(dq.dtype.element_ty),
-             mask=m_t[:, None])
-    X = load_tile(x_in, row, m_t, K, 0, K)
-    Q = load_tile(q, row, m_t, K, 0, K).to(tl.float32)
-    if HAS_ALPHA:
-        tl.store(dalpha + row, tl.sum(dZ * (X - Q), 1), mask=m_t)
-    c = tl.where(fro > 0, -ridge * tl.sum(X * Y, 1) / tl.where(fro > 0, fro, 1.0), 0.0)
-    tl.store(c_out + row, c, mask=m_t)
-    HX = _matvec_acc(X, tl.zeros_like(X), Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC,
-                     IN_EXACT)
-    Z = a[:, None] * X + (1.0 - a[:, None]) * Q
-    tl.store(dgp + row, tl.sum(Z * dZ, 1) - tl.sum(Y * HX, 1) + c * fro * fro, mask=m_t)
+                   num_coarse, y_out, y_prev, K, PREC, IN_EXACT, HAS_COARSE, STAGE)
+    if STAGE != 1:
+        dZ = load_tile(dz, row, m_t, K, 0, K)
+        tl.store(y_out + row[:, None] * K + o_k[None, :], Y, mask=m_t[:, None])
+        tl.store(dq + row[:, None] * K + o_k[None, :], ((1.0 - a[:, None]) * dZ + Y).to(dq.dtype.element_ty),
+                 mask=m_t[:, None])
+        X = load_tile(x_in, row, m_t, K, 0, K)
+        Q = load_tile(q, row, m_t, K, 0, K).to(tl.float32)
+        if HAS_ALPHA:
+            tl.store(dalpha + row, tl.sum(dZ * (X - Q), 1), mask=m_t)
+        c = tl.where(fro > 0, -ridge * tl.sum(X * Y, 1) / tl.where(fro > 0, fro, 1.0), 0.0)
+        tl.store(c_out + row, c, mask=m_t)
+        HX = _matvec_acc(X, tl.zeros_like(X), Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, PREC,
+                         IN_EXACT)
+        Z = a[:, None] * X + (1.0 - a[:, None]) * Q
+        tl.store(dgp + row, tl.sum(Z * dZ, 1) - tl.sum(Y * HX, 1) + c * fro * fro, mask=m_t)

@@ -266,6 +266,29 @@ def test_interpreter_chebyshev_head64_bf16(triton_interpreter, poison_outputs, T
     check(tensors, solver, fwd_tol=2e-2, grad_tol=3e-2)
 
 
+@pytest.mark.parametrize("T", [33, 50])
+def test_interpreter_coarse_launch_matches_one_launch(triton_interpreter, poison_outputs, T):
+    """The coarse steps in a launch of their own (the iterates and ‖H_t‖_F through memory, ω again from its
+    recurrence) give what one launch running both loops gives, outputs and every gradient bit for bit; odd lengths,
+    no β for one. (A resumed iterate, ω or norm that were off by anything would show.)"""
+    from visionssm.kernels.gka import causal_launch
+
+    tensors = make_inputs(1, T, 2, 64, 64, dtype=torch.bfloat16, use_beta=T % 2 == 1, seed=T)
+    do = torch.randn(1, T, 2, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(T))
+    results = {}
+    for separate in (False, True):
+        causal_launch._FWD_PLANS.clear()
+        with launch_overrides("gka", coarse_launch=separate):
+            plan = causal_launch.fwd_plan(*tensors, "chebyshev_auto", 30, 0.02)
+            assert plan.num_coarse > 0 and (plan.coarse is not None) == separate
+            results[separate] = run_with_grads(lambda *a: gka(*a, causal=True, solver="auto"), tensors, do)
+    causal_launch._FWD_PLANS.clear()
+    (out0, grads0), (out1, grads1) = results[False], results[True]
+    assert torch.equal(out0, out1)
+    for name, g0, g1 in zip(GRAD_NAMES, grads0, grads1):
+        assert (g0 is None) == (g1 is None) and (g0 is None or torch.equal(g0, g1)), f"d{name}"
+
+
 @pytest.mark.parametrize("K", [32, 64])
 def test_interpreter_coarse_steps_alone(triton_interpreter, poison_outputs, monkeypatch, K):
     """Every step coarse (one-pass products) against the same number of float64 steps: the coarse product itself is
@@ -353,9 +376,10 @@ def test_cuda_bf16_target_shapes(poison_outputs, shape):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("K", [16, 32, 64])
+@pytest.mark.parametrize("K", [16, 32, 64, 128])
 def test_cuda_stability_long_bf16(K):
-    """T = 8192 with adversarial keys for the solver ``auto`` picks at this width (direct at 16, Chebyshev wider)."""
+    """T = 8192 with adversarial keys for the solver ``auto`` picks at this width (direct at 16, Chebyshev wider;
+    at 128 its coarse steps in a launch of their own)."""
     T = 8192
     q, _, v, g, beta, alpha = make_inputs(1, T, 3, K, K, dtype=torch.float64)
     k = adversarial_keys(T, K)
