@@ -104,7 +104,11 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     small = 1 if width <= 16 else 2
     for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps", "coarse_warps"):
         cfg[name] = small if width <= 32 else 4
-    cfg["state_rows"] = min(K, 16 if K >= 64 else 32)
+    # the scans carry whole states up to 64-wide heads: at B256 T197 H6 D64 the adjoint scan took 562 µs with one
+    # program per (b, h) against 883 with four of 16 rows, each reading the chunk's full-width tiles again (fwd+bwd
+    # 4.846 against 5.177 ms; 32 rows 4.94); at D128 32 rows took 554 against 405 µs with 16
+    # (kernels-gka-scan-rows-nvidia-h100-80gb-hbm3-2026-11-24.log, kernels-gka-wide-launch-*-2026-11-24.log)
+    cfg["state_rows"] = K if K <= 64 else 16
     cfg["columns"] = min(K, V, 64)
     cfg["coarse_launch"] = width > COARSE_MAX_WIDTH
     if K >= 128:
