@@ -22,7 +22,8 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
   ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
-  ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled).
+  ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled);
+  ``fused_warps``: its warps.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan"
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
             "scan_warps", "state_rows", "columns", "coarse_launch", "coarse_warps", "fused_grad", "fused_stages",
-            "fused_regs")
+            "fused_regs", "fused_warps")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 #: Widest heads whose ``solver="auto"`` solve runs its coarse steps in the same launch as the full ones (wider heads:
@@ -92,7 +93,9 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
     134.2 + 218.5 µs at B256 T196 H10 D16 and 148.0 against 84.3 + 135.4 µs at B256 T49 H20 D16, with 2 pipeline
     stages (1: 320.7 / 167.4 µs); 3 stages and register caps of 152-200 (which spill) were no faster
-    (kernels-gka-causal-fused-launch-nvidia-h100-80gb-hbm3-2026-11-24.log)."""
+    (kernels-gka-causal-fused-launch-nvidia-h100-80gb-hbm3-2026-11-24.log); on 2 or 4 warps it took 407 / 773 µs
+    against 269 at T196 and 251 / 475 against 143 at T49
+    (kernels-gka-causal-fused-warps-nvidia-h100-80gb-hbm3-2026-11-24.log)."""
     width = max(K, V)
     if per_token:
         cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
@@ -116,6 +119,7 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["fused_grad"] = width <= 16
     cfg["fused_stages"] = 2
     cfg["fused_regs"] = 0
+    cfg["fused_warps"] = 1
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -252,7 +256,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     if cfg["fused_grad"]:
         plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
-                                  launch_options(1, num_stages=cfg["fused_stages"],
+                                  launch_options(cfg["fused_warps"], num_stages=cfg["fused_stages"],
                                                  max_registers=cfg["fused_regs"] or None))
         return plan
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
