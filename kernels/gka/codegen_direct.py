@@ -24,7 +24,11 @@ the ``USE_PTX`` constexpr; :func:`evaluate` runs the list in NumPy for the tests
 
 Lanes map to tokens position-major inside a program: lane i is position ``pid_p·P + i mod P`` of chunk instance
 ``pid_i·(BLOCK/P) + i div P``, so a program loops only over the first ``(pid_p + 1)·P`` positions of its chunks, and
-lanes of one chunk share their state and key loads (same cache lines).
+lanes of one chunk share their state and key loads (same cache lines). Instances are chunk-major (instance
+``c·BH + bh``: the heads of one chunk side by side, whose token rows are adjacent in memory), so the last chunk's
+instances come last, and a program whose positions all lie past the last chunk's length covers only the chunks
+before it: the programs left with no token skip everything (at T = 49, 3·16 + 1 tokens, a quarter of the lanes sat
+on the last chunk's 15 empty positions).
 """
 
 from __future__ import annotations
@@ -213,23 +217,36 @@ def _lines(indent: int, lines: list[str]) -> str:
     return "".join((pad + line).rstrip() + "\n" for line in lines)
 
 
-def _prologue() -> list[str]:
+def _program_live() -> list[str]:
+    """``n_live``: the instances this program's positions have tokens in (all, or all but the last chunk's)."""
     return [
         "pid_p = tl.program_id(0)",
         "pid_i = tl.program_id(1)",
+        "n_bh = n_inst // NT",
+        "n_live = n_inst - tl.where(pid_p * P < T - (NT - 1) * BT, 0, n_bh)",
+    ]
+
+
+def _prologue() -> list[str]:
+    return [
         "lane = tl.arange(0, BLOCK)",
         "inst = pid_i * (BLOCK // P) + lane // P",
         "pos = pid_p * P + lane % P",
-        "live = inst < n_inst",
+        "live = inst < n_live",
         "inst = tl.where(live, inst, 0)",
-        "bh = inst // NT",
-        "chunk = inst - bh * NT",
+        "chunk = inst // n_bh",
+        "bh = inst - chunk * n_bh",
         "b64 = (bh // H).to(tl.int64)",
         "hh = bh % H",
         "t = chunk * BT + pos",
         "tok_ok = live & (t < T)",
         "row = (b64 * T + t) * H + hh",
     ]
+
+
+def _kernel_body(body: list[str]) -> str:
+    """The body under the test that this program has a token at all (a skipped program does nothing)."""
+    return _lines(4, _program_live() + ["if pid_i * (BLOCK // P) < n_live:"]) + _lines(8, body)
 
 
 def _quad(name: str, first: int, value: str) -> str:
@@ -261,7 +278,7 @@ def _build_h() -> list[str]:
     body += [f"m{i} = w * k{i}" for i in range(K)]
     body += [f"{_a(i, j)} += m{i} * k{j}" for i in range(K) for j in range(i + 1)]
     out += ["    " + line for line in body]
-    out += ["decay = tl.exp(acc)", "hp = h0 + inst.to(tl.int64) * 256"]
+    out += ["decay = tl.exp(acc)", "hp = h0 + (bh * NT + chunk).to(tl.int64) * 256"]
     for i in range(K):
         for m in range(i // 4 + 1):
             out.append(_quad("e", 4 * m, f"_ld4(hp + {i * K + 4 * m}, live)"))
@@ -307,7 +324,7 @@ def _forward() -> str:
             "                      BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr,\n"
             "                      USE_PTX: tl.constexpr):\n"
             '    """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""\n'
-            + _lines(4, body))
+            + _kernel_body(body))
 
 
 def _backward() -> str:
@@ -335,7 +352,7 @@ def _backward() -> str:
             "                      USE_PTX: tl.constexpr):\n"
             '    """Adjoint solve y_t = (H_t + λ_t I)⁻¹ α_t dz_t (re-factored), dq, dα, c_t = −ridge x·y / F_t and\n'
             '    dgp_t = ⟨dH_t, H_t⟩ + ⟨dU_t, U_t⟩, the token part of the log-decay gradient."""\n'
-            + _lines(4, body))
+            + _kernel_body(body))
 
 
 def generate() -> str:

@@ -46,2240 +46,2243 @@ def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,
     """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""
     pid_p = tl.program_id(0)
     pid_i = tl.program_id(1)
-    lane = tl.arange(0, BLOCK)
-    inst = pid_i * (BLOCK // P) + lane // P
-    pos = pid_p * P + lane % P
-    live = inst < n_inst
-    inst = tl.where(live, inst, 0)
-    bh = inst // NT
-    chunk = inst - bh * NT
-    b64 = (bh // H).to(tl.int64)
-    hh = bh % H
-    t = chunk * BT + pos
-    tok_ok = live & (t < T)
-    row = (b64 * T + t) * H + hh
-    s_end = (pid_p + 1) * P
-    acc = tl.zeros([BLOCK], tl.float32)
-    a0_0 = tl.zeros([BLOCK], tl.float32)
-    a1_0 = tl.zeros([BLOCK], tl.float32)
-    a1_1 = tl.zeros([BLOCK], tl.float32)
-    a2_0 = tl.zeros([BLOCK], tl.float32)
-    a2_1 = tl.zeros([BLOCK], tl.float32)
-    a2_2 = tl.zeros([BLOCK], tl.float32)
-    a3_0 = tl.zeros([BLOCK], tl.float32)
-    a3_1 = tl.zeros([BLOCK], tl.float32)
-    a3_2 = tl.zeros([BLOCK], tl.float32)
-    a3_3 = tl.zeros([BLOCK], tl.float32)
-    a4_0 = tl.zeros([BLOCK], tl.float32)
-    a4_1 = tl.zeros([BLOCK], tl.float32)
-    a4_2 = tl.zeros([BLOCK], tl.float32)
-    a4_3 = tl.zeros([BLOCK], tl.float32)
-    a4_4 = tl.zeros([BLOCK], tl.float32)
-    a5_0 = tl.zeros([BLOCK], tl.float32)
-    a5_1 = tl.zeros([BLOCK], tl.float32)
-    a5_2 = tl.zeros([BLOCK], tl.float32)
-    a5_3 = tl.zeros([BLOCK], tl.float32)
-    a5_4 = tl.zeros([BLOCK], tl.float32)
-    a5_5 = tl.zeros([BLOCK], tl.float32)
-    a6_0 = tl.zeros([BLOCK], tl.float32)
-    a6_1 = tl.zeros([BLOCK], tl.float32)
-    a6_2 = tl.zeros([BLOCK], tl.float32)
-    a6_3 = tl.zeros([BLOCK], tl.float32)
-    a6_4 = tl.zeros([BLOCK], tl.float32)
-    a6_5 = tl.zeros([BLOCK], tl.float32)
-    a6_6 = tl.zeros([BLOCK], tl.float32)
-    a7_0 = tl.zeros([BLOCK], tl.float32)
-    a7_1 = tl.zeros([BLOCK], tl.float32)
-    a7_2 = tl.zeros([BLOCK], tl.float32)
-    a7_3 = tl.zeros([BLOCK], tl.float32)
-    a7_4 = tl.zeros([BLOCK], tl.float32)
-    a7_5 = tl.zeros([BLOCK], tl.float32)
-    a7_6 = tl.zeros([BLOCK], tl.float32)
-    a7_7 = tl.zeros([BLOCK], tl.float32)
-    a8_0 = tl.zeros([BLOCK], tl.float32)
-    a8_1 = tl.zeros([BLOCK], tl.float32)
-    a8_2 = tl.zeros([BLOCK], tl.float32)
-    a8_3 = tl.zeros([BLOCK], tl.float32)
-    a8_4 = tl.zeros([BLOCK], tl.float32)
-    a8_5 = tl.zeros([BLOCK], tl.float32)
-    a8_6 = tl.zeros([BLOCK], tl.float32)
-    a8_7 = tl.zeros([BLOCK], tl.float32)
-    a8_8 = tl.zeros([BLOCK], tl.float32)
-    a9_0 = tl.zeros([BLOCK], tl.float32)
-    a9_1 = tl.zeros([BLOCK], tl.float32)
-    a9_2 = tl.zeros([BLOCK], tl.float32)
-    a9_3 = tl.zeros([BLOCK], tl.float32)
-    a9_4 = tl.zeros([BLOCK], tl.float32)
-    a9_5 = tl.zeros([BLOCK], tl.float32)
-    a9_6 = tl.zeros([BLOCK], tl.float32)
-    a9_7 = tl.zeros([BLOCK], tl.float32)
-    a9_8 = tl.zeros([BLOCK], tl.float32)
-    a9_9 = tl.zeros([BLOCK], tl.float32)
-    a10_0 = tl.zeros([BLOCK], tl.float32)
-    a10_1 = tl.zeros([BLOCK], tl.float32)
-    a10_2 = tl.zeros([BLOCK], tl.float32)
-    a10_3 = tl.zeros([BLOCK], tl.float32)
-    a10_4 = tl.zeros([BLOCK], tl.float32)
-    a10_5 = tl.zeros([BLOCK], tl.float32)
-    a10_6 = tl.zeros([BLOCK], tl.float32)
-    a10_7 = tl.zeros([BLOCK], tl.float32)
-    a10_8 = tl.zeros([BLOCK], tl.float32)
-    a10_9 = tl.zeros([BLOCK], tl.float32)
-    a10_10 = tl.zeros([BLOCK], tl.float32)
-    a11_0 = tl.zeros([BLOCK], tl.float32)
-    a11_1 = tl.zeros([BLOCK], tl.float32)
-    a11_2 = tl.zeros([BLOCK], tl.float32)
-    a11_3 = tl.zeros([BLOCK], tl.float32)
-    a11_4 = tl.zeros([BLOCK], tl.float32)
-    a11_5 = tl.zeros([BLOCK], tl.float32)
-    a11_6 = tl.zeros([BLOCK], tl.float32)
-    a11_7 = tl.zeros([BLOCK], tl.float32)
-    a11_8 = tl.zeros([BLOCK], tl.float32)
-    a11_9 = tl.zeros([BLOCK], tl.float32)
-    a11_10 = tl.zeros([BLOCK], tl.float32)
-    a11_11 = tl.zeros([BLOCK], tl.float32)
-    a12_0 = tl.zeros([BLOCK], tl.float32)
-    a12_1 = tl.zeros([BLOCK], tl.float32)
-    a12_2 = tl.zeros([BLOCK], tl.float32)
-    a12_3 = tl.zeros([BLOCK], tl.float32)
-    a12_4 = tl.zeros([BLOCK], tl.float32)
-    a12_5 = tl.zeros([BLOCK], tl.float32)
-    a12_6 = tl.zeros([BLOCK], tl.float32)
-    a12_7 = tl.zeros([BLOCK], tl.float32)
-    a12_8 = tl.zeros([BLOCK], tl.float32)
-    a12_9 = tl.zeros([BLOCK], tl.float32)
-    a12_10 = tl.zeros([BLOCK], tl.float32)
-    a12_11 = tl.zeros([BLOCK], tl.float32)
-    a12_12 = tl.zeros([BLOCK], tl.float32)
-    a13_0 = tl.zeros([BLOCK], tl.float32)
-    a13_1 = tl.zeros([BLOCK], tl.float32)
-    a13_2 = tl.zeros([BLOCK], tl.float32)
-    a13_3 = tl.zeros([BLOCK], tl.float32)
-    a13_4 = tl.zeros([BLOCK], tl.float32)
-    a13_5 = tl.zeros([BLOCK], tl.float32)
-    a13_6 = tl.zeros([BLOCK], tl.float32)
-    a13_7 = tl.zeros([BLOCK], tl.float32)
-    a13_8 = tl.zeros([BLOCK], tl.float32)
-    a13_9 = tl.zeros([BLOCK], tl.float32)
-    a13_10 = tl.zeros([BLOCK], tl.float32)
-    a13_11 = tl.zeros([BLOCK], tl.float32)
-    a13_12 = tl.zeros([BLOCK], tl.float32)
-    a13_13 = tl.zeros([BLOCK], tl.float32)
-    a14_0 = tl.zeros([BLOCK], tl.float32)
-    a14_1 = tl.zeros([BLOCK], tl.float32)
-    a14_2 = tl.zeros([BLOCK], tl.float32)
-    a14_3 = tl.zeros([BLOCK], tl.float32)
-    a14_4 = tl.zeros([BLOCK], tl.float32)
-    a14_5 = tl.zeros([BLOCK], tl.float32)
-    a14_6 = tl.zeros([BLOCK], tl.float32)
-    a14_7 = tl.zeros([BLOCK], tl.float32)
-    a14_8 = tl.zeros([BLOCK], tl.float32)
-    a14_9 = tl.zeros([BLOCK], tl.float32)
-    a14_10 = tl.zeros([BLOCK], tl.float32)
-    a14_11 = tl.zeros([BLOCK], tl.float32)
-    a14_12 = tl.zeros([BLOCK], tl.float32)
-    a14_13 = tl.zeros([BLOCK], tl.float32)
-    a14_14 = tl.zeros([BLOCK], tl.float32)
-    a15_0 = tl.zeros([BLOCK], tl.float32)
-    a15_1 = tl.zeros([BLOCK], tl.float32)
-    a15_2 = tl.zeros([BLOCK], tl.float32)
-    a15_3 = tl.zeros([BLOCK], tl.float32)
-    a15_4 = tl.zeros([BLOCK], tl.float32)
-    a15_5 = tl.zeros([BLOCK], tl.float32)
-    a15_6 = tl.zeros([BLOCK], tl.float32)
-    a15_7 = tl.zeros([BLOCK], tl.float32)
-    a15_8 = tl.zeros([BLOCK], tl.float32)
-    a15_9 = tl.zeros([BLOCK], tl.float32)
-    a15_10 = tl.zeros([BLOCK], tl.float32)
-    a15_11 = tl.zeros([BLOCK], tl.float32)
-    a15_12 = tl.zeros([BLOCK], tl.float32)
-    a15_13 = tl.zeros([BLOCK], tl.float32)
-    a15_14 = tl.zeros([BLOCK], tl.float32)
-    a15_15 = tl.zeros([BLOCK], tl.float32)
-    for step in range(0, s_end):
-        s = s_end - 1 - step
-        ts = chunk * BT + s
-        ok = live & (s <= pos) & (ts < T)
-        srow = (b64 * T + ts) * H + hh
-        gs = tl.load(g + srow, mask=ok, other=0.0).to(tl.float32)
-        if HAS_BETA:
-            bs = tl.load(beta + srow, mask=ok, other=0.0).to(tl.float32)
+    n_bh = n_inst // NT
+    n_live = n_inst - tl.where(pid_p * P < T - (NT - 1) * BT, 0, n_bh)
+    if pid_i * (BLOCK // P) < n_live:
+        lane = tl.arange(0, BLOCK)
+        inst = pid_i * (BLOCK // P) + lane // P
+        pos = pid_p * P + lane % P
+        live = inst < n_live
+        inst = tl.where(live, inst, 0)
+        chunk = inst // n_bh
+        bh = inst - chunk * n_bh
+        b64 = (bh // H).to(tl.int64)
+        hh = bh % H
+        t = chunk * BT + pos
+        tok_ok = live & (t < T)
+        row = (b64 * T + t) * H + hh
+        s_end = (pid_p + 1) * P
+        acc = tl.zeros([BLOCK], tl.float32)
+        a0_0 = tl.zeros([BLOCK], tl.float32)
+        a1_0 = tl.zeros([BLOCK], tl.float32)
+        a1_1 = tl.zeros([BLOCK], tl.float32)
+        a2_0 = tl.zeros([BLOCK], tl.float32)
+        a2_1 = tl.zeros([BLOCK], tl.float32)
+        a2_2 = tl.zeros([BLOCK], tl.float32)
+        a3_0 = tl.zeros([BLOCK], tl.float32)
+        a3_1 = tl.zeros([BLOCK], tl.float32)
+        a3_2 = tl.zeros([BLOCK], tl.float32)
+        a3_3 = tl.zeros([BLOCK], tl.float32)
+        a4_0 = tl.zeros([BLOCK], tl.float32)
+        a4_1 = tl.zeros([BLOCK], tl.float32)
+        a4_2 = tl.zeros([BLOCK], tl.float32)
+        a4_3 = tl.zeros([BLOCK], tl.float32)
+        a4_4 = tl.zeros([BLOCK], tl.float32)
+        a5_0 = tl.zeros([BLOCK], tl.float32)
+        a5_1 = tl.zeros([BLOCK], tl.float32)
+        a5_2 = tl.zeros([BLOCK], tl.float32)
+        a5_3 = tl.zeros([BLOCK], tl.float32)
+        a5_4 = tl.zeros([BLOCK], tl.float32)
+        a5_5 = tl.zeros([BLOCK], tl.float32)
+        a6_0 = tl.zeros([BLOCK], tl.float32)
+        a6_1 = tl.zeros([BLOCK], tl.float32)
+        a6_2 = tl.zeros([BLOCK], tl.float32)
+        a6_3 = tl.zeros([BLOCK], tl.float32)
+        a6_4 = tl.zeros([BLOCK], tl.float32)
+        a6_5 = tl.zeros([BLOCK], tl.float32)
+        a6_6 = tl.zeros([BLOCK], tl.float32)
+        a7_0 = tl.zeros([BLOCK], tl.float32)
+        a7_1 = tl.zeros([BLOCK], tl.float32)
+        a7_2 = tl.zeros([BLOCK], tl.float32)
+        a7_3 = tl.zeros([BLOCK], tl.float32)
+        a7_4 = tl.zeros([BLOCK], tl.float32)
+        a7_5 = tl.zeros([BLOCK], tl.float32)
+        a7_6 = tl.zeros([BLOCK], tl.float32)
+        a7_7 = tl.zeros([BLOCK], tl.float32)
+        a8_0 = tl.zeros([BLOCK], tl.float32)
+        a8_1 = tl.zeros([BLOCK], tl.float32)
+        a8_2 = tl.zeros([BLOCK], tl.float32)
+        a8_3 = tl.zeros([BLOCK], tl.float32)
+        a8_4 = tl.zeros([BLOCK], tl.float32)
+        a8_5 = tl.zeros([BLOCK], tl.float32)
+        a8_6 = tl.zeros([BLOCK], tl.float32)
+        a8_7 = tl.zeros([BLOCK], tl.float32)
+        a8_8 = tl.zeros([BLOCK], tl.float32)
+        a9_0 = tl.zeros([BLOCK], tl.float32)
+        a9_1 = tl.zeros([BLOCK], tl.float32)
+        a9_2 = tl.zeros([BLOCK], tl.float32)
+        a9_3 = tl.zeros([BLOCK], tl.float32)
+        a9_4 = tl.zeros([BLOCK], tl.float32)
+        a9_5 = tl.zeros([BLOCK], tl.float32)
+        a9_6 = tl.zeros([BLOCK], tl.float32)
+        a9_7 = tl.zeros([BLOCK], tl.float32)
+        a9_8 = tl.zeros([BLOCK], tl.float32)
+        a9_9 = tl.zeros([BLOCK], tl.float32)
+        a10_0 = tl.zeros([BLOCK], tl.float32)
+        a10_1 = tl.zeros([BLOCK], tl.float32)
+        a10_2 = tl.zeros([BLOCK], tl.float32)
+        a10_3 = tl.zeros([BLOCK], tl.float32)
+        a10_4 = tl.zeros([BLOCK], tl.float32)
+        a10_5 = tl.zeros([BLOCK], tl.float32)
+        a10_6 = tl.zeros([BLOCK], tl.float32)
+        a10_7 = tl.zeros([BLOCK], tl.float32)
+        a10_8 = tl.zeros([BLOCK], tl.float32)
+        a10_9 = tl.zeros([BLOCK], tl.float32)
+        a10_10 = tl.zeros([BLOCK], tl.float32)
+        a11_0 = tl.zeros([BLOCK], tl.float32)
+        a11_1 = tl.zeros([BLOCK], tl.float32)
+        a11_2 = tl.zeros([BLOCK], tl.float32)
+        a11_3 = tl.zeros([BLOCK], tl.float32)
+        a11_4 = tl.zeros([BLOCK], tl.float32)
+        a11_5 = tl.zeros([BLOCK], tl.float32)
+        a11_6 = tl.zeros([BLOCK], tl.float32)
+        a11_7 = tl.zeros([BLOCK], tl.float32)
+        a11_8 = tl.zeros([BLOCK], tl.float32)
+        a11_9 = tl.zeros([BLOCK], tl.float32)
+        a11_10 = tl.zeros([BLOCK], tl.float32)
+        a11_11 = tl.zeros([BLOCK], tl.float32)
+        a12_0 = tl.zeros([BLOCK], tl.float32)
+        a12_1 = tl.zeros([BLOCK], tl.float32)
+        a12_2 = tl.zeros([BLOCK], tl.float32)
+        a12_3 = tl.zeros([BLOCK], tl.float32)
+        a12_4 = tl.zeros([BLOCK], tl.float32)
+        a12_5 = tl.zeros([BLOCK], tl.float32)
+        a12_6 = tl.zeros([BLOCK], tl.float32)
+        a12_7 = tl.zeros([BLOCK], tl.float32)
+        a12_8 = tl.zeros([BLOCK], tl.float32)
+        a12_9 = tl.zeros([BLOCK], tl.float32)
+        a12_10 = tl.zeros([BLOCK], tl.float32)
+        a12_11 = tl.zeros([BLOCK], tl.float32)
+        a12_12 = tl.zeros([BLOCK], tl.float32)
+        a13_0 = tl.zeros([BLOCK], tl.float32)
+        a13_1 = tl.zeros([BLOCK], tl.float32)
+        a13_2 = tl.zeros([BLOCK], tl.float32)
+        a13_3 = tl.zeros([BLOCK], tl.float32)
+        a13_4 = tl.zeros([BLOCK], tl.float32)
+        a13_5 = tl.zeros([BLOCK], tl.float32)
+        a13_6 = tl.zeros([BLOCK], tl.float32)
+        a13_7 = tl.zeros([BLOCK], tl.float32)
+        a13_8 = tl.zeros([BLOCK], tl.float32)
+        a13_9 = tl.zeros([BLOCK], tl.float32)
+        a13_10 = tl.zeros([BLOCK], tl.float32)
+        a13_11 = tl.zeros([BLOCK], tl.float32)
+        a13_12 = tl.zeros([BLOCK], tl.float32)
+        a13_13 = tl.zeros([BLOCK], tl.float32)
+        a14_0 = tl.zeros([BLOCK], tl.float32)
+        a14_1 = tl.zeros([BLOCK], tl.float32)
+        a14_2 = tl.zeros([BLOCK], tl.float32)
+        a14_3 = tl.zeros([BLOCK], tl.float32)
+        a14_4 = tl.zeros([BLOCK], tl.float32)
+        a14_5 = tl.zeros([BLOCK], tl.float32)
+        a14_6 = tl.zeros([BLOCK], tl.float32)
+        a14_7 = tl.zeros([BLOCK], tl.float32)
+        a14_8 = tl.zeros([BLOCK], tl.float32)
+        a14_9 = tl.zeros([BLOCK], tl.float32)
+        a14_10 = tl.zeros([BLOCK], tl.float32)
+        a14_11 = tl.zeros([BLOCK], tl.float32)
+        a14_12 = tl.zeros([BLOCK], tl.float32)
+        a14_13 = tl.zeros([BLOCK], tl.float32)
+        a14_14 = tl.zeros([BLOCK], tl.float32)
+        a15_0 = tl.zeros([BLOCK], tl.float32)
+        a15_1 = tl.zeros([BLOCK], tl.float32)
+        a15_2 = tl.zeros([BLOCK], tl.float32)
+        a15_3 = tl.zeros([BLOCK], tl.float32)
+        a15_4 = tl.zeros([BLOCK], tl.float32)
+        a15_5 = tl.zeros([BLOCK], tl.float32)
+        a15_6 = tl.zeros([BLOCK], tl.float32)
+        a15_7 = tl.zeros([BLOCK], tl.float32)
+        a15_8 = tl.zeros([BLOCK], tl.float32)
+        a15_9 = tl.zeros([BLOCK], tl.float32)
+        a15_10 = tl.zeros([BLOCK], tl.float32)
+        a15_11 = tl.zeros([BLOCK], tl.float32)
+        a15_12 = tl.zeros([BLOCK], tl.float32)
+        a15_13 = tl.zeros([BLOCK], tl.float32)
+        a15_14 = tl.zeros([BLOCK], tl.float32)
+        a15_15 = tl.zeros([BLOCK], tl.float32)
+        for step in range(0, s_end):
+            s = s_end - 1 - step
+            ts = chunk * BT + s
+            ok = live & (s <= pos) & (ts < T)
+            srow = (b64 * T + ts) * H + hh
+            gs = tl.load(g + srow, mask=ok, other=0.0).to(tl.float32)
+            if HAS_BETA:
+                bs = tl.load(beta + srow, mask=ok, other=0.0).to(tl.float32)
+            else:
+                bs = 1.0
+            w = tl.where(ok, tl.exp(acc) * bs, 0.0)
+            acc += gs
+            kp = k + srow * 16
+            k0, k1, k2, k3 = _ld4(kp + 0, ok)
+            k4, k5, k6, k7 = _ld4(kp + 4, ok)
+            k8, k9, k10, k11 = _ld4(kp + 8, ok)
+            k12, k13, k14, k15 = _ld4(kp + 12, ok)
+            m0 = w * k0
+            m1 = w * k1
+            m2 = w * k2
+            m3 = w * k3
+            m4 = w * k4
+            m5 = w * k5
+            m6 = w * k6
+            m7 = w * k7
+            m8 = w * k8
+            m9 = w * k9
+            m10 = w * k10
+            m11 = w * k11
+            m12 = w * k12
+            m13 = w * k13
+            m14 = w * k14
+            m15 = w * k15
+            a0_0 += m0 * k0
+            a1_0 += m1 * k0
+            a1_1 += m1 * k1
+            a2_0 += m2 * k0
+            a2_1 += m2 * k1
+            a2_2 += m2 * k2
+            a3_0 += m3 * k0
+            a3_1 += m3 * k1
+            a3_2 += m3 * k2
+            a3_3 += m3 * k3
+            a4_0 += m4 * k0
+            a4_1 += m4 * k1
+            a4_2 += m4 * k2
+            a4_3 += m4 * k3
+            a4_4 += m4 * k4
+            a5_0 += m5 * k0
+            a5_1 += m5 * k1
+            a5_2 += m5 * k2
+            a5_3 += m5 * k3
+            a5_4 += m5 * k4
+            a5_5 += m5 * k5
+            a6_0 += m6 * k0
+            a6_1 += m6 * k1
+            a6_2 += m6 * k2
+            a6_3 += m6 * k3
+            a6_4 += m6 * k4
+            a6_5 += m6 * k5
+            a6_6 += m6 * k6
+            a7_0 += m7 * k0
+            a7_1 += m7 * k1
+            a7_2 += m7 * k2
+            a7_3 += m7 * k3
+            a7_4 += m7 * k4
+            a7_5 += m7 * k5
+            a7_6 += m7 * k6
+            a7_7 += m7 * k7
+            a8_0 += m8 * k0
+            a8_1 += m8 * k1
+            a8_2 += m8 * k2
+            a8_3 += m8 * k3
+            a8_4 += m8 * k4
+            a8_5 += m8 * k5
+            a8_6 += m8 * k6
+            a8_7 += m8 * k7
+            a8_8 += m8 * k8
+            a9_0 += m9 * k0
+            a9_1 += m9 * k1
+            a9_2 += m9 * k2
+            a9_3 += m9 * k3
+            a9_4 += m9 * k4
+            a9_5 += m9 * k5
+            a9_6 += m9 * k6
+            a9_7 += m9 * k7
+            a9_8 += m9 * k8
+            a9_9 += m9 * k9
+            a10_0 += m10 * k0
+            a10_1 += m10 * k1
+            a10_2 += m10 * k2
+            a10_3 += m10 * k3
+            a10_4 += m10 * k4
+            a10_5 += m10 * k5
+            a10_6 += m10 * k6
+            a10_7 += m10 * k7
+            a10_8 += m10 * k8
+            a10_9 += m10 * k9
+            a10_10 += m10 * k10
+            a11_0 += m11 * k0
+            a11_1 += m11 * k1
+            a11_2 += m11 * k2
+            a11_3 += m11 * k3
+            a11_4 += m11 * k4
+            a11_5 += m11 * k5
+            a11_6 += m11 * k6
+            a11_7 += m11 * k7
+            a11_8 += m11 * k8
+            a11_9 += m11 * k9
+            a11_10 += m11 * k10
+            a11_11 += m11 * k11
+            a12_0 += m12 * k0
+            a12_1 += m12 * k1
+            a12_2 += m12 * k2
+            a12_3 += m12 * k3
+            a12_4 += m12 * k4
+            a12_5 += m12 * k5
+            a12_6 += m12 * k6
+            a12_7 += m12 * k7
+            a12_8 += m12 * k8
+            a12_9 += m12 * k9
+            a12_10 += m12 * k10
+            a12_11 += m12 * k11
+            a12_12 += m12 * k12
+            a13_0 += m13 * k0
+            a13_1 += m13 * k1
+            a13_2 += m13 * k2
+            a13_3 += m13 * k3
+            a13_4 += m13 * k4
+            a13_5 += m13 * k5
+            a13_6 += m13 * k6
+            a13_7 += m13 * k7
+            a13_8 += m13 * k8
+            a13_9 += m13 * k9
+            a13_10 += m13 * k10
+            a13_11 += m13 * k11
+            a13_12 += m13 * k12
+            a13_13 += m13 * k13
+            a14_0 += m14 * k0
+            a14_1 += m14 * k1
+            a14_2 += m14 * k2
+            a14_3 += m14 * k3
+            a14_4 += m14 * k4
+            a14_5 += m14 * k5
+            a14_6 += m14 * k6
+            a14_7 += m14 * k7
+            a14_8 += m14 * k8
+            a14_9 += m14 * k9
+            a14_10 += m14 * k10
+            a14_11 += m14 * k11
+            a14_12 += m14 * k12
+            a14_13 += m14 * k13
+            a14_14 += m14 * k14
+            a15_0 += m15 * k0
+            a15_1 += m15 * k1
+            a15_2 += m15 * k2
+            a15_3 += m15 * k3
+            a15_4 += m15 * k4
+            a15_5 += m15 * k5
+            a15_6 += m15 * k6
+            a15_7 += m15 * k7
+            a15_8 += m15 * k8
+            a15_9 += m15 * k9
+            a15_10 += m15 * k10
+            a15_11 += m15 * k11
+            a15_12 += m15 * k12
+            a15_13 += m15 * k13
+            a15_14 += m15 * k14
+            a15_15 += m15 * k15
+        decay = tl.exp(acc)
+        hp = h0 + (bh * NT + chunk).to(tl.int64) * 256
+        e0, e1, e2, e3 = _ld4(hp + 0, live)
+        a0_0 += decay * e0
+        e0, e1, e2, e3 = _ld4(hp + 16, live)
+        a1_0 += decay * e0
+        a1_1 += decay * e1
+        e0, e1, e2, e3 = _ld4(hp + 32, live)
+        a2_0 += decay * e0
+        a2_1 += decay * e1
+        a2_2 += decay * e2
+        e0, e1, e2, e3 = _ld4(hp + 48, live)
+        a3_0 += decay * e0
+        a3_1 += decay * e1
+        a3_2 += decay * e2
+        a3_3 += decay * e3
+        e0, e1, e2, e3 = _ld4(hp + 64, live)
+        e4, e5, e6, e7 = _ld4(hp + 68, live)
+        a4_0 += decay * e0
+        a4_1 += decay * e1
+        a4_2 += decay * e2
+        a4_3 += decay * e3
+        a4_4 += decay * e4
+        e0, e1, e2, e3 = _ld4(hp + 80, live)
+        e4, e5, e6, e7 = _ld4(hp + 84, live)
+        a5_0 += decay * e0
+        a5_1 += decay * e1
+        a5_2 += decay * e2
+        a5_3 += decay * e3
+        a5_4 += decay * e4
+        a5_5 += decay * e5
+        e0, e1, e2, e3 = _ld4(hp + 96, live)
+        e4, e5, e6, e7 = _ld4(hp + 100, live)
+        a6_0 += decay * e0
+        a6_1 += decay * e1
+        a6_2 += decay * e2
+        a6_3 += decay * e3
+        a6_4 += decay * e4
+        a6_5 += decay * e5
+        a6_6 += decay * e6
+        e0, e1, e2, e3 = _ld4(hp + 112, live)
+        e4, e5, e6, e7 = _ld4(hp + 116, live)
+        a7_0 += decay * e0
+        a7_1 += decay * e1
+        a7_2 += decay * e2
+        a7_3 += decay * e3
+        a7_4 += decay * e4
+        a7_5 += decay * e5
+        a7_6 += decay * e6
+        a7_7 += decay * e7
+        e0, e1, e2, e3 = _ld4(hp + 128, live)
+        e4, e5, e6, e7 = _ld4(hp + 132, live)
+        e8, e9, e10, e11 = _ld4(hp + 136, live)
+        a8_0 += decay * e0
+        a8_1 += decay * e1
+        a8_2 += decay * e2
+        a8_3 += decay * e3
+        a8_4 += decay * e4
+        a8_5 += decay * e5
+        a8_6 += decay * e6
+        a8_7 += decay * e7
+        a8_8 += decay * e8
+        e0, e1, e2, e3 = _ld4(hp + 144, live)
+        e4, e5, e6, e7 = _ld4(hp + 148, live)
+        e8, e9, e10, e11 = _ld4(hp + 152, live)
+        a9_0 += decay * e0
+        a9_1 += decay * e1
+        a9_2 += decay * e2
+        a9_3 += decay * e3
+        a9_4 += decay * e4
+        a9_5 += decay * e5
+        a9_6 += decay * e6
+        a9_7 += decay * e7
+        a9_8 += decay * e8
+        a9_9 += decay * e9
+        e0, e1, e2, e3 = _ld4(hp + 160, live)
+        e4, e5, e6, e7 = _ld4(hp + 164, live)
+        e8, e9, e10, e11 = _ld4(hp + 168, live)
+        a10_0 += decay * e0
+        a10_1 += decay * e1
+        a10_2 += decay * e2
+        a10_3 += decay * e3
+        a10_4 += decay * e4
+        a10_5 += decay * e5
+        a10_6 += decay * e6
+        a10_7 += decay * e7
+        a10_8 += decay * e8
+        a10_9 += decay * e9
+        a10_10 += decay * e10
+        e0, e1, e2, e3 = _ld4(hp + 176, live)
+        e4, e5, e6, e7 = _ld4(hp + 180, live)
+        e8, e9, e10, e11 = _ld4(hp + 184, live)
+        a11_0 += decay * e0
+        a11_1 += decay * e1
+        a11_2 += decay * e2
+        a11_3 += decay * e3
+        a11_4 += decay * e4
+        a11_5 += decay * e5
+        a11_6 += decay * e6
+        a11_7 += decay * e7
+        a11_8 += decay * e8
+        a11_9 += decay * e9
+        a11_10 += decay * e10
+        a11_11 += decay * e11
+        e0, e1, e2, e3 = _ld4(hp + 192, live)
+        e4, e5, e6, e7 = _ld4(hp + 196, live)
+        e8, e9, e10, e11 = _ld4(hp + 200, live)
+        e12, e13, e14, e15 = _ld4(hp + 204, live)
+        a12_0 += decay * e0
+        a12_1 += decay * e1
+        a12_2 += decay * e2
+        a12_3 += decay * e3
+        a12_4 += decay * e4
+        a12_5 += decay * e5
+        a12_6 += decay * e6
+        a12_7 += decay * e7
+        a12_8 += decay * e8
+        a12_9 += decay * e9
+        a12_10 += decay * e10
+        a12_11 += decay * e11
+        a12_12 += decay * e12
+        e0, e1, e2, e3 = _ld4(hp + 208, live)
+        e4, e5, e6, e7 = _ld4(hp + 212, live)
+        e8, e9, e10, e11 = _ld4(hp + 216, live)
+        e12, e13, e14, e15 = _ld4(hp + 220, live)
+        a13_0 += decay * e0
+        a13_1 += decay * e1
+        a13_2 += decay * e2
+        a13_3 += decay * e3
+        a13_4 += decay * e4
+        a13_5 += decay * e5
+        a13_6 += decay * e6
+        a13_7 += decay * e7
+        a13_8 += decay * e8
+        a13_9 += decay * e9
+        a13_10 += decay * e10
+        a13_11 += decay * e11
+        a13_12 += decay * e12
+        a13_13 += decay * e13
+        e0, e1, e2, e3 = _ld4(hp + 224, live)
+        e4, e5, e6, e7 = _ld4(hp + 228, live)
+        e8, e9, e10, e11 = _ld4(hp + 232, live)
+        e12, e13, e14, e15 = _ld4(hp + 236, live)
+        a14_0 += decay * e0
+        a14_1 += decay * e1
+        a14_2 += decay * e2
+        a14_3 += decay * e3
+        a14_4 += decay * e4
+        a14_5 += decay * e5
+        a14_6 += decay * e6
+        a14_7 += decay * e7
+        a14_8 += decay * e8
+        a14_9 += decay * e9
+        a14_10 += decay * e10
+        a14_11 += decay * e11
+        a14_12 += decay * e12
+        a14_13 += decay * e13
+        a14_14 += decay * e14
+        e0, e1, e2, e3 = _ld4(hp + 240, live)
+        e4, e5, e6, e7 = _ld4(hp + 244, live)
+        e8, e9, e10, e11 = _ld4(hp + 248, live)
+        e12, e13, e14, e15 = _ld4(hp + 252, live)
+        a15_0 += decay * e0
+        a15_1 += decay * e1
+        a15_2 += decay * e2
+        a15_3 += decay * e3
+        a15_4 += decay * e4
+        a15_5 += decay * e5
+        a15_6 += decay * e6
+        a15_7 += decay * e7
+        a15_8 += decay * e8
+        a15_9 += decay * e9
+        a15_10 += decay * e10
+        a15_11 += decay * e11
+        a15_12 += decay * e12
+        a15_13 += decay * e13
+        a15_14 += decay * e14
+        a15_15 += decay * e15
+        fro2 = a0_0 * a0_0 + a1_1 * a1_1 + a2_2 * a2_2 + a3_3 * a3_3 + a4_4 * a4_4 + a5_5 * a5_5
+        fro2 += a6_6 * a6_6 + a7_7 * a7_7 + a8_8 * a8_8 + a9_9 * a9_9 + a10_10 * a10_10 + a11_11 * a11_11
+        fro2 += a12_12 * a12_12 + a13_13 * a13_13 + a14_14 * a14_14 + a15_15 * a15_15
+        off2 = a1_0 * a1_0 + a2_0 * a2_0 + a2_1 * a2_1 + a3_0 * a3_0 + a3_1 * a3_1 + a3_2 * a3_2
+        off2 += a4_0 * a4_0 + a4_1 * a4_1 + a4_2 * a4_2 + a4_3 * a4_3 + a5_0 * a5_0 + a5_1 * a5_1
+        off2 += a5_2 * a5_2 + a5_3 * a5_3 + a5_4 * a5_4 + a6_0 * a6_0 + a6_1 * a6_1 + a6_2 * a6_2
+        off2 += a6_3 * a6_3 + a6_4 * a6_4 + a6_5 * a6_5 + a7_0 * a7_0 + a7_1 * a7_1 + a7_2 * a7_2
+        off2 += a7_3 * a7_3 + a7_4 * a7_4 + a7_5 * a7_5 + a7_6 * a7_6 + a8_0 * a8_0 + a8_1 * a8_1
+        off2 += a8_2 * a8_2 + a8_3 * a8_3 + a8_4 * a8_4 + a8_5 * a8_5 + a8_6 * a8_6 + a8_7 * a8_7
+        off2 += a9_0 * a9_0 + a9_1 * a9_1 + a9_2 * a9_2 + a9_3 * a9_3 + a9_4 * a9_4 + a9_5 * a9_5
+        off2 += a9_6 * a9_6 + a9_7 * a9_7 + a9_8 * a9_8 + a10_0 * a10_0 + a10_1 * a10_1 + a10_2 * a10_2
+        off2 += a10_3 * a10_3 + a10_4 * a10_4 + a10_5 * a10_5 + a10_6 * a10_6 + a10_7 * a10_7 + a10_8 * a10_8
+        off2 += a10_9 * a10_9 + a11_0 * a11_0 + a11_1 * a11_1 + a11_2 * a11_2 + a11_3 * a11_3 + a11_4 * a11_4
+        off2 += a11_5 * a11_5 + a11_6 * a11_6 + a11_7 * a11_7 + a11_8 * a11_8 + a11_9 * a11_9 + a11_10 * a11_10
+        off2 += a12_0 * a12_0 + a12_1 * a12_1 + a12_2 * a12_2 + a12_3 * a12_3 + a12_4 * a12_4 + a12_5 * a12_5
+        off2 += a12_6 * a12_6 + a12_7 * a12_7 + a12_8 * a12_8 + a12_9 * a12_9 + a12_10 * a12_10 + a12_11 * a12_11
+        off2 += a13_0 * a13_0 + a13_1 * a13_1 + a13_2 * a13_2 + a13_3 * a13_3 + a13_4 * a13_4 + a13_5 * a13_5
+        off2 += a13_6 * a13_6 + a13_7 * a13_7 + a13_8 * a13_8 + a13_9 * a13_9 + a13_10 * a13_10 + a13_11 * a13_11
+        off2 += a13_12 * a13_12 + a14_0 * a14_0 + a14_1 * a14_1 + a14_2 * a14_2 + a14_3 * a14_3 + a14_4 * a14_4
+        off2 += a14_5 * a14_5 + a14_6 * a14_6 + a14_7 * a14_7 + a14_8 * a14_8 + a14_9 * a14_9 + a14_10 * a14_10
+        off2 += a14_11 * a14_11 + a14_12 * a14_12 + a14_13 * a14_13 + a15_0 * a15_0 + a15_1 * a15_1 + a15_2 * a15_2
+        off2 += a15_3 * a15_3 + a15_4 * a15_4 + a15_5 * a15_5 + a15_6 * a15_6 + a15_7 * a15_7 + a15_8 * a15_8
+        off2 += a15_9 * a15_9 + a15_10 * a15_10 + a15_11 * a15_11 + a15_12 * a15_12 + a15_13 * a15_13 + a15_14 * a15_14
+        fro = tl.sqrt(fro2 + 2.0 * off2)
+        lam = ridge * (fro + eps)
+        a0_0 += lam
+        a1_1 += lam
+        a2_2 += lam
+        a3_3 += lam
+        a4_4 += lam
+        a5_5 += lam
+        a6_6 += lam
+        a7_7 += lam
+        a8_8 += lam
+        a9_9 += lam
+        a10_10 += lam
+        a11_11 += lam
+        a12_12 += lam
+        a13_13 += lam
+        a14_14 += lam
+        a15_15 += lam
+        v0, v1, v2, v3 = _ld4(q + row * 16 + 0, tok_ok)
+        v4, v5, v6, v7 = _ld4(q + row * 16 + 4, tok_ok)
+        v8, v9, v10, v11 = _ld4(q + row * 16 + 8, tok_ok)
+        v12, v13, v14, v15 = _ld4(q + row * 16 + 12, tok_ok)
+        if USE_PTX:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = tl.inline_asm_elementwise(
+                "{ .reg .f32 %f<1088>; .reg .f32 %n<256>; rsqrt.approx.f32 %f0, $16; mul.rn.f32 %f1, $17, %f0; "
+                "mul.rn.f32 %f2, $19, %f0; mul.rn.f32 %f3, $22, %f0; mul.rn.f32 %f4, $26, %f0; "
+                "mul.rn.f32 %f5, $31, %f0; mul.rn.f32 %f6, $37, %f0; mul.rn.f32 %f7, $44, %f0; "
+                "mul.rn.f32 %f8, $52, %f0; mul.rn.f32 %f9, $61, %f0; mul.rn.f32 %f10, $71, %f0; "
+                "mul.rn.f32 %f11, $82, %f0; mul.rn.f32 %f12, $94, %f0; mul.rn.f32 %f13, $107, %f0; "
+                "mul.rn.f32 %f14, $121, %f0; mul.rn.f32 %f15, $136, %f0; mul.rn.f32 %f16, $152, %f0; "
+                "neg.f32 %n0, %f1; fma.rn.f32 %f17, %n0, %f16, $153; neg.f32 %n1, %f2; "
+                "fma.rn.f32 %f18, %n1, %f16, $154; neg.f32 %n2, %f3; fma.rn.f32 %f19, %n2, %f16, $155; "
+                "neg.f32 %n3, %f4; fma.rn.f32 %f20, %n3, %f16, $156; neg.f32 %n4, %f5; "
+                "fma.rn.f32 %f21, %n4, %f16, $157; neg.f32 %n5, %f6; fma.rn.f32 %f22, %n5, %f16, $158; "
+                "neg.f32 %n6, %f7; fma.rn.f32 %f23, %n6, %f16, $159; neg.f32 %n7, %f8; "
+                "fma.rn.f32 %f24, %n7, %f16, $160; neg.f32 %n8, %f9; fma.rn.f32 %f25, %n8, %f16, $161; "
+                "neg.f32 %n9, %f10; fma.rn.f32 %f26, %n9, %f16, $162; neg.f32 %n10, %f11; "
+                "fma.rn.f32 %f27, %n10, %f16, $163; neg.f32 %n11, %f12; fma.rn.f32 %f28, %n11, %f16, $164; "
+                "neg.f32 %n12, %f13; fma.rn.f32 %f29, %n12, %f16, $165; neg.f32 %n13, %f14; "
+                "fma.rn.f32 %f30, %n13, %f16, $166; neg.f32 %n14, %f15; fma.rn.f32 %f31, %n14, %f16, $167; "
+                "fma.rn.f32 %f32, %n0, %f1, $18; fma.rn.f32 %f33, %n1, %f1, $20; fma.rn.f32 %f34, %n1, %f2, $21; "
+                "fma.rn.f32 %f35, %n2, %f1, $23; fma.rn.f32 %f36, %n2, %f2, $24; fma.rn.f32 %f37, %n2, %f3, $25; "
+                "fma.rn.f32 %f38, %n3, %f1, $27; fma.rn.f32 %f39, %n3, %f2, $28; fma.rn.f32 %f40, %n3, %f3, $29; "
+                "fma.rn.f32 %f41, %n3, %f4, $30; fma.rn.f32 %f42, %n4, %f1, $32; fma.rn.f32 %f43, %n4, %f2, $33; "
+                "fma.rn.f32 %f44, %n4, %f3, $34; fma.rn.f32 %f45, %n4, %f4, $35; fma.rn.f32 %f46, %n4, %f5, $36; "
+                "fma.rn.f32 %f47, %n5, %f1, $38; fma.rn.f32 %f48, %n5, %f2, $39; fma.rn.f32 %f49, %n5, %f3, $40; "
+                "fma.rn.f32 %f50, %n5, %f4, $41; fma.rn.f32 %f51, %n5, %f5, $42; fma.rn.f32 %f52, %n5, %f6, $43; "
+                "fma.rn.f32 %f53, %n6, %f1, $45; fma.rn.f32 %f54, %n6, %f2, $46; fma.rn.f32 %f55, %n6, %f3, $47; "
+                "fma.rn.f32 %f56, %n6, %f4, $48; fma.rn.f32 %f57, %n6, %f5, $49; fma.rn.f32 %f58, %n6, %f6, $50; "
+                "fma.rn.f32 %f59, %n6, %f7, $51; fma.rn.f32 %f60, %n7, %f1, $53; fma.rn.f32 %f61, %n7, %f2, $54; "
+                "fma.rn.f32 %f62, %n7, %f3, $55; fma.rn.f32 %f63, %n7, %f4, $56; fma.rn.f32 %f64, %n7, %f5, $57; "
+                "fma.rn.f32 %f65, %n7, %f6, $58; fma.rn.f32 %f66, %n7, %f7, $59; fma.rn.f32 %f67, %n7, %f8, $60; "
+                "fma.rn.f32 %f68, %n8, %f1, $62; fma.rn.f32 %f69, %n8, %f2, $63; fma.rn.f32 %f70, %n8, %f3, $64; "
+                "fma.rn.f32 %f71, %n8, %f4, $65; fma.rn.f32 %f72, %n8, %f5, $66; fma.rn.f32 %f73, %n8, %f6, $67; "
+                "fma.rn.f32 %f74, %n8, %f7, $68; fma.rn.f32 %f75, %n8, %f8, $69; fma.rn.f32 %f76, %n8, %f9, $70; "
+                "fma.rn.f32 %f77, %n9, %f1, $72; fma.rn.f32 %f78, %n9, %f2, $73; fma.rn.f32 %f79, %n9, %f3, $74; "
+                "fma.rn.f32 %f80, %n9, %f4, $75; fma.rn.f32 %f81, %n9, %f5, $76; fma.rn.f32 %f82, %n9, %f6, $77; "
+                "fma.rn.f32 %f83, %n9, %f7, $78; fma.rn.f32 %f84, %n9, %f8, $79; fma.rn.f32 %f85, %n9, %f9, $80; "
+                "fma.rn.f32 %f86, %n9, %f10, $81; fma.rn.f32 %f87, %n10, %f1, $83; "
+                "fma.rn.f32 %f88, %n10, %f2, $84; fma.rn.f32 %f89, %n10, %f3, $85; "
+                "fma.rn.f32 %f90, %n10, %f4, $86; fma.rn.f32 %f91, %n10, %f5, $87; "
+                "fma.rn.f32 %f92, %n10, %f6, $88; fma.rn.f32 %f93, %n10, %f7, $89; "
+                "fma.rn.f32 %f94, %n10, %f8, $90; fma.rn.f32 %f95, %n10, %f9, $91; "
+                "fma.rn.f32 %f96, %n10, %f10, $92; fma.rn.f32 %f97, %n10, %f11, $93; "
+                "fma.rn.f32 %f98, %n11, %f1, $95; fma.rn.f32 %f99, %n11, %f2, $96; "
+                "fma.rn.f32 %f100, %n11, %f3, $97; fma.rn.f32 %f101, %n11, %f4, $98; "
+                "fma.rn.f32 %f102, %n11, %f5, $99; fma.rn.f32 %f103, %n11, %f6, $100; "
+                "fma.rn.f32 %f104, %n11, %f7, $101; fma.rn.f32 %f105, %n11, %f8, $102; "
+                "fma.rn.f32 %f106, %n11, %f9, $103; fma.rn.f32 %f107, %n11, %f10, $104; "
+                "fma.rn.f32 %f108, %n11, %f11, $105; fma.rn.f32 %f109, %n11, %f12, $106; "
+                "fma.rn.f32 %f110, %n12, %f1, $108; fma.rn.f32 %f111, %n12, %f2, $109; "
+                "fma.rn.f32 %f112, %n12, %f3, $110; fma.rn.f32 %f113, %n12, %f4, $111; "
+                "fma.rn.f32 %f114, %n12, %f5, $112; fma.rn.f32 %f115, %n12, %f6, $113; "
+                "fma.rn.f32 %f116, %n12, %f7, $114; fma.rn.f32 %f117, %n12, %f8, $115; "
+                "fma.rn.f32 %f118, %n12, %f9, $116; fma.rn.f32 %f119, %n12, %f10, $117; "
+                "fma.rn.f32 %f120, %n12, %f11, $118; fma.rn.f32 %f121, %n12, %f12, $119; "
+                "fma.rn.f32 %f122, %n12, %f13, $120; fma.rn.f32 %f123, %n13, %f1, $122; "
+                "fma.rn.f32 %f124, %n13, %f2, $123; fma.rn.f32 %f125, %n13, %f3, $124; "
+                "fma.rn.f32 %f126, %n13, %f4, $125; fma.rn.f32 %f127, %n13, %f5, $126; "
+                "fma.rn.f32 %f128, %n13, %f6, $127; fma.rn.f32 %f129, %n13, %f7, $128; "
+                "fma.rn.f32 %f130, %n13, %f8, $129; fma.rn.f32 %f131, %n13, %f9, $130; "
+                "fma.rn.f32 %f132, %n13, %f10, $131; fma.rn.f32 %f133, %n13, %f11, $132; "
+                "fma.rn.f32 %f134, %n13, %f12, $133; fma.rn.f32 %f135, %n13, %f13, $134; "
+                "fma.rn.f32 %f136, %n13, %f14, $135; fma.rn.f32 %f137, %n14, %f1, $137; "
+                "fma.rn.f32 %f138, %n14, %f2, $138; fma.rn.f32 %f139, %n14, %f3, $139; "
+                "fma.rn.f32 %f140, %n14, %f4, $140; fma.rn.f32 %f141, %n14, %f5, $141; "
+                "fma.rn.f32 %f142, %n14, %f6, $142; fma.rn.f32 %f143, %n14, %f7, $143; "
+                "fma.rn.f32 %f144, %n14, %f8, $144; fma.rn.f32 %f145, %n14, %f9, $145; "
+                "fma.rn.f32 %f146, %n14, %f10, $146; fma.rn.f32 %f147, %n14, %f11, $147; "
+                "fma.rn.f32 %f148, %n14, %f12, $148; fma.rn.f32 %f149, %n14, %f13, $149; "
+                "fma.rn.f32 %f150, %n14, %f14, $150; fma.rn.f32 %f151, %n14, %f15, $151; "
+                "rsqrt.approx.f32 %f152, %f32; mul.rn.f32 %f153, %f33, %f152; mul.rn.f32 %f154, %f35, %f152; "
+                "mul.rn.f32 %f155, %f38, %f152; mul.rn.f32 %f156, %f42, %f152; mul.rn.f32 %f157, %f47, %f152; "
+                "mul.rn.f32 %f158, %f53, %f152; mul.rn.f32 %f159, %f60, %f152; mul.rn.f32 %f160, %f68, %f152; "
+                "mul.rn.f32 %f161, %f77, %f152; mul.rn.f32 %f162, %f87, %f152; mul.rn.f32 %f163, %f98, %f152; "
+                "mul.rn.f32 %f164, %f110, %f152; mul.rn.f32 %f165, %f123, %f152; mul.rn.f32 %f166, %f137, %f152; "
+                "mul.rn.f32 %f167, %f17, %f152; neg.f32 %n15, %f153; fma.rn.f32 %f168, %n15, %f167, %f18; "
+                "neg.f32 %n16, %f154; fma.rn.f32 %f169, %n16, %f167, %f19; neg.f32 %n17, %f155; "
+                "fma.rn.f32 %f170, %n17, %f167, %f20; neg.f32 %n18, %f156; fma.rn.f32 %f171, %n18, %f167, %f21; "
+                "neg.f32 %n19, %f157; fma.rn.f32 %f172, %n19, %f167, %f22; neg.f32 %n20, %f158; "
+                "fma.rn.f32 %f173, %n20, %f167, %f23; neg.f32 %n21, %f159; fma.rn.f32 %f174, %n21, %f167, %f24; "
+                "neg.f32 %n22, %f160; fma.rn.f32 %f175, %n22, %f167, %f25; neg.f32 %n23, %f161; "
+                "fma.rn.f32 %f176, %n23, %f167, %f26; neg.f32 %n24, %f162; fma.rn.f32 %f177, %n24, %f167, %f27; "
+                "neg.f32 %n25, %f163; fma.rn.f32 %f178, %n25, %f167, %f28; neg.f32 %n26, %f164; "
+                "fma.rn.f32 %f179, %n26, %f167, %f29; neg.f32 %n27, %f165; fma.rn.f32 %f180, %n27, %f167, %f30; "
+                "neg.f32 %n28, %f166; fma.rn.f32 %f181, %n28, %f167, %f31; fma.rn.f32 %f182, %n15, %f153, %f34; "
+                "fma.rn.f32 %f183, %n16, %f153, %f36; fma.rn.f32 %f184, %n16, %f154, %f37; "
+                "fma.rn.f32 %f185, %n17, %f153, %f39; fma.rn.f32 %f186, %n17, %f154, %f40; "
+                "fma.rn.f32 %f187, %n17, %f155, %f41; fma.rn.f32 %f188, %n18, %f153, %f43; "
+                "fma.rn.f32 %f189, %n18, %f154, %f44; fma.rn.f32 %f190, %n18, %f155, %f45; "
+                "fma.rn.f32 %f191, %n18, %f156, %f46; fma.rn.f32 %f192, %n19, %f153, %f48; "
+                "fma.rn.f32 %f193, %n19, %f154, %f49; fma.rn.f32 %f194, %n19, %f155, %f50; "
+                "fma.rn.f32 %f195, %n19, %f156, %f51; fma.rn.f32 %f196, %n19, %f157, %f52; "
+                "fma.rn.f32 %f197, %n20, %f153, %f54; fma.rn.f32 %f198, %n20, %f154, %f55; "
+                "fma.rn.f32 %f199, %n20, %f155, %f56; fma.rn.f32 %f200, %n20, %f156, %f57; "
+                "fma.rn.f32 %f201, %n20, %f157, %f58; fma.rn.f32 %f202, %n20, %f158, %f59; "
+                "fma.rn.f32 %f203, %n21, %f153, %f61; fma.rn.f32 %f204, %n21, %f154, %f62; "
+                "fma.rn.f32 %f205, %n21, %f155, %f63; fma.rn.f32 %f206, %n21, %f156, %f64; "
+                "fma.rn.f32 %f207, %n21, %f157, %f65; fma.rn.f32 %f208, %n21, %f158, %f66; "
+                "fma.rn.f32 %f209, %n21, %f159, %f67; fma.rn.f32 %f210, %n22, %f153, %f69; "
+                "fma.rn.f32 %f211, %n22, %f154, %f70; fma.rn.f32 %f212, %n22, %f155, %f71; "
+                "fma.rn.f32 %f213, %n22, %f156, %f72; fma.rn.f32 %f214, %n22, %f157, %f73; "
+                "fma.rn.f32 %f215, %n22, %f158, %f74; fma.rn.f32 %f216, %n22, %f159, %f75; "
+                "fma.rn.f32 %f217, %n22, %f160, %f76; fma.rn.f32 %f218, %n23, %f153, %f78; "
+                "fma.rn.f32 %f219, %n23, %f154, %f79; fma.rn.f32 %f220, %n23, %f155, %f80; "
+                "fma.rn.f32 %f221, %n23, %f156, %f81; fma.rn.f32 %f222, %n23, %f157, %f82; "
+                "fma.rn.f32 %f223, %n23, %f158, %f83; fma.rn.f32 %f224, %n23, %f159, %f84; "
+                "fma.rn.f32 %f225, %n23, %f160, %f85; fma.rn.f32 %f226, %n23, %f161, %f86; "
+                "fma.rn.f32 %f227, %n24, %f153, %f88; fma.rn.f32 %f228, %n24, %f154, %f89; "
+                "fma.rn.f32 %f229, %n24, %f155, %f90; fma.rn.f32 %f230, %n24, %f156, %f91; "
+                "fma.rn.f32 %f231, %n24, %f157, %f92; fma.rn.f32 %f232, %n24, %f158, %f93; "
+                "fma.rn.f32 %f233, %n24, %f159, %f94; fma.rn.f32 %f234, %n24, %f160, %f95; "
+                "fma.rn.f32 %f235, %n24, %f161, %f96; fma.rn.f32 %f236, %n24, %f162, %f97; "
+                "fma.rn.f32 %f237, %n25, %f153, %f99; fma.rn.f32 %f238, %n25, %f154, %f100; "
+                "fma.rn.f32 %f239, %n25, %f155, %f101; fma.rn.f32 %f240, %n25, %f156, %f102; "
+                "fma.rn.f32 %f241, %n25, %f157, %f103; fma.rn.f32 %f242, %n25, %f158, %f104; "
+                "fma.rn.f32 %f243, %n25, %f159, %f105; fma.rn.f32 %f244, %n25, %f160, %f106; "
+                "fma.rn.f32 %f245, %n25, %f161, %f107; fma.rn.f32 %f246, %n25, %f162, %f108; "
+                "fma.rn.f32 %f247, %n25, %f163, %f109; fma.rn.f32 %f248, %n26, %f153, %f111; "
+                "fma.rn.f32 %f249, %n26, %f154, %f112; fma.rn.f32 %f250, %n26, %f155, %f113; "
+                "fma.rn.f32 %f251, %n26, %f156, %f114; fma.rn.f32 %f252, %n26, %f157, %f115; "
+                "fma.rn.f32 %f253, %n26, %f158, %f116; fma.rn.f32 %f254, %n26, %f159, %f117; "
+                "fma.rn.f32 %f255, %n26, %f160, %f118; fma.rn.f32 %f256, %n26, %f161, %f119; "
+                "fma.rn.f32 %f257, %n26, %f162, %f120; fma.rn.f32 %f258, %n26, %f163, %f121; "
+                "fma.rn.f32 %f259, %n26, %f164, %f122; fma.rn.f32 %f260, %n27, %f153, %f124; "
+                "fma.rn.f32 %f261, %n27, %f154, %f125; fma.rn.f32 %f262, %n27, %f155, %f126; "
+                "fma.rn.f32 %f263, %n27, %f156, %f127; fma.rn.f32 %f264, %n27, %f157, %f128; "
+                "fma.rn.f32 %f265, %n27, %f158, %f129; fma.rn.f32 %f266, %n27, %f159, %f130; "
+                "fma.rn.f32 %f267, %n27, %f160, %f131; fma.rn.f32 %f268, %n27, %f161, %f132; "
+                "fma.rn.f32 %f269, %n27, %f162, %f133; fma.rn.f32 %f270, %n27, %f163, %f134; "
+                "fma.rn.f32 %f271, %n27, %f164, %f135; fma.rn.f32 %f272, %n27, %f165, %f136; "
+                "fma.rn.f32 %f273, %n28, %f153, %f138; fma.rn.f32 %f274, %n28, %f154, %f139; "
+                "fma.rn.f32 %f275, %n28, %f155, %f140; fma.rn.f32 %f276, %n28, %f156, %f141; "
+                "fma.rn.f32 %f277, %n28, %f157, %f142; fma.rn.f32 %f278, %n28, %f158, %f143; "
+                "fma.rn.f32 %f279, %n28, %f159, %f144; fma.rn.f32 %f280, %n28, %f160, %f145; "
+                "fma.rn.f32 %f281, %n28, %f161, %f146; fma.rn.f32 %f282, %n28, %f162, %f147; "
+                "fma.rn.f32 %f283, %n28, %f163, %f148; fma.rn.f32 %f284, %n28, %f164, %f149; "
+                "fma.rn.f32 %f285, %n28, %f165, %f150; fma.rn.f32 %f286, %n28, %f166, %f151; "
+                "rsqrt.approx.f32 %f287, %f182; mul.rn.f32 %f288, %f183, %f287; mul.rn.f32 %f289, %f185, %f287; "
+                "mul.rn.f32 %f290, %f188, %f287; mul.rn.f32 %f291, %f192, %f287; mul.rn.f32 %f292, %f197, %f287; "
+                "mul.rn.f32 %f293, %f203, %f287; mul.rn.f32 %f294, %f210, %f287; mul.rn.f32 %f295, %f218, %f287; "
+                "mul.rn.f32 %f296, %f227, %f287; mul.rn.f32 %f297, %f237, %f287; mul.rn.f32 %f298, %f248, %f287; "
+                "mul.rn.f32 %f299, %f260, %f287; mul.rn.f32 %f300, %f273, %f287; mul.rn.f32 %f301, %f168, %f287; "
+                "neg.f32 %n29, %f288; fma.rn.f32 %f302, %n29, %f301, %f169; neg.f32 %n30, %f289; "
+                "fma.rn.f32 %f303, %n30, %f301, %f170; neg.f32 %n31, %f290; "
+                "fma.rn.f32 %f304, %n31, %f301, %f171; neg.f32 %n32, %f291; "
+                "fma.rn.f32 %f305, %n32, %f301, %f172; neg.f32 %n33, %f292; "
+                "fma.rn.f32 %f306, %n33, %f301, %f173; neg.f32 %n34, %f293; "
+                "fma.rn.f32 %f307, %n34, %f301, %f174; neg.f32 %n35, %f294; "
+                "fma.rn.f32 %f308, %n35, %f301, %f175; neg.f32 %n36, %f295; "
+                "fma.rn.f32 %f309, %n36, %f301, %f176; neg.f32 %n37, %f296; "
+                "fma.rn.f32 %f310, %n37, %f301, %f177; neg.f32 %n38, %f297; "
+                "fma.rn.f32 %f311, %n38, %f301, %f178; neg.f32 %n39, %f298; "
+                "fma.rn.f32 %f312, %n39, %f301, %f179; neg.f32 %n40, %f299; "
+                "fma.rn.f32 %f313, %n40, %f301, %f180; neg.f32 %n41, %f300; "
+                "fma.rn.f32 %f314, %n41, %f301, %f181; fma.rn.f32 %f315, %n29, %f288, %f184; "
+                "fma.rn.f32 %f316, %n30, %f288, %f186; fma.rn.f32 %f317, %n30, %f289, %f187; "
+                "fma.rn.f32 %f318, %n31, %f288, %f189; fma.rn.f32 %f319, %n31, %f289, %f190; "
+                "fma.rn.f32 %f320, %n31, %f290, %f191; fma.rn.f32 %f321, %n32, %f288, %f193; "
+                "fma.rn.f32 %f322, %n32, %f289, %f194; fma.rn.f32 %f323, %n32, %f290, %f195; "
+                "fma.rn.f32 %f324, %n32, %f291, %f196; fma.rn.f32 %f325, %n33, %f288, %f198; "
+                "fma.rn.f32 %f326, %n33, %f289, %f199; fma.rn.f32 %f327, %n33, %f290, %f200; "
+                "fma.rn.f32 %f328, %n33, %f291, %f201; fma.rn.f32 %f329, %n33, %f292, %f202; "
+                "fma.rn.f32 %f330, %n34, %f288, %f204; fma.rn.f32 %f331, %n34, %f289, %f205; "
+                "fma.rn.f32 %f332, %n34, %f290, %f206; fma.rn.f32 %f333, %n34, %f291, %f207; "
+                "fma.rn.f32 %f334, %n34, %f292, %f208; fma.rn.f32 %f335, %n34, %f293, %f209; "
+                "fma.rn.f32 %f336, %n35, %f288, %f211; fma.rn.f32 %f337, %n35, %f289, %f212; "
+                "fma.rn.f32 %f338, %n35, %f290, %f213; fma.rn.f32 %f339, %n35, %f291, %f214; "
+                "fma.rn.f32 %f340, %n35, %f292, %f215; fma.rn.f32 %f341, %n35, %f293, %f216; "
+                "fma.rn.f32 %f342, %n35, %f294, %f217; fma.rn.f32 %f343, %n36, %f288, %f219; "
+                "fma.rn.f32 %f344, %n36, %f289, %f220; fma.rn.f32 %f345, %n36, %f290, %f221; "
+                "fma.rn.f32 %f346, %n36, %f291, %f222; fma.rn.f32 %f347, %n36, %f292, %f223; "
+                "fma.rn.f32 %f348, %n36, %f293, %f224; fma.rn.f32 %f349, %n36, %f294, %f225; "
+                "fma.rn.f32 %f350, %n36, %f295, %f226; fma.rn.f32 %f351, %n37, %f288, %f228; "
+                "fma.rn.f32 %f352, %n37, %f289, %f229; fma.rn.f32 %f353, %n37, %f290, %f230; "
+                "fma.rn.f32 %f354, %n37, %f291, %f231; fma.rn.f32 %f355, %n37, %f292, %f232; "
+                "fma.rn.f32 %f356, %n37, %f293, %f233; fma.rn.f32 %f357, %n37, %f294, %f234; "
+                "fma.rn.f32 %f358, %n37, %f295, %f235; fma.rn.f32 %f359, %n37, %f296, %f236; "
+                "fma.rn.f32 %f360, %n38, %f288, %f238; fma.rn.f32 %f361, %n38, %f289, %f239; "
+                "fma.rn.f32 %f362, %n38, %f290, %f240; fma.rn.f32 %f363, %n38, %f291, %f241; "
+                "fma.rn.f32 %f364, %n38, %f292, %f242; fma.rn.f32 %f365, %n38, %f293, %f243; "
+                "fma.rn.f32 %f366, %n38, %f294, %f244; fma.rn.f32 %f367, %n38, %f295, %f245; "
+                "fma.rn.f32 %f368, %n38, %f296, %f246; fma.rn.f32 %f369, %n38, %f297, %f247; "
+                "fma.rn.f32 %f370, %n39, %f288, %f249; fma.rn.f32 %f371, %n39, %f289, %f250; "
+                "fma.rn.f32 %f372, %n39, %f290, %f251; fma.rn.f32 %f373, %n39, %f291, %f252; "
+                "fma.rn.f32 %f374, %n39, %f292, %f253; fma.rn.f32 %f375, %n39, %f293, %f254; "
+                "fma.rn.f32 %f376, %n39, %f294, %f255; fma.rn.f32 %f377, %n39, %f295, %f256; "
+                "fma.rn.f32 %f378, %n39, %f296, %f257; fma.rn.f32 %f379, %n39, %f297, %f258; "
+                "fma.rn.f32 %f380, %n39, %f298, %f259; fma.rn.f32 %f381, %n40, %f288, %f261; "
+                "fma.rn.f32 %f382, %n40, %f289, %f262; fma.rn.f32 %f383, %n40, %f290, %f263; "
+                "fma.rn.f32 %f384, %n40, %f291, %f264; fma.rn.f32 %f385, %n40, %f292, %f265; "
+                "fma.rn.f32 %f386, %n40, %f293, %f266; fma.rn.f32 %f387, %n40, %f294, %f267; "
+                "fma.rn.f32 %f388, %n40, %f295, %f268; fma.rn.f32 %f389, %n40, %f296, %f269; "
+                "fma.rn.f32 %f390, %n40, %f297, %f270; fma.rn.f32 %f391, %n40, %f298, %f271; "
+                "fma.rn.f32 %f392, %n40, %f299, %f272; fma.rn.f32 %f393, %n41, %f288, %f274; "
+                "fma.rn.f32 %f394, %n41, %f289, %f275; fma.rn.f32 %f395, %n41, %f290, %f276; "
+                "fma.rn.f32 %f396, %n41, %f291, %f277; fma.rn.f32 %f397, %n41, %f292, %f278; "
+                "fma.rn.f32 %f398, %n41, %f293, %f279; fma.rn.f32 %f399, %n41, %f294, %f280; "
+                "fma.rn.f32 %f400, %n41, %f295, %f281; fma.rn.f32 %f401, %n41, %f296, %f282; "
+                "fma.rn.f32 %f402, %n41, %f297, %f283; fma.rn.f32 %f403, %n41, %f298, %f284; "
+                "fma.rn.f32 %f404, %n41, %f299, %f285; fma.rn.f32 %f405, %n41, %f300, %f286; "
+                "rsqrt.approx.f32 %f406, %f315; mul.rn.f32 %f407, %f316, %f406; mul.rn.f32 %f408, %f318, %f406; "
+                "mul.rn.f32 %f409, %f321, %f406; mul.rn.f32 %f410, %f325, %f406; mul.rn.f32 %f411, %f330, %f406; "
+                "mul.rn.f32 %f412, %f336, %f406; mul.rn.f32 %f413, %f343, %f406; mul.rn.f32 %f414, %f351, %f406; "
+                "mul.rn.f32 %f415, %f360, %f406; mul.rn.f32 %f416, %f370, %f406; mul.rn.f32 %f417, %f381, %f406; "
+                "mul.rn.f32 %f418, %f393, %f406; mul.rn.f32 %f419, %f302, %f406; neg.f32 %n42, %f407; "
+                "fma.rn.f32 %f420, %n42, %f419, %f303; neg.f32 %n43, %f408; "
+                "fma.rn.f32 %f421, %n43, %f419, %f304; neg.f32 %n44, %f409; "
+                "fma.rn.f32 %f422, %n44, %f419, %f305; neg.f32 %n45, %f410; "
+                "fma.rn.f32 %f423, %n45, %f419, %f306; neg.f32 %n46, %f411; "
+                "fma.rn.f32 %f424, %n46, %f419, %f307; neg.f32 %n47, %f412; "
+                "fma.rn.f32 %f425, %n47, %f419, %f308; neg.f32 %n48, %f413; "
+                "fma.rn.f32 %f426, %n48, %f419, %f309; neg.f32 %n49, %f414; "
+                "fma.rn.f32 %f427, %n49, %f419, %f310; neg.f32 %n50, %f415; "
+                "fma.rn.f32 %f428, %n50, %f419, %f311; neg.f32 %n51, %f416; "
+                "fma.rn.f32 %f429, %n51, %f419, %f312; neg.f32 %n52, %f417; "
+                "fma.rn.f32 %f430, %n52, %f419, %f313; neg.f32 %n53, %f418; "
+                "fma.rn.f32 %f431, %n53, %f419, %f314; fma.rn.f32 %f432, %n42, %f407, %f317; "
+                "fma.rn.f32 %f433, %n43, %f407, %f319; fma.rn.f32 %f434, %n43, %f408, %f320; "
+                "fma.rn.f32 %f435, %n44, %f407, %f322; fma.rn.f32 %f436, %n44, %f408, %f323; "
+                "fma.rn.f32 %f437, %n44, %f409, %f324; fma.rn.f32 %f438, %n45, %f407, %f326; "
+                "fma.rn.f32 %f439, %n45, %f408, %f327; fma.rn.f32 %f440, %n45, %f409, %f328; "
+                "fma.rn.f32 %f441, %n45, %f410, %f329; fma.rn.f32 %f442, %n46, %f407, %f331; "
+                "fma.rn.f32 %f443, %n46, %f408, %f332; fma.rn.f32 %f444, %n46, %f409, %f333; "
+                "fma.rn.f32 %f445, %n46, %f410, %f334; fma.rn.f32 %f446, %n46, %f411, %f335; "
+                "fma.rn.f32 %f447, %n47, %f407, %f337; fma.rn.f32 %f448, %n47, %f408, %f338; "
+                "fma.rn.f32 %f449, %n47, %f409, %f339; fma.rn.f32 %f450, %n47, %f410, %f340; "
+                "fma.rn.f32 %f451, %n47, %f411, %f341; fma.rn.f32 %f452, %n47, %f412, %f342; "
+                "fma.rn.f32 %f453, %n48, %f407, %f344; fma.rn.f32 %f454, %n48, %f408, %f345; "
+                "fma.rn.f32 %f455, %n48, %f409, %f346; fma.rn.f32 %f456, %n48, %f410, %f347; "
+                "fma.rn.f32 %f457, %n48, %f411, %f348; fma.rn.f32 %f458, %n48, %f412, %f349; "
+                "fma.rn.f32 %f459, %n48, %f413, %f350; fma.rn.f32 %f460, %n49, %f407, %f352; "
+                "fma.rn.f32 %f461, %n49, %f408, %f353; fma.rn.f32 %f462, %n49, %f409, %f354; "
+                "fma.rn.f32 %f463, %n49, %f410, %f355; fma.rn.f32 %f464, %n49, %f411, %f356; "
+                "fma.rn.f32 %f465, %n49, %f412, %f357; fma.rn.f32 %f466, %n49, %f413, %f358; "
+                "fma.rn.f32 %f467, %n49, %f414, %f359; fma.rn.f32 %f468, %n50, %f407, %f361; "
+                "fma.rn.f32 %f469, %n50, %f408, %f362; fma.rn.f32 %f470, %n50, %f409, %f363; "
+                "fma.rn.f32 %f471, %n50, %f410, %f364; fma.rn.f32 %f472, %n50, %f411, %f365; "
+                "fma.rn.f32 %f473, %n50, %f412, %f366; fma.rn.f32 %f474, %n50, %f413, %f367; "
+                "fma.rn.f32 %f475, %n50, %f414, %f368; fma.rn.f32 %f476, %n50, %f415, %f369; "
+                "fma.rn.f32 %f477, %n51, %f407, %f371; fma.rn.f32 %f478, %n51, %f408, %f372; "
+                "fma.rn.f32 %f479, %n51, %f409, %f373; fma.rn.f32 %f480, %n51, %f410, %f374; "
+                "fma.rn.f32 %f481, %n51, %f411, %f375; fma.rn.f32 %f482, %n51, %f412, %f376; "
+                "fma.rn.f32 %f483, %n51, %f413, %f377; fma.rn.f32 %f484, %n51, %f414, %f378; "
+                "fma.rn.f32 %f485, %n51, %f415, %f379; fma.rn.f32 %f486, %n51, %f416, %f380; "
+                "fma.rn.f32 %f487, %n52, %f407, %f382; fma.rn.f32 %f488, %n52, %f408, %f383; "
+                "fma.rn.f32 %f489, %n52, %f409, %f384; fma.rn.f32 %f490, %n52, %f410, %f385; "
+                "fma.rn.f32 %f491, %n52, %f411, %f386; fma.rn.f32 %f492, %n52, %f412, %f387; "
+                "fma.rn.f32 %f493, %n52, %f413, %f388; fma.rn.f32 %f494, %n52, %f414, %f389; "
+                "fma.rn.f32 %f495, %n52, %f415, %f390; fma.rn.f32 %f496, %n52, %f416, %f391; "
+                "fma.rn.f32 %f497, %n52, %f417, %f392; fma.rn.f32 %f498, %n53, %f407, %f394; "
+                "fma.rn.f32 %f499, %n53, %f408, %f395; fma.rn.f32 %f500, %n53, %f409, %f396; "
+                "fma.rn.f32 %f501, %n53, %f410, %f397; fma.rn.f32 %f502, %n53, %f411, %f398; "
+                "fma.rn.f32 %f503, %n53, %f412, %f399; fma.rn.f32 %f504, %n53, %f413, %f400; "
+                "fma.rn.f32 %f505, %n53, %f414, %f401; fma.rn.f32 %f506, %n53, %f415, %f402; "
+                "fma.rn.f32 %f507, %n53, %f416, %f403; fma.rn.f32 %f508, %n53, %f417, %f404; "
+                "fma.rn.f32 %f509, %n53, %f418, %f405; rsqrt.approx.f32 %f510, %f432; "
+                "mul.rn.f32 %f511, %f433, %f510; mul.rn.f32 %f512, %f435, %f510; mul.rn.f32 %f513, %f438, %f510; "
+                "mul.rn.f32 %f514, %f442, %f510; mul.rn.f32 %f515, %f447, %f510; mul.rn.f32 %f516, %f453, %f510; "
+                "mul.rn.f32 %f517, %f460, %f510; mul.rn.f32 %f518, %f468, %f510; mul.rn.f32 %f519, %f477, %f510; "
+                "mul.rn.f32 %f520, %f487, %f510; mul.rn.f32 %f521, %f498, %f510; mul.rn.f32 %f522, %f420, %f510; "
+                "neg.f32 %n54, %f511; fma.rn.f32 %f523, %n54, %f522, %f421; neg.f32 %n55, %f512; "
+                "fma.rn.f32 %f524, %n55, %f522, %f422; neg.f32 %n56, %f513; "
+                "fma.rn.f32 %f525, %n56, %f522, %f423; neg.f32 %n57, %f514; "
+                "fma.rn.f32 %f526, %n57, %f522, %f424; neg.f32 %n58, %f515; "
+                "fma.rn.f32 %f527, %n58, %f522, %f425; neg.f32 %n59, %f516; "
+                "fma.rn.f32 %f528, %n59, %f522, %f426; neg.f32 %n60, %f517; "
+                "fma.rn.f32 %f529, %n60, %f522, %f427; neg.f32 %n61, %f518; "
+                "fma.rn.f32 %f530, %n61, %f522, %f428; neg.f32 %n62, %f519; "
+                "fma.rn.f32 %f531, %n62, %f522, %f429; neg.f32 %n63, %f520; "
+                "fma.rn.f32 %f532, %n63, %f522, %f430; neg.f32 %n64, %f521; "
+                "fma.rn.f32 %f533, %n64, %f522, %f431; fma.rn.f32 %f534, %n54, %f511, %f434; "
+                "fma.rn.f32 %f535, %n55, %f511, %f436; fma.rn.f32 %f536, %n55, %f512, %f437; "
+                "fma.rn.f32 %f537, %n56, %f511, %f439; fma.rn.f32 %f538, %n56, %f512, %f440; "
+                "fma.rn.f32 %f539, %n56, %f513, %f441; fma.rn.f32 %f540, %n57, %f511, %f443; "
+                "fma.rn.f32 %f541, %n57, %f512, %f444; fma.rn.f32 %f542, %n57, %f513, %f445; "
+                "fma.rn.f32 %f543, %n57, %f514, %f446; fma.rn.f32 %f544, %n58, %f511, %f448; "
+                "fma.rn.f32 %f545, %n58, %f512, %f449; fma.rn.f32 %f546, %n58, %f513, %f450; "
+                "fma.rn.f32 %f547, %n58, %f514, %f451; fma.rn.f32 %f548, %n58, %f515, %f452; "
+                "fma.rn.f32 %f549, %n59, %f511, %f454; fma.rn.f32 %f550, %n59, %f512, %f455; "
+                "fma.rn.f32 %f551, %n59, %f513, %f456; fma.rn.f32 %f552, %n59, %f514, %f457; "
+                "fma.rn.f32 %f553, %n59, %f515, %f458; fma.rn.f32 %f554, %n59, %f516, %f459; "
+                "fma.rn.f32 %f555, %n60, %f511, %f461; fma.rn.f32 %f556, %n60, %f512, %f462; "
+                "fma.rn.f32 %f557, %n60, %f513, %f463; fma.rn.f32 %f558, %n60, %f514, %f464; "
+                "fma.rn.f32 %f559, %n60, %f515, %f465; fma.rn.f32 %f560, %n60, %f516, %f466; "
+                "fma.rn.f32 %f561, %n60, %f517, %f467; fma.rn.f32 %f562, %n61, %f511, %f469; "
+                "fma.rn.f32 %f563, %n61, %f512, %f470; fma.rn.f32 %f564, %n61, %f513, %f471; "
+                "fma.rn.f32 %f565, %n61, %f514, %f472; fma.rn.f32 %f566, %n61, %f515, %f473; "
+                "fma.rn.f32 %f567, %n61, %f516, %f474; fma.rn.f32 %f568, %n61, %f517, %f475; "
+                "fma.rn.f32 %f569, %n61, %f518, %f476; fma.rn.f32 %f570, %n62, %f511, %f478; "
+                "fma.rn.f32 %f571, %n62, %f512, %f479; fma.rn.f32 %f572, %n62, %f513, %f480; "
+                "fma.rn.f32 %f573, %n62, %f514, %f481; fma.rn.f32 %f574, %n62, %f515, %f482; "
+                "fma.rn.f32 %f575, %n62, %f516, %f483; fma.rn.f32 %f576, %n62, %f517, %f484; "
+                "fma.rn.f32 %f577, %n62, %f518, %f485; fma.rn.f32 %f578, %n62, %f519, %f486; "
+                "fma.rn.f32 %f579, %n63, %f511, %f488; fma.rn.f32 %f580, %n63, %f512, %f489; "
+                "fma.rn.f32 %f581, %n63, %f513, %f490; fma.rn.f32 %f582, %n63, %f514, %f491; "
+                "fma.rn.f32 %f583, %n63, %f515, %f492; fma.rn.f32 %f584, %n63, %f516, %f493; "
+                "fma.rn.f32 %f585, %n63, %f517, %f494; fma.rn.f32 %f586, %n63, %f518, %f495; "
+                "fma.rn.f32 %f587, %n63, %f519, %f496; fma.rn.f32 %f588, %n63, %f520, %f497; "
+                "fma.rn.f32 %f589, %n64, %f511, %f499; fma.rn.f32 %f590, %n64, %f512, %f500; "
+                "fma.rn.f32 %f591, %n64, %f513, %f501; fma.rn.f32 %f592, %n64, %f514, %f502; "
+                "fma.rn.f32 %f593, %n64, %f515, %f503; fma.rn.f32 %f594, %n64, %f516, %f504; "
+                "fma.rn.f32 %f595, %n64, %f517, %f505; fma.rn.f32 %f596, %n64, %f518, %f506; "
+                "fma.rn.f32 %f597, %n64, %f519, %f507; fma.rn.f32 %f598, %n64, %f520, %f508; "
+                "fma.rn.f32 %f599, %n64, %f521, %f509; rsqrt.approx.f32 %f600, %f534; "
+                "mul.rn.f32 %f601, %f535, %f600; mul.rn.f32 %f602, %f537, %f600; mul.rn.f32 %f603, %f540, %f600; "
+                "mul.rn.f32 %f604, %f544, %f600; mul.rn.f32 %f605, %f549, %f600; mul.rn.f32 %f606, %f555, %f600; "
+                "mul.rn.f32 %f607, %f562, %f600; mul.rn.f32 %f608, %f570, %f600; mul.rn.f32 %f609, %f579, %f600; "
+                "mul.rn.f32 %f610, %f589, %f600; mul.rn.f32 %f611, %f523, %f600; neg.f32 %n65, %f601; "
+                "fma.rn.f32 %f612, %n65, %f611, %f524; neg.f32 %n66, %f602; "
+                "fma.rn.f32 %f613, %n66, %f611, %f525; neg.f32 %n67, %f603; "
+                "fma.rn.f32 %f614, %n67, %f611, %f526; neg.f32 %n68, %f604; "
+                "fma.rn.f32 %f615, %n68, %f611, %f527; neg.f32 %n69, %f605; "
+                "fma.rn.f32 %f616, %n69, %f611, %f528; neg.f32 %n70, %f606; "
+                "fma.rn.f32 %f617, %n70, %f611, %f529; neg.f32 %n71, %f607; "
+                "fma.rn.f32 %f618, %n71, %f611, %f530; neg.f32 %n72, %f608; "
+                "fma.rn.f32 %f619, %n72, %f611, %f531; neg.f32 %n73, %f609; "
+                "fma.rn.f32 %f620, %n73, %f611, %f532; neg.f32 %n74, %f610; "
+                "fma.rn.f32 %f621, %n74, %f611, %f533; fma.rn.f32 %f622, %n65, %f601, %f536; "
+                "fma.rn.f32 %f623, %n66, %f601, %f538; fma.rn.f32 %f624, %n66, %f602, %f539; "
+                "fma.rn.f32 %f625, %n67, %f601, %f541; fma.rn.f32 %f626, %n67, %f602, %f542; "
+                "fma.rn.f32 %f627, %n67, %f603, %f543; fma.rn.f32 %f628, %n68, %f601, %f545; "
+                "fma.rn.f32 %f629, %n68, %f602, %f546; fma.rn.f32 %f630, %n68, %f603, %f547; "
+                "fma.rn.f32 %f631, %n68, %f604, %f548; fma.rn.f32 %f632, %n69, %f601, %f550; "
+                "fma.rn.f32 %f633, %n69, %f602, %f551; fma.rn.f32 %f634, %n69, %f603, %f552; "
+                "fma.rn.f32 %f635, %n69, %f604, %f553; fma.rn.f32 %f636, %n69, %f605, %f554; "
+                "fma.rn.f32 %f637, %n70, %f601, %f556; fma.rn.f32 %f638, %n70, %f602, %f557; "
+                "fma.rn.f32 %f639, %n70, %f603, %f558; fma.rn.f32 %f640, %n70, %f604, %f559; "
+                "fma.rn.f32 %f641, %n70, %f605, %f560; fma.rn.f32 %f642, %n70, %f606, %f561; "
+                "fma.rn.f32 %f643, %n71, %f601, %f563; fma.rn.f32 %f644, %n71, %f602, %f564; "
+                "fma.rn.f32 %f645, %n71, %f603, %f565; fma.rn.f32 %f646, %n71, %f604, %f566; "
+                "fma.rn.f32 %f647, %n71, %f605, %f567; fma.rn.f32 %f648, %n71, %f606, %f568; "
+                "fma.rn.f32 %f649, %n71, %f607, %f569; fma.rn.f32 %f650, %n72, %f601, %f571; "
+                "fma.rn.f32 %f651, %n72, %f602, %f572; fma.rn.f32 %f652, %n72, %f603, %f573; "
+                "fma.rn.f32 %f653, %n72, %f604, %f574; fma.rn.f32 %f654, %n72, %f605, %f575; "
+                "fma.rn.f32 %f655, %n72, %f606, %f576; fma.rn.f32 %f656, %n72, %f607, %f577; "
+                "fma.rn.f32 %f657, %n72, %f608, %f578; fma.rn.f32 %f658, %n73, %f601, %f580; "
+                "fma.rn.f32 %f659, %n73, %f602, %f581; fma.rn.f32 %f660, %n73, %f603, %f582; "
+                "fma.rn.f32 %f661, %n73, %f604, %f583; fma.rn.f32 %f662, %n73, %f605, %f584; "
+                "fma.rn.f32 %f663, %n73, %f606, %f585; fma.rn.f32 %f664, %n73, %f607, %f586; "
+                "fma.rn.f32 %f665, %n73, %f608, %f587; fma.rn.f32 %f666, %n73, %f609, %f588; "
+                "fma.rn.f32 %f667, %n74, %f601, %f590; fma.rn.f32 %f668, %n74, %f602, %f591; "
+                "fma.rn.f32 %f669, %n74, %f603, %f592; fma.rn.f32 %f670, %n74, %f604, %f593; "
+                "fma.rn.f32 %f671, %n74, %f605, %f594; fma.rn.f32 %f672, %n74, %f606, %f595; "
+                "fma.rn.f32 %f673, %n74, %f607, %f596; fma.rn.f32 %f674, %n74, %f608, %f597; "
+                "fma.rn.f32 %f675, %n74, %f609, %f598; fma.rn.f32 %f676, %n74, %f610, %f599; "
+                "rsqrt.approx.f32 %f677, %f622; mul.rn.f32 %f678, %f623, %f677; mul.rn.f32 %f679, %f625, %f677; "
+                "mul.rn.f32 %f680, %f628, %f677; mul.rn.f32 %f681, %f632, %f677; mul.rn.f32 %f682, %f637, %f677; "
+                "mul.rn.f32 %f683, %f643, %f677; mul.rn.f32 %f684, %f650, %f677; mul.rn.f32 %f685, %f658, %f677; "
+                "mul.rn.f32 %f686, %f667, %f677; mul.rn.f32 %f687, %f612, %f677; neg.f32 %n75, %f678; "
+                "fma.rn.f32 %f688, %n75, %f687, %f613; neg.f32 %n76, %f679; "
+                "fma.rn.f32 %f689, %n76, %f687, %f614; neg.f32 %n77, %f680; "
+                "fma.rn.f32 %f690, %n77, %f687, %f615; neg.f32 %n78, %f681; "
+                "fma.rn.f32 %f691, %n78, %f687, %f616; neg.f32 %n79, %f682; "
+                "fma.rn.f32 %f692, %n79, %f687, %f617; neg.f32 %n80, %f683; "
+                "fma.rn.f32 %f693, %n80, %f687, %f618; neg.f32 %n81, %f684; "
+                "fma.rn.f32 %f694, %n81, %f687, %f619; neg.f32 %n82, %f685; "
+                "fma.rn.f32 %f695, %n82, %f687, %f620; neg.f32 %n83, %f686; "
+                "fma.rn.f32 %f696, %n83, %f687, %f621; fma.rn.f32 %f697, %n75, %f678, %f624; "
+                "fma.rn.f32 %f698, %n76, %f678, %f626; fma.rn.f32 %f699, %n76, %f679, %f627; "
+                "fma.rn.f32 %f700, %n77, %f678, %f629; fma.rn.f32 %f701, %n77, %f679, %f630; "
+                "fma.rn.f32 %f702, %n77, %f680, %f631; fma.rn.f32 %f703, %n78, %f678, %f633; "
+                "fma.rn.f32 %f704, %n78, %f679, %f634; fma.rn.f32 %f705, %n78, %f680, %f635; "
+                "fma.rn.f32 %f706, %n78, %f681, %f636; fma.rn.f32 %f707, %n79, %f678, %f638; "
+                "fma.rn.f32 %f708, %n79, %f679, %f639; fma.rn.f32 %f709, %n79, %f680, %f640; "
+                "fma.rn.f32 %f710, %n79, %f681, %f641; fma.rn.f32 %f711, %n79, %f682, %f642; "
+                "fma.rn.f32 %f712, %n80, %f678, %f644; fma.rn.f32 %f713, %n80, %f679, %f645; "
+                "fma.rn.f32 %f714, %n80, %f680, %f646; fma.rn.f32 %f715, %n80, %f681, %f647; "
+                "fma.rn.f32 %f716, %n80, %f682, %f648; fma.rn.f32 %f717, %n80, %f683, %f649; "
+                "fma.rn.f32 %f718, %n81, %f678, %f651; fma.rn.f32 %f719, %n81, %f679, %f652; "
+                "fma.rn.f32 %f720, %n81, %f680, %f653; fma.rn.f32 %f721, %n81, %f681, %f654; "
+                "fma.rn.f32 %f722, %n81, %f682, %f655; fma.rn.f32 %f723, %n81, %f683, %f656; "
+                "fma.rn.f32 %f724, %n81, %f684, %f657; fma.rn.f32 %f725, %n82, %f678, %f659; "
+                "fma.rn.f32 %f726, %n82, %f679, %f660; fma.rn.f32 %f727, %n82, %f680, %f661; "
+                "fma.rn.f32 %f728, %n82, %f681, %f662; fma.rn.f32 %f729, %n82, %f682, %f663; "
+                "fma.rn.f32 %f730, %n82, %f683, %f664; fma.rn.f32 %f731, %n82, %f684, %f665; "
+                "fma.rn.f32 %f732, %n82, %f685, %f666; fma.rn.f32 %f733, %n83, %f678, %f668; "
+                "fma.rn.f32 %f734, %n83, %f679, %f669; fma.rn.f32 %f735, %n83, %f680, %f670; "
+                "fma.rn.f32 %f736, %n83, %f681, %f671; fma.rn.f32 %f737, %n83, %f682, %f672; "
+                "fma.rn.f32 %f738, %n83, %f683, %f673; fma.rn.f32 %f739, %n83, %f684, %f674; "
+                "fma.rn.f32 %f740, %n83, %f685, %f675; fma.rn.f32 %f741, %n83, %f686, %f676; "
+                "rsqrt.approx.f32 %f742, %f697; mul.rn.f32 %f743, %f698, %f742; mul.rn.f32 %f744, %f700, %f742; "
+                "mul.rn.f32 %f745, %f703, %f742; mul.rn.f32 %f746, %f707, %f742; mul.rn.f32 %f747, %f712, %f742; "
+                "mul.rn.f32 %f748, %f718, %f742; mul.rn.f32 %f749, %f725, %f742; mul.rn.f32 %f750, %f733, %f742; "
+                "mul.rn.f32 %f751, %f688, %f742; neg.f32 %n84, %f743; fma.rn.f32 %f752, %n84, %f751, %f689; "
+                "neg.f32 %n85, %f744; fma.rn.f32 %f753, %n85, %f751, %f690; neg.f32 %n86, %f745; "
+                "fma.rn.f32 %f754, %n86, %f751, %f691; neg.f32 %n87, %f746; "
+                "fma.rn.f32 %f755, %n87, %f751, %f692; neg.f32 %n88, %f747; "
+                "fma.rn.f32 %f756, %n88, %f751, %f693; neg.f32 %n89, %f748; "
+                "fma.rn.f32 %f757, %n89, %f751, %f694; neg.f32 %n90, %f749; "
+                "fma.rn.f32 %f758, %n90, %f751, %f695; neg.f32 %n91, %f750; "
+                "fma.rn.f32 %f759, %n91, %f751, %f696; fma.rn.f32 %f760, %n84, %f743, %f699; "
+                "fma.rn.f32 %f761, %n85, %f743, %f701; fma.rn.f32 %f762, %n85, %f744, %f702; "
+                "fma.rn.f32 %f763, %n86, %f743, %f704; fma.rn.f32 %f764, %n86, %f744, %f705; "
+                "fma.rn.f32 %f765, %n86, %f745, %f706; fma.rn.f32 %f766, %n87, %f743, %f708; "
+                "fma.rn.f32 %f767, %n87, %f744, %f709; fma.rn.f32 %f768, %n87, %f745, %f710; "
+                "fma.rn.f32 %f769, %n87, %f746, %f711; fma.rn.f32 %f770, %n88, %f743, %f713; "
+                "fma.rn.f32 %f771, %n88, %f744, %f714; fma.rn.f32 %f772, %n88, %f745, %f715; "
+                "fma.rn.f32 %f773, %n88, %f746, %f716; fma.rn.f32 %f774, %n88, %f747, %f717; "
+                "fma.rn.f32 %f775, %n89, %f743, %f719; fma.rn.f32 %f776, %n89, %f744, %f720; "
+                "fma.rn.f32 %f777, %n89, %f745, %f721; fma.rn.f32 %f778, %n89, %f746, %f722; "
+                "fma.rn.f32 %f779, %n89, %f747, %f723; fma.rn.f32 %f780, %n89, %f748, %f724; "
+                "fma.rn.f32 %f781, %n90, %f743, %f726; fma.rn.f32 %f782, %n90, %f744, %f727; "
+                "fma.rn.f32 %f783, %n90, %f745, %f728; fma.rn.f32 %f784, %n90, %f746, %f729; "
+                "fma.rn.f32 %f785, %n90, %f747, %f730; fma.rn.f32 %f786, %n90, %f748, %f731; "
+                "fma.rn.f32 %f787, %n90, %f749, %f732; fma.rn.f32 %f788, %n91, %f743, %f734; "
+                "fma.rn.f32 %f789, %n91, %f744, %f735; fma.rn.f32 %f790, %n91, %f745, %f736; "
+                "fma.rn.f32 %f791, %n91, %f746, %f737; fma.rn.f32 %f792, %n91, %f747, %f738; "
+                "fma.rn.f32 %f793, %n91, %f748, %f739; fma.rn.f32 %f794, %n91, %f749, %f740; "
+                "fma.rn.f32 %f795, %n91, %f750, %f741; rsqrt.approx.f32 %f796, %f760; "
+                "mul.rn.f32 %f797, %f761, %f796; mul.rn.f32 %f798, %f763, %f796; mul.rn.f32 %f799, %f766, %f796; "
+                "mul.rn.f32 %f800, %f770, %f796; mul.rn.f32 %f801, %f775, %f796; mul.rn.f32 %f802, %f781, %f796; "
+                "mul.rn.f32 %f803, %f788, %f796; mul.rn.f32 %f804, %f752, %f796; neg.f32 %n92, %f797; "
+                "fma.rn.f32 %f805, %n92, %f804, %f753; neg.f32 %n93, %f798; "
+                "fma.rn.f32 %f806, %n93, %f804, %f754; neg.f32 %n94, %f799; "
+                "fma.rn.f32 %f807, %n94, %f804, %f755; neg.f32 %n95, %f800; "
+                "fma.rn.f32 %f808, %n95, %f804, %f756; neg.f32 %n96, %f801; "
+                "fma.rn.f32 %f809, %n96, %f804, %f757; neg.f32 %n97, %f802; "
+                "fma.rn.f32 %f810, %n97, %f804, %f758; neg.f32 %n98, %f803; "
+                "fma.rn.f32 %f811, %n98, %f804, %f759; fma.rn.f32 %f812, %n92, %f797, %f762; "
+                "fma.rn.f32 %f813, %n93, %f797, %f764; fma.rn.f32 %f814, %n93, %f798, %f765; "
+                "fma.rn.f32 %f815, %n94, %f797, %f767; fma.rn.f32 %f816, %n94, %f798, %f768; "
+                "fma.rn.f32 %f817, %n94, %f799, %f769; fma.rn.f32 %f818, %n95, %f797, %f771; "
+                "fma.rn.f32 %f819, %n95, %f798, %f772; fma.rn.f32 %f820, %n95, %f799, %f773; "
+                "fma.rn.f32 %f821, %n95, %f800, %f774; fma.rn.f32 %f822, %n96, %f797, %f776; "
+                "fma.rn.f32 %f823, %n96, %f798, %f777; fma.rn.f32 %f824, %n96, %f799, %f778; "
+                "fma.rn.f32 %f825, %n96, %f800, %f779; fma.rn.f32 %f826, %n96, %f801, %f780; "
+                "fma.rn.f32 %f827, %n97, %f797, %f782; fma.rn.f32 %f828, %n97, %f798, %f783; "
+                "fma.rn.f32 %f829, %n97, %f799, %f784; fma.rn.f32 %f830, %n97, %f800, %f785; "
+                "fma.rn.f32 %f831, %n97, %f801, %f786; fma.rn.f32 %f832, %n97, %f802, %f787; "
+                "fma.rn.f32 %f833, %n98, %f797, %f789; fma.rn.f32 %f834, %n98, %f798, %f790; "
+                "fma.rn.f32 %f835, %n98, %f799, %f791; fma.rn.f32 %f836, %n98, %f800, %f792; "
+                "fma.rn.f32 %f837, %n98, %f801, %f793; fma.rn.f32 %f838, %n98, %f802, %f794; "
+                "fma.rn.f32 %f839, %n98, %f803, %f795; rsqrt.approx.f32 %f840, %f812; "
+                "mul.rn.f32 %f841, %f813, %f840; mul.rn.f32 %f842, %f815, %f840; mul.rn.f32 %f843, %f818, %f840; "
+                "mul.rn.f32 %f844, %f822, %f840; mul.rn.f32 %f845, %f827, %f840; mul.rn.f32 %f846, %f833, %f840; "
+                "mul.rn.f32 %f847, %f805, %f840; neg.f32 %n99, %f841; fma.rn.f32 %f848, %n99, %f847, %f806; "
+                "neg.f32 %n100, %f842; fma.rn.f32 %f849, %n100, %f847, %f807; neg.f32 %n101, %f843; "
+                "fma.rn.f32 %f850, %n101, %f847, %f808; neg.f32 %n102, %f844; "
+                "fma.rn.f32 %f851, %n102, %f847, %f809; neg.f32 %n103, %f845; "
+                "fma.rn.f32 %f852, %n103, %f847, %f810; neg.f32 %n104, %f846; "
+                "fma.rn.f32 %f853, %n104, %f847, %f811; fma.rn.f32 %f854, %n99, %f841, %f814; "
+                "fma.rn.f32 %f855, %n100, %f841, %f816; fma.rn.f32 %f856, %n100, %f842, %f817; "
+                "fma.rn.f32 %f857, %n101, %f841, %f819; fma.rn.f32 %f858, %n101, %f842, %f820; "
+                "fma.rn.f32 %f859, %n101, %f843, %f821; fma.rn.f32 %f860, %n102, %f841, %f823; "
+                "fma.rn.f32 %f861, %n102, %f842, %f824; fma.rn.f32 %f862, %n102, %f843, %f825; "
+                "fma.rn.f32 %f863, %n102, %f844, %f826; fma.rn.f32 %f864, %n103, %f841, %f828; "
+                "fma.rn.f32 %f865, %n103, %f842, %f829; fma.rn.f32 %f866, %n103, %f843, %f830; "
+                "fma.rn.f32 %f867, %n103, %f844, %f831; fma.rn.f32 %f868, %n103, %f845, %f832; "
+                "fma.rn.f32 %f869, %n104, %f841, %f834; fma.rn.f32 %f870, %n104, %f842, %f835; "
+                "fma.rn.f32 %f871, %n104, %f843, %f836; fma.rn.f32 %f872, %n104, %f844, %f837; "
+                "fma.rn.f32 %f873, %n104, %f845, %f838; fma.rn.f32 %f874, %n104, %f846, %f839; "
+                "rsqrt.approx.f32 %f875, %f854; mul.rn.f32 %f876, %f855, %f875; mul.rn.f32 %f877, %f857, %f875; "
+                "mul.rn.f32 %f878, %f860, %f875; mul.rn.f32 %f879, %f864, %f875; mul.rn.f32 %f880, %f869, %f875; "
+                "mul.rn.f32 %f881, %f848, %f875; neg.f32 %n105, %f876; fma.rn.f32 %f882, %n105, %f881, %f849; "
+                "neg.f32 %n106, %f877; fma.rn.f32 %f883, %n106, %f881, %f850; neg.f32 %n107, %f878; "
+                "fma.rn.f32 %f884, %n107, %f881, %f851; neg.f32 %n108, %f879; "
+                "fma.rn.f32 %f885, %n108, %f881, %f852; neg.f32 %n109, %f880; "
+                "fma.rn.f32 %f886, %n109, %f881, %f853; fma.rn.f32 %f887, %n105, %f876, %f856; "
+                "fma.rn.f32 %f888, %n106, %f876, %f858; fma.rn.f32 %f889, %n106, %f877, %f859; "
+                "fma.rn.f32 %f890, %n107, %f876, %f861; fma.rn.f32 %f891, %n107, %f877, %f862; "
+                "fma.rn.f32 %f892, %n107, %f878, %f863; fma.rn.f32 %f893, %n108, %f876, %f865; "
+                "fma.rn.f32 %f894, %n108, %f877, %f866; fma.rn.f32 %f895, %n108, %f878, %f867; "
+                "fma.rn.f32 %f896, %n108, %f879, %f868; fma.rn.f32 %f897, %n109, %f876, %f870; "
+                "fma.rn.f32 %f898, %n109, %f877, %f871; fma.rn.f32 %f899, %n109, %f878, %f872; "
+                "fma.rn.f32 %f900, %n109, %f879, %f873; fma.rn.f32 %f901, %n109, %f880, %f874; "
+                "rsqrt.approx.f32 %f902, %f887; mul.rn.f32 %f903, %f888, %f902; mul.rn.f32 %f904, %f890, %f902; "
+                "mul.rn.f32 %f905, %f893, %f902; mul.rn.f32 %f906, %f897, %f902; mul.rn.f32 %f907, %f882, %f902; "
+                "neg.f32 %n110, %f903; fma.rn.f32 %f908, %n110, %f907, %f883; neg.f32 %n111, %f904; "
+                "fma.rn.f32 %f909, %n111, %f907, %f884; neg.f32 %n112, %f905; "
+                "fma.rn.f32 %f910, %n112, %f907, %f885; neg.f32 %n113, %f906; "
+                "fma.rn.f32 %f911, %n113, %f907, %f886; fma.rn.f32 %f912, %n110, %f903, %f889; "
+                "fma.rn.f32 %f913, %n111, %f903, %f891; fma.rn.f32 %f914, %n111, %f904, %f892; "
+                "fma.rn.f32 %f915, %n112, %f903, %f894; fma.rn.f32 %f916, %n112, %f904, %f895; "
+                "fma.rn.f32 %f917, %n112, %f905, %f896; fma.rn.f32 %f918, %n113, %f903, %f898; "
+                "fma.rn.f32 %f919, %n113, %f904, %f899; fma.rn.f32 %f920, %n113, %f905, %f900; "
+                "fma.rn.f32 %f921, %n113, %f906, %f901; rsqrt.approx.f32 %f922, %f912; "
+                "mul.rn.f32 %f923, %f913, %f922; mul.rn.f32 %f924, %f915, %f922; mul.rn.f32 %f925, %f918, %f922; "
+                "mul.rn.f32 %f926, %f908, %f922; neg.f32 %n114, %f923; fma.rn.f32 %f927, %n114, %f926, %f909; "
+                "neg.f32 %n115, %f924; fma.rn.f32 %f928, %n115, %f926, %f910; neg.f32 %n116, %f925; "
+                "fma.rn.f32 %f929, %n116, %f926, %f911; fma.rn.f32 %f930, %n114, %f923, %f914; "
+                "fma.rn.f32 %f931, %n115, %f923, %f916; fma.rn.f32 %f932, %n115, %f924, %f917; "
+                "fma.rn.f32 %f933, %n116, %f923, %f919; fma.rn.f32 %f934, %n116, %f924, %f920; "
+                "fma.rn.f32 %f935, %n116, %f925, %f921; rsqrt.approx.f32 %f936, %f930; "
+                "mul.rn.f32 %f937, %f931, %f936; mul.rn.f32 %f938, %f933, %f936; mul.rn.f32 %f939, %f927, %f936; "
+                "neg.f32 %n117, %f937; fma.rn.f32 %f940, %n117, %f939, %f928; neg.f32 %n118, %f938; "
+                "fma.rn.f32 %f941, %n118, %f939, %f929; fma.rn.f32 %f942, %n117, %f937, %f932; "
+                "fma.rn.f32 %f943, %n118, %f937, %f934; fma.rn.f32 %f944, %n118, %f938, %f935; "
+                "rsqrt.approx.f32 %f945, %f942; mul.rn.f32 %f946, %f943, %f945; mul.rn.f32 %f947, %f940, %f945; "
+                "neg.f32 %n119, %f946; fma.rn.f32 %f948, %n119, %f947, %f941; "
+                "fma.rn.f32 %f949, %n119, %f946, %f944; rsqrt.approx.f32 %f950, %f949; "
+                "mul.rn.f32 %f951, %f948, %f950; mul.rn.f32 %f952, %f951, %f950; "
+                "fma.rn.f32 %f953, %n119, %f952, %f947; mul.rn.f32 %f954, %f953, %f945; "
+                "fma.rn.f32 %f955, %n117, %f954, %f939; fma.rn.f32 %f956, %n118, %f952, %f955; "
+                "mul.rn.f32 %f957, %f956, %f936; fma.rn.f32 %f958, %n114, %f957, %f926; "
+                "fma.rn.f32 %f959, %n115, %f954, %f958; fma.rn.f32 %f960, %n116, %f952, %f959; "
+                "mul.rn.f32 %f961, %f960, %f922; fma.rn.f32 %f962, %n110, %f961, %f907; "
+                "fma.rn.f32 %f963, %n111, %f957, %f962; fma.rn.f32 %f964, %n112, %f954, %f963; "
+                "fma.rn.f32 %f965, %n113, %f952, %f964; mul.rn.f32 %f966, %f965, %f902; "
+                "fma.rn.f32 %f967, %n105, %f966, %f881; fma.rn.f32 %f968, %n106, %f961, %f967; "
+                "fma.rn.f32 %f969, %n107, %f957, %f968; fma.rn.f32 %f970, %n108, %f954, %f969; "
+                "fma.rn.f32 %f971, %n109, %f952, %f970; mul.rn.f32 %f972, %f971, %f875; "
+                "fma.rn.f32 %f973, %n99, %f972, %f847; fma.rn.f32 %f974, %n100, %f966, %f973; "
+                "fma.rn.f32 %f975, %n101, %f961, %f974; fma.rn.f32 %f976, %n102, %f957, %f975; "
+                "fma.rn.f32 %f977, %n103, %f954, %f976; fma.rn.f32 %f978, %n104, %f952, %f977; "
+                "mul.rn.f32 %f979, %f978, %f840; fma.rn.f32 %f980, %n92, %f979, %f804; "
+                "fma.rn.f32 %f981, %n93, %f972, %f980; fma.rn.f32 %f982, %n94, %f966, %f981; "
+                "fma.rn.f32 %f983, %n95, %f961, %f982; fma.rn.f32 %f984, %n96, %f957, %f983; "
+                "fma.rn.f32 %f985, %n97, %f954, %f984; fma.rn.f32 %f986, %n98, %f952, %f985; "
+                "mul.rn.f32 %f987, %f986, %f796; fma.rn.f32 %f988, %n84, %f987, %f751; "
+                "fma.rn.f32 %f989, %n85, %f979, %f988; fma.rn.f32 %f990, %n86, %f972, %f989; "
+                "fma.rn.f32 %f991, %n87, %f966, %f990; fma.rn.f32 %f992, %n88, %f961, %f991; "
+                "fma.rn.f32 %f993, %n89, %f957, %f992; fma.rn.f32 %f994, %n90, %f954, %f993; "
+                "fma.rn.f32 %f995, %n91, %f952, %f994; mul.rn.f32 %f996, %f995, %f742; "
+                "fma.rn.f32 %f997, %n75, %f996, %f687; fma.rn.f32 %f998, %n76, %f987, %f997; "
+                "fma.rn.f32 %f999, %n77, %f979, %f998; fma.rn.f32 %f1000, %n78, %f972, %f999; "
+                "fma.rn.f32 %f1001, %n79, %f966, %f1000; fma.rn.f32 %f1002, %n80, %f961, %f1001; "
+                "fma.rn.f32 %f1003, %n81, %f957, %f1002; fma.rn.f32 %f1004, %n82, %f954, %f1003; "
+                "fma.rn.f32 %f1005, %n83, %f952, %f1004; mul.rn.f32 %f1006, %f1005, %f677; "
+                "fma.rn.f32 %f1007, %n65, %f1006, %f611; fma.rn.f32 %f1008, %n66, %f996, %f1007; "
+                "fma.rn.f32 %f1009, %n67, %f987, %f1008; fma.rn.f32 %f1010, %n68, %f979, %f1009; "
+                "fma.rn.f32 %f1011, %n69, %f972, %f1010; fma.rn.f32 %f1012, %n70, %f966, %f1011; "
+                "fma.rn.f32 %f1013, %n71, %f961, %f1012; fma.rn.f32 %f1014, %n72, %f957, %f1013; "
+                "fma.rn.f32 %f1015, %n73, %f954, %f1014; fma.rn.f32 %f1016, %n74, %f952, %f1015; "
+                "mul.rn.f32 %f1017, %f1016, %f600; fma.rn.f32 %f1018, %n54, %f1017, %f522; "
+                "fma.rn.f32 %f1019, %n55, %f1006, %f1018; fma.rn.f32 %f1020, %n56, %f996, %f1019; "
+                "fma.rn.f32 %f1021, %n57, %f987, %f1020; fma.rn.f32 %f1022, %n58, %f979, %f1021; "
+                "fma.rn.f32 %f1023, %n59, %f972, %f1022; fma.rn.f32 %f1024, %n60, %f966, %f1023; "
+                "fma.rn.f32 %f1025, %n61, %f961, %f1024; fma.rn.f32 %f1026, %n62, %f957, %f1025; "
+                "fma.rn.f32 %f1027, %n63, %f954, %f1026; fma.rn.f32 %f1028, %n64, %f952, %f1027; "
+                "mul.rn.f32 %f1029, %f1028, %f510; fma.rn.f32 %f1030, %n42, %f1029, %f419; "
+                "fma.rn.f32 %f1031, %n43, %f1017, %f1030; fma.rn.f32 %f1032, %n44, %f1006, %f1031; "
+                "fma.rn.f32 %f1033, %n45, %f996, %f1032; fma.rn.f32 %f1034, %n46, %f987, %f1033; "
+                "fma.rn.f32 %f1035, %n47, %f979, %f1034; fma.rn.f32 %f1036, %n48, %f972, %f1035; "
+                "fma.rn.f32 %f1037, %n49, %f966, %f1036; fma.rn.f32 %f1038, %n50, %f961, %f1037; "
+                "fma.rn.f32 %f1039, %n51, %f957, %f1038; fma.rn.f32 %f1040, %n52, %f954, %f1039; "
+                "fma.rn.f32 %f1041, %n53, %f952, %f1040; mul.rn.f32 %f1042, %f1041, %f406; "
+                "fma.rn.f32 %f1043, %n29, %f1042, %f301; fma.rn.f32 %f1044, %n30, %f1029, %f1043; "
+                "fma.rn.f32 %f1045, %n31, %f1017, %f1044; fma.rn.f32 %f1046, %n32, %f1006, %f1045; "
+                "fma.rn.f32 %f1047, %n33, %f996, %f1046; fma.rn.f32 %f1048, %n34, %f987, %f1047; "
+                "fma.rn.f32 %f1049, %n35, %f979, %f1048; fma.rn.f32 %f1050, %n36, %f972, %f1049; "
+                "fma.rn.f32 %f1051, %n37, %f966, %f1050; fma.rn.f32 %f1052, %n38, %f961, %f1051; "
+                "fma.rn.f32 %f1053, %n39, %f957, %f1052; fma.rn.f32 %f1054, %n40, %f954, %f1053; "
+                "fma.rn.f32 %f1055, %n41, %f952, %f1054; mul.rn.f32 %f1056, %f1055, %f287; "
+                "fma.rn.f32 %f1057, %n15, %f1056, %f167; fma.rn.f32 %f1058, %n16, %f1042, %f1057; "
+                "fma.rn.f32 %f1059, %n17, %f1029, %f1058; fma.rn.f32 %f1060, %n18, %f1017, %f1059; "
+                "fma.rn.f32 %f1061, %n19, %f1006, %f1060; fma.rn.f32 %f1062, %n20, %f996, %f1061; "
+                "fma.rn.f32 %f1063, %n21, %f987, %f1062; fma.rn.f32 %f1064, %n22, %f979, %f1063; "
+                "fma.rn.f32 %f1065, %n23, %f972, %f1064; fma.rn.f32 %f1066, %n24, %f966, %f1065; "
+                "fma.rn.f32 %f1067, %n25, %f961, %f1066; fma.rn.f32 %f1068, %n26, %f957, %f1067; "
+                "fma.rn.f32 %f1069, %n27, %f954, %f1068; fma.rn.f32 %f1070, %n28, %f952, %f1069; "
+                "mul.rn.f32 %f1071, %f1070, %f152; fma.rn.f32 %f1072, %n0, %f1071, %f16; "
+                "fma.rn.f32 %f1073, %n1, %f1056, %f1072; fma.rn.f32 %f1074, %n2, %f1042, %f1073; "
+                "fma.rn.f32 %f1075, %n3, %f1029, %f1074; fma.rn.f32 %f1076, %n4, %f1017, %f1075; "
+                "fma.rn.f32 %f1077, %n5, %f1006, %f1076; fma.rn.f32 %f1078, %n6, %f996, %f1077; "
+                "fma.rn.f32 %f1079, %n7, %f987, %f1078; fma.rn.f32 %f1080, %n8, %f979, %f1079; "
+                "fma.rn.f32 %f1081, %n9, %f972, %f1080; fma.rn.f32 %f1082, %n10, %f966, %f1081; "
+                "fma.rn.f32 %f1083, %n11, %f961, %f1082; fma.rn.f32 %f1084, %n12, %f957, %f1083; "
+                "fma.rn.f32 %f1085, %n13, %f954, %f1084; fma.rn.f32 %f1086, %n14, %f952, %f1085; "
+                "mul.rn.f32 %f1087, %f1086, %f0; mov.f32 $0, %f1087; mov.f32 $1, %f1071; mov.f32 $2, %f1056; "
+                "mov.f32 $3, %f1042; mov.f32 $4, %f1029; mov.f32 $5, %f1017; mov.f32 $6, %f1006; "
+                "mov.f32 $7, %f996; mov.f32 $8, %f987; mov.f32 $9, %f979; mov.f32 $10, %f972; "
+                "mov.f32 $11, %f966; mov.f32 $12, %f961; mov.f32 $13, %f957; mov.f32 $14, %f954; "
+                "mov.f32 $15, %f952; } "
+                ,
+                "=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f"
+                , [
+                    a0_0, a1_0, a1_1, a2_0, a2_1, a2_2, a3_0, a3_1, a3_2, a3_3, a4_0, a4_1, a4_2, a4_3, a4_4, a5_0,
+                    a5_1, a5_2, a5_3, a5_4, a5_5, a6_0, a6_1, a6_2, a6_3, a6_4, a6_5, a6_6, a7_0, a7_1, a7_2, a7_3,
+                    a7_4, a7_5, a7_6, a7_7, a8_0, a8_1, a8_2, a8_3, a8_4, a8_5, a8_6, a8_7, a8_8, a9_0, a9_1, a9_2,
+                    a9_3, a9_4, a9_5, a9_6, a9_7, a9_8, a9_9, a10_0, a10_1, a10_2, a10_3, a10_4, a10_5, a10_6, a10_7,
+                    a10_8, a10_9, a10_10, a11_0, a11_1, a11_2, a11_3, a11_4, a11_5, a11_6, a11_7, a11_8, a11_9, a11_10,
+                    a11_11, a12_0, a12_1, a12_2, a12_3, a12_4, a12_5, a12_6, a12_7, a12_8, a12_9, a12_10, a12_11,
+                    a12_12, a13_0, a13_1, a13_2, a13_3, a13_4, a13_5, a13_6, a13_7, a13_8, a13_9, a13_10, a13_11,
+                    a13_12, a13_13, a14_0, a14_1, a14_2, a14_3, a14_4, a14_5, a14_6, a14_7, a14_8, a14_9, a14_10,
+                    a14_11, a14_12, a14_13, a14_14, a15_0, a15_1, a15_2, a15_3, a15_4, a15_5, a15_6, a15_7, a15_8,
+                    a15_9, a15_10, a15_11, a15_12, a15_13, a15_14, a15_15, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10,
+                    v11, v12, v13, v14, v15,
+                ], dtype=(
+                    tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                    tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                ), is_pure=True, pack=1)
         else:
-            bs = 1.0
-        w = tl.where(ok, tl.exp(acc) * bs, 0.0)
-        acc += gs
-        kp = k + srow * 16
-        k0, k1, k2, k3 = _ld4(kp + 0, ok)
-        k4, k5, k6, k7 = _ld4(kp + 4, ok)
-        k8, k9, k10, k11 = _ld4(kp + 8, ok)
-        k12, k13, k14, k15 = _ld4(kp + 12, ok)
-        m0 = w * k0
-        m1 = w * k1
-        m2 = w * k2
-        m3 = w * k3
-        m4 = w * k4
-        m5 = w * k5
-        m6 = w * k6
-        m7 = w * k7
-        m8 = w * k8
-        m9 = w * k9
-        m10 = w * k10
-        m11 = w * k11
-        m12 = w * k12
-        m13 = w * k13
-        m14 = w * k14
-        m15 = w * k15
-        a0_0 += m0 * k0
-        a1_0 += m1 * k0
-        a1_1 += m1 * k1
-        a2_0 += m2 * k0
-        a2_1 += m2 * k1
-        a2_2 += m2 * k2
-        a3_0 += m3 * k0
-        a3_1 += m3 * k1
-        a3_2 += m3 * k2
-        a3_3 += m3 * k3
-        a4_0 += m4 * k0
-        a4_1 += m4 * k1
-        a4_2 += m4 * k2
-        a4_3 += m4 * k3
-        a4_4 += m4 * k4
-        a5_0 += m5 * k0
-        a5_1 += m5 * k1
-        a5_2 += m5 * k2
-        a5_3 += m5 * k3
-        a5_4 += m5 * k4
-        a5_5 += m5 * k5
-        a6_0 += m6 * k0
-        a6_1 += m6 * k1
-        a6_2 += m6 * k2
-        a6_3 += m6 * k3
-        a6_4 += m6 * k4
-        a6_5 += m6 * k5
-        a6_6 += m6 * k6
-        a7_0 += m7 * k0
-        a7_1 += m7 * k1
-        a7_2 += m7 * k2
-        a7_3 += m7 * k3
-        a7_4 += m7 * k4
-        a7_5 += m7 * k5
-        a7_6 += m7 * k6
-        a7_7 += m7 * k7
-        a8_0 += m8 * k0
-        a8_1 += m8 * k1
-        a8_2 += m8 * k2
-        a8_3 += m8 * k3
-        a8_4 += m8 * k4
-        a8_5 += m8 * k5
-        a8_6 += m8 * k6
-        a8_7 += m8 * k7
-        a8_8 += m8 * k8
-        a9_0 += m9 * k0
-        a9_1 += m9 * k1
-        a9_2 += m9 * k2
-        a9_3 += m9 * k3
-        a9_4 += m9 * k4
-        a9_5 += m9 * k5
-        a9_6 += m9 * k6
-        a9_7 += m9 * k7
-        a9_8 += m9 * k8
-        a9_9 += m9 * k9
-        a10_0 += m10 * k0
-        a10_1 += m10 * k1
-        a10_2 += m10 * k2
-        a10_3 += m10 * k3
-        a10_4 += m10 * k4
-        a10_5 += m10 * k5
-        a10_6 += m10 * k6
-        a10_7 += m10 * k7
-        a10_8 += m10 * k8
-        a10_9 += m10 * k9
-        a10_10 += m10 * k10
-        a11_0 += m11 * k0
-        a11_1 += m11 * k1
-        a11_2 += m11 * k2
-        a11_3 += m11 * k3
-        a11_4 += m11 * k4
-        a11_5 += m11 * k5
-        a11_6 += m11 * k6
-        a11_7 += m11 * k7
-        a11_8 += m11 * k8
-        a11_9 += m11 * k9
-        a11_10 += m11 * k10
-        a11_11 += m11 * k11
-        a12_0 += m12 * k0
-        a12_1 += m12 * k1
-        a12_2 += m12 * k2
-        a12_3 += m12 * k3
-        a12_4 += m12 * k4
-        a12_5 += m12 * k5
-        a12_6 += m12 * k6
-        a12_7 += m12 * k7
-        a12_8 += m12 * k8
-        a12_9 += m12 * k9
-        a12_10 += m12 * k10
-        a12_11 += m12 * k11
-        a12_12 += m12 * k12
-        a13_0 += m13 * k0
-        a13_1 += m13 * k1
-        a13_2 += m13 * k2
-        a13_3 += m13 * k3
-        a13_4 += m13 * k4
-        a13_5 += m13 * k5
-        a13_6 += m13 * k6
-        a13_7 += m13 * k7
-        a13_8 += m13 * k8
-        a13_9 += m13 * k9
-        a13_10 += m13 * k10
-        a13_11 += m13 * k11
-        a13_12 += m13 * k12
-        a13_13 += m13 * k13
-        a14_0 += m14 * k0
-        a14_1 += m14 * k1
-        a14_2 += m14 * k2
-        a14_3 += m14 * k3
-        a14_4 += m14 * k4
-        a14_5 += m14 * k5
-        a14_6 += m14 * k6
-        a14_7 += m14 * k7
-        a14_8 += m14 * k8
-        a14_9 += m14 * k9
-        a14_10 += m14 * k10
-        a14_11 += m14 * k11
-        a14_12 += m14 * k12
-        a14_13 += m14 * k13
-        a14_14 += m14 * k14
-        a15_0 += m15 * k0
-        a15_1 += m15 * k1
-        a15_2 += m15 * k2
-        a15_3 += m15 * k3
-        a15_4 += m15 * k4
-        a15_5 += m15 * k5
-        a15_6 += m15 * k6
-        a15_7 += m15 * k7
-        a15_8 += m15 * k8
-        a15_9 += m15 * k9
-        a15_10 += m15 * k10
-        a15_11 += m15 * k11
-        a15_12 += m15 * k12
-        a15_13 += m15 * k13
-        a15_14 += m15 * k14
-        a15_15 += m15 * k15
-    decay = tl.exp(acc)
-    hp = h0 + inst.to(tl.int64) * 256
-    e0, e1, e2, e3 = _ld4(hp + 0, live)
-    a0_0 += decay * e0
-    e0, e1, e2, e3 = _ld4(hp + 16, live)
-    a1_0 += decay * e0
-    a1_1 += decay * e1
-    e0, e1, e2, e3 = _ld4(hp + 32, live)
-    a2_0 += decay * e0
-    a2_1 += decay * e1
-    a2_2 += decay * e2
-    e0, e1, e2, e3 = _ld4(hp + 48, live)
-    a3_0 += decay * e0
-    a3_1 += decay * e1
-    a3_2 += decay * e2
-    a3_3 += decay * e3
-    e0, e1, e2, e3 = _ld4(hp + 64, live)
-    e4, e5, e6, e7 = _ld4(hp + 68, live)
-    a4_0 += decay * e0
-    a4_1 += decay * e1
-    a4_2 += decay * e2
-    a4_3 += decay * e3
-    a4_4 += decay * e4
-    e0, e1, e2, e3 = _ld4(hp + 80, live)
-    e4, e5, e6, e7 = _ld4(hp + 84, live)
-    a5_0 += decay * e0
-    a5_1 += decay * e1
-    a5_2 += decay * e2
-    a5_3 += decay * e3
-    a5_4 += decay * e4
-    a5_5 += decay * e5
-    e0, e1, e2, e3 = _ld4(hp + 96, live)
-    e4, e5, e6, e7 = _ld4(hp + 100, live)
-    a6_0 += decay * e0
-    a6_1 += decay * e1
-    a6_2 += decay * e2
-    a6_3 += decay * e3
-    a6_4 += decay * e4
-    a6_5 += decay * e5
-    a6_6 += decay * e6
-    e0, e1, e2, e3 = _ld4(hp + 112, live)
-    e4, e5, e6, e7 = _ld4(hp + 116, live)
-    a7_0 += decay * e0
-    a7_1 += decay * e1
-    a7_2 += decay * e2
-    a7_3 += decay * e3
-    a7_4 += decay * e4
-    a7_5 += decay * e5
-    a7_6 += decay * e6
-    a7_7 += decay * e7
-    e0, e1, e2, e3 = _ld4(hp + 128, live)
-    e4, e5, e6, e7 = _ld4(hp + 132, live)
-    e8, e9, e10, e11 = _ld4(hp + 136, live)
-    a8_0 += decay * e0
-    a8_1 += decay * e1
-    a8_2 += decay * e2
-    a8_3 += decay * e3
-    a8_4 += decay * e4
-    a8_5 += decay * e5
-    a8_6 += decay * e6
-    a8_7 += decay * e7
-    a8_8 += decay * e8
-    e0, e1, e2, e3 = _ld4(hp + 144, live)
-    e4, e5, e6, e7 = _ld4(hp + 148, live)
-    e8, e9, e10, e11 = _ld4(hp + 152, live)
-    a9_0 += decay * e0
-    a9_1 += decay * e1
-    a9_2 += decay * e2
-    a9_3 += decay * e3
-    a9_4 += decay * e4
-    a9_5 += decay * e5
-    a9_6 += decay * e6
-    a9_7 += decay * e7
-    a9_8 += decay * e8
-    a9_9 += decay * e9
-    e0, e1, e2, e3 = _ld4(hp + 160, live)
-    e4, e5, e6, e7 = _ld4(hp + 164, live)
-    e8, e9, e10, e11 = _ld4(hp + 168, live)
-    a10_0 += decay * e0
-    a10_1 += decay * e1
-    a10_2 += decay * e2
-    a10_3 += decay * e3
-    a10_4 += decay * e4
-    a10_5 += decay * e5
-    a10_6 += decay * e6
-    a10_7 += decay * e7
-    a10_8 += decay * e8
-    a10_9 += decay * e9
-    a10_10 += decay * e10
-    e0, e1, e2, e3 = _ld4(hp + 176, live)
-    e4, e5, e6, e7 = _ld4(hp + 180, live)
-    e8, e9, e10, e11 = _ld4(hp + 184, live)
-    a11_0 += decay * e0
-    a11_1 += decay * e1
-    a11_2 += decay * e2
-    a11_3 += decay * e3
-    a11_4 += decay * e4
-    a11_5 += decay * e5
-    a11_6 += decay * e6
-    a11_7 += decay * e7
-    a11_8 += decay * e8
-    a11_9 += decay * e9
-    a11_10 += decay * e10
-    a11_11 += decay * e11
-    e0, e1, e2, e3 = _ld4(hp + 192, live)
-    e4, e5, e6, e7 = _ld4(hp + 196, live)
-    e8, e9, e10, e11 = _ld4(hp + 200, live)
-    e12, e13, e14, e15 = _ld4(hp + 204, live)
-    a12_0 += decay * e0
-    a12_1 += decay * e1
-    a12_2 += decay * e2
-    a12_3 += decay * e3
-    a12_4 += decay * e4
-    a12_5 += decay * e5
-    a12_6 += decay * e6
-    a12_7 += decay * e7
-    a12_8 += decay * e8
-    a12_9 += decay * e9
-    a12_10 += decay * e10
-    a12_11 += decay * e11
-    a12_12 += decay * e12
-    e0, e1, e2, e3 = _ld4(hp + 208, live)
-    e4, e5, e6, e7 = _ld4(hp + 212, live)
-    e8, e9, e10, e11 = _ld4(hp + 216, live)
-    e12, e13, e14, e15 = _ld4(hp + 220, live)
-    a13_0 += decay * e0
-    a13_1 += decay * e1
-    a13_2 += decay * e2
-    a13_3 += decay * e3
-    a13_4 += decay * e4
-    a13_5 += decay * e5
-    a13_6 += decay * e6
-    a13_7 += decay * e7
-    a13_8 += decay * e8
-    a13_9 += decay * e9
-    a13_10 += decay * e10
-    a13_11 += decay * e11
-    a13_12 += decay * e12
-    a13_13 += decay * e13
-    e0, e1, e2, e3 = _ld4(hp + 224, live)
-    e4, e5, e6, e7 = _ld4(hp + 228, live)
-    e8, e9, e10, e11 = _ld4(hp + 232, live)
-    e12, e13, e14, e15 = _ld4(hp + 236, live)
-    a14_0 += decay * e0
-    a14_1 += decay * e1
-    a14_2 += decay * e2
-    a14_3 += decay * e3
-    a14_4 += decay * e4
-    a14_5 += decay * e5
-    a14_6 += decay * e6
-    a14_7 += decay * e7
-    a14_8 += decay * e8
-    a14_9 += decay * e9
-    a14_10 += decay * e10
-    a14_11 += decay * e11
-    a14_12 += decay * e12
-    a14_13 += decay * e13
-    a14_14 += decay * e14
-    e0, e1, e2, e3 = _ld4(hp + 240, live)
-    e4, e5, e6, e7 = _ld4(hp + 244, live)
-    e8, e9, e10, e11 = _ld4(hp + 248, live)
-    e12, e13, e14, e15 = _ld4(hp + 252, live)
-    a15_0 += decay * e0
-    a15_1 += decay * e1
-    a15_2 += decay * e2
-    a15_3 += decay * e3
-    a15_4 += decay * e4
-    a15_5 += decay * e5
-    a15_6 += decay * e6
-    a15_7 += decay * e7
-    a15_8 += decay * e8
-    a15_9 += decay * e9
-    a15_10 += decay * e10
-    a15_11 += decay * e11
-    a15_12 += decay * e12
-    a15_13 += decay * e13
-    a15_14 += decay * e14
-    a15_15 += decay * e15
-    fro2 = a0_0 * a0_0 + a1_1 * a1_1 + a2_2 * a2_2 + a3_3 * a3_3 + a4_4 * a4_4 + a5_5 * a5_5
-    fro2 += a6_6 * a6_6 + a7_7 * a7_7 + a8_8 * a8_8 + a9_9 * a9_9 + a10_10 * a10_10 + a11_11 * a11_11
-    fro2 += a12_12 * a12_12 + a13_13 * a13_13 + a14_14 * a14_14 + a15_15 * a15_15
-    off2 = a1_0 * a1_0 + a2_0 * a2_0 + a2_1 * a2_1 + a3_0 * a3_0 + a3_1 * a3_1 + a3_2 * a3_2
-    off2 += a4_0 * a4_0 + a4_1 * a4_1 + a4_2 * a4_2 + a4_3 * a4_3 + a5_0 * a5_0 + a5_1 * a5_1
-    off2 += a5_2 * a5_2 + a5_3 * a5_3 + a5_4 * a5_4 + a6_0 * a6_0 + a6_1 * a6_1 + a6_2 * a6_2
-    off2 += a6_3 * a6_3 + a6_4 * a6_4 + a6_5 * a6_5 + a7_0 * a7_0 + a7_1 * a7_1 + a7_2 * a7_2
-    off2 += a7_3 * a7_3 + a7_4 * a7_4 + a7_5 * a7_5 + a7_6 * a7_6 + a8_0 * a8_0 + a8_1 * a8_1
-    off2 += a8_2 * a8_2 + a8_3 * a8_3 + a8_4 * a8_4 + a8_5 * a8_5 + a8_6 * a8_6 + a8_7 * a8_7
-    off2 += a9_0 * a9_0 + a9_1 * a9_1 + a9_2 * a9_2 + a9_3 * a9_3 + a9_4 * a9_4 + a9_5 * a9_5
-    off2 += a9_6 * a9_6 + a9_7 * a9_7 + a9_8 * a9_8 + a10_0 * a10_0 + a10_1 * a10_1 + a10_2 * a10_2
-    off2 += a10_3 * a10_3 + a10_4 * a10_4 + a10_5 * a10_5 + a10_6 * a10_6 + a10_7 * a10_7 + a10_8 * a10_8
-    off2 += a10_9 * a10_9 + a11_0 * a11_0 + a11_1 * a11_1 + a11_2 * a11_2 + a11_3 * a11_3 + a11_4 * a11_4
-    off2 += a11_5 * a11_5 + a11_6 * a11_6 + a11_7 * a11_7 + a11_8 * a11_8 + a11_9 * a11_9 + a11_10 * a11_10
-    off2 += a12_0 * a12_0 + a12_1 * a12_1 + a12_2 * a12_2 + a12_3 * a12_3 + a12_4 * a12_4 + a12_5 * a12_5
-    off2 += a12_6 * a12_6 + a12_7 * a12_7 + a12_8 * a12_8 + a12_9 * a12_9 + a12_10 * a12_10 + a12_11 * a12_11
-    off2 += a13_0 * a13_0 + a13_1 * a13_1 + a13_2 * a13_2 + a13_3 * a13_3 + a13_4 * a13_4 + a13_5 * a13_5
-    off2 += a13_6 * a13_6 + a13_7 * a13_7 + a13_8 * a13_8 + a13_9 * a13_9 + a13_10 * a13_10 + a13_11 * a13_11
-    off2 += a13_12 * a13_12 + a14_0 * a14_0 + a14_1 * a14_1 + a14_2 * a14_2 + a14_3 * a14_3 + a14_4 * a14_4
-    off2 += a14_5 * a14_5 + a14_6 * a14_6 + a14_7 * a14_7 + a14_8 * a14_8 + a14_9 * a14_9 + a14_10 * a14_10
-    off2 += a14_11 * a14_11 + a14_12 * a14_12 + a14_13 * a14_13 + a15_0 * a15_0 + a15_1 * a15_1 + a15_2 * a15_2
-    off2 += a15_3 * a15_3 + a15_4 * a15_4 + a15_5 * a15_5 + a15_6 * a15_6 + a15_7 * a15_7 + a15_8 * a15_8
-    off2 += a15_9 * a15_9 + a15_10 * a15_10 + a15_11 * a15_11 + a15_12 * a15_12 + a15_13 * a15_13 + a15_14 * a15_14
-    fro = tl.sqrt(fro2 + 2.0 * off2)
-    lam = ridge * (fro + eps)
-    a0_0 += lam
-    a1_1 += lam
-    a2_2 += lam
-    a3_3 += lam
-    a4_4 += lam
-    a5_5 += lam
-    a6_6 += lam
-    a7_7 += lam
-    a8_8 += lam
-    a9_9 += lam
-    a10_10 += lam
-    a11_11 += lam
-    a12_12 += lam
-    a13_13 += lam
-    a14_14 += lam
-    a15_15 += lam
-    v0, v1, v2, v3 = _ld4(q + row * 16 + 0, tok_ok)
-    v4, v5, v6, v7 = _ld4(q + row * 16 + 4, tok_ok)
-    v8, v9, v10, v11 = _ld4(q + row * 16 + 8, tok_ok)
-    v12, v13, v14, v15 = _ld4(q + row * 16 + 12, tok_ok)
-    if USE_PTX:
-        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = tl.inline_asm_elementwise(
-            "{ .reg .f32 %f<1088>; .reg .f32 %n<256>; rsqrt.approx.f32 %f0, $16; mul.rn.f32 %f1, $17, %f0; "
-            "mul.rn.f32 %f2, $19, %f0; mul.rn.f32 %f3, $22, %f0; mul.rn.f32 %f4, $26, %f0; "
-            "mul.rn.f32 %f5, $31, %f0; mul.rn.f32 %f6, $37, %f0; mul.rn.f32 %f7, $44, %f0; "
-            "mul.rn.f32 %f8, $52, %f0; mul.rn.f32 %f9, $61, %f0; mul.rn.f32 %f10, $71, %f0; "
-            "mul.rn.f32 %f11, $82, %f0; mul.rn.f32 %f12, $94, %f0; mul.rn.f32 %f13, $107, %f0; "
-            "mul.rn.f32 %f14, $121, %f0; mul.rn.f32 %f15, $136, %f0; mul.rn.f32 %f16, $152, %f0; "
-            "neg.f32 %n0, %f1; fma.rn.f32 %f17, %n0, %f16, $153; neg.f32 %n1, %f2; "
-            "fma.rn.f32 %f18, %n1, %f16, $154; neg.f32 %n2, %f3; fma.rn.f32 %f19, %n2, %f16, $155; "
-            "neg.f32 %n3, %f4; fma.rn.f32 %f20, %n3, %f16, $156; neg.f32 %n4, %f5; "
-            "fma.rn.f32 %f21, %n4, %f16, $157; neg.f32 %n5, %f6; fma.rn.f32 %f22, %n5, %f16, $158; "
-            "neg.f32 %n6, %f7; fma.rn.f32 %f23, %n6, %f16, $159; neg.f32 %n7, %f8; "
-            "fma.rn.f32 %f24, %n7, %f16, $160; neg.f32 %n8, %f9; fma.rn.f32 %f25, %n8, %f16, $161; "
-            "neg.f32 %n9, %f10; fma.rn.f32 %f26, %n9, %f16, $162; neg.f32 %n10, %f11; "
-            "fma.rn.f32 %f27, %n10, %f16, $163; neg.f32 %n11, %f12; fma.rn.f32 %f28, %n11, %f16, $164; "
-            "neg.f32 %n12, %f13; fma.rn.f32 %f29, %n12, %f16, $165; neg.f32 %n13, %f14; "
-            "fma.rn.f32 %f30, %n13, %f16, $166; neg.f32 %n14, %f15; fma.rn.f32 %f31, %n14, %f16, $167; "
-            "fma.rn.f32 %f32, %n0, %f1, $18; fma.rn.f32 %f33, %n1, %f1, $20; fma.rn.f32 %f34, %n1, %f2, $21; "
-            "fma.rn.f32 %f35, %n2, %f1, $23; fma.rn.f32 %f36, %n2, %f2, $24; fma.rn.f32 %f37, %n2, %f3, $25; "
-            "fma.rn.f32 %f38, %n3, %f1, $27; fma.rn.f32 %f39, %n3, %f2, $28; fma.rn.f32 %f40, %n3, %f3, $29; "
-            "fma.rn.f32 %f41, %n3, %f4, $30; fma.rn.f32 %f42, %n4, %f1, $32; fma.rn.f32 %f43, %n4, %f2, $33; "
-            "fma.rn.f32 %f44, %n4, %f3, $34; fma.rn.f32 %f45, %n4, %f4, $35; fma.rn.f32 %f46, %n4, %f5, $36; "
-            "fma.rn.f32 %f47, %n5, %f1, $38; fma.rn.f32 %f48, %n5, %f2, $39; fma.rn.f32 %f49, %n5, %f3, $40; "
-            "fma.rn.f32 %f50, %n5, %f4, $41; fma.rn.f32 %f51, %n5, %f5, $42; fma.rn.f32 %f52, %n5, %f6, $43; "
-            "fma.rn.f32 %f53, %n6, %f1, $45; fma.rn.f32 %f54, %n6, %f2, $46; fma.rn.f32 %f55, %n6, %f3, $47; "
-            "fma.rn.f32 %f56, %n6, %f4, $48; fma.rn.f32 %f57, %n6, %f5, $49; fma.rn.f32 %f58, %n6, %f6, $50; "
-            "fma.rn.f32 %f59, %n6, %f7, $51; fma.rn.f32 %f60, %n7, %f1, $53; fma.rn.f32 %f61, %n7, %f2, $54; "
-            "fma.rn.f32 %f62, %n7, %f3, $55; fma.rn.f32 %f63, %n7, %f4, $56; fma.rn.f32 %f64, %n7, %f5, $57; "
-            "fma.rn.f32 %f65, %n7, %f6, $58; fma.rn.f32 %f66, %n7, %f7, $59; fma.rn.f32 %f67, %n7, %f8, $60; "
-            "fma.rn.f32 %f68, %n8, %f1, $62; fma.rn.f32 %f69, %n8, %f2, $63; fma.rn.f32 %f70, %n8, %f3, $64; "
-            "fma.rn.f32 %f71, %n8, %f4, $65; fma.rn.f32 %f72, %n8, %f5, $66; fma.rn.f32 %f73, %n8, %f6, $67; "
-            "fma.rn.f32 %f74, %n8, %f7, $68; fma.rn.f32 %f75, %n8, %f8, $69; fma.rn.f32 %f76, %n8, %f9, $70; "
-            "fma.rn.f32 %f77, %n9, %f1, $72; fma.rn.f32 %f78, %n9, %f2, $73; fma.rn.f32 %f79, %n9, %f3, $74; "
-            "fma.rn.f32 %f80, %n9, %f4, $75; fma.rn.f32 %f81, %n9, %f5, $76; fma.rn.f32 %f82, %n9, %f6, $77; "
-            "fma.rn.f32 %f83, %n9, %f7, $78; fma.rn.f32 %f84, %n9, %f8, $79; fma.rn.f32 %f85, %n9, %f9, $80; "
-            "fma.rn.f32 %f86, %n9, %f10, $81; fma.rn.f32 %f87, %n10, %f1, $83; "
-            "fma.rn.f32 %f88, %n10, %f2, $84; fma.rn.f32 %f89, %n10, %f3, $85; "
-            "fma.rn.f32 %f90, %n10, %f4, $86; fma.rn.f32 %f91, %n10, %f5, $87; "
-            "fma.rn.f32 %f92, %n10, %f6, $88; fma.rn.f32 %f93, %n10, %f7, $89; "
-            "fma.rn.f32 %f94, %n10, %f8, $90; fma.rn.f32 %f95, %n10, %f9, $91; "
-            "fma.rn.f32 %f96, %n10, %f10, $92; fma.rn.f32 %f97, %n10, %f11, $93; "
-            "fma.rn.f32 %f98, %n11, %f1, $95; fma.rn.f32 %f99, %n11, %f2, $96; "
-            "fma.rn.f32 %f100, %n11, %f3, $97; fma.rn.f32 %f101, %n11, %f4, $98; "
-            "fma.rn.f32 %f102, %n11, %f5, $99; fma.rn.f32 %f103, %n11, %f6, $100; "
-            "fma.rn.f32 %f104, %n11, %f7, $101; fma.rn.f32 %f105, %n11, %f8, $102; "
-            "fma.rn.f32 %f106, %n11, %f9, $103; fma.rn.f32 %f107, %n11, %f10, $104; "
-            "fma.rn.f32 %f108, %n11, %f11, $105; fma.rn.f32 %f109, %n11, %f12, $106; "
-            "fma.rn.f32 %f110, %n12, %f1, $108; fma.rn.f32 %f111, %n12, %f2, $109; "
-            "fma.rn.f32 %f112, %n12, %f3, $110; fma.rn.f32 %f113, %n12, %f4, $111; "
-            "fma.rn.f32 %f114, %n12, %f5, $112; fma.rn.f32 %f115, %n12, %f6, $113; "
-            "fma.rn.f32 %f116, %n12, %f7, $114; fma.rn.f32 %f117, %n12, %f8, $115; "
-            "fma.rn.f32 %f118, %n12, %f9, $116; fma.rn.f32 %f119, %n12, %f10, $117; "
-            "fma.rn.f32 %f120, %n12, %f11, $118; fma.rn.f32 %f121, %n12, %f12, $119; "
-            "fma.rn.f32 %f122, %n12, %f13, $120; fma.rn.f32 %f123, %n13, %f1, $122; "
-            "fma.rn.f32 %f124, %n13, %f2, $123; fma.rn.f32 %f125, %n13, %f3, $124; "
-            "fma.rn.f32 %f126, %n13, %f4, $125; fma.rn.f32 %f127, %n13, %f5, $126; "
-            "fma.rn.f32 %f128, %n13, %f6, $127; fma.rn.f32 %f129, %n13, %f7, $128; "
-            "fma.rn.f32 %f130, %n13, %f8, $129; fma.rn.f32 %f131, %n13, %f9, $130; "
-            "fma.rn.f32 %f132, %n13, %f10, $131; fma.rn.f32 %f133, %n13, %f11, $132; "
-            "fma.rn.f32 %f134, %n13, %f12, $133; fma.rn.f32 %f135, %n13, %f13, $134; "
-            "fma.rn.f32 %f136, %n13, %f14, $135; fma.rn.f32 %f137, %n14, %f1, $137; "
-            "fma.rn.f32 %f138, %n14, %f2, $138; fma.rn.f32 %f139, %n14, %f3, $139; "
-            "fma.rn.f32 %f140, %n14, %f4, $140; fma.rn.f32 %f141, %n14, %f5, $141; "
-            "fma.rn.f32 %f142, %n14, %f6, $142; fma.rn.f32 %f143, %n14, %f7, $143; "
-            "fma.rn.f32 %f144, %n14, %f8, $144; fma.rn.f32 %f145, %n14, %f9, $145; "
-            "fma.rn.f32 %f146, %n14, %f10, $146; fma.rn.f32 %f147, %n14, %f11, $147; "
-            "fma.rn.f32 %f148, %n14, %f12, $148; fma.rn.f32 %f149, %n14, %f13, $149; "
-            "fma.rn.f32 %f150, %n14, %f14, $150; fma.rn.f32 %f151, %n14, %f15, $151; "
-            "rsqrt.approx.f32 %f152, %f32; mul.rn.f32 %f153, %f33, %f152; mul.rn.f32 %f154, %f35, %f152; "
-            "mul.rn.f32 %f155, %f38, %f152; mul.rn.f32 %f156, %f42, %f152; mul.rn.f32 %f157, %f47, %f152; "
-            "mul.rn.f32 %f158, %f53, %f152; mul.rn.f32 %f159, %f60, %f152; mul.rn.f32 %f160, %f68, %f152; "
-            "mul.rn.f32 %f161, %f77, %f152; mul.rn.f32 %f162, %f87, %f152; mul.rn.f32 %f163, %f98, %f152; "
-            "mul.rn.f32 %f164, %f110, %f152; mul.rn.f32 %f165, %f123, %f152; mul.rn.f32 %f166, %f137, %f152; "
-            "mul.rn.f32 %f167, %f17, %f152; neg.f32 %n15, %f153; fma.rn.f32 %f168, %n15, %f167, %f18; "
-            "neg.f32 %n16, %f154; fma.rn.f32 %f169, %n16, %f167, %f19; neg.f32 %n17, %f155; "
-            "fma.rn.f32 %f170, %n17, %f167, %f20; neg.f32 %n18, %f156; fma.rn.f32 %f171, %n18, %f167, %f21; "
-            "neg.f32 %n19, %f157; fma.rn.f32 %f172, %n19, %f167, %f22; neg.f32 %n20, %f158; "
-            "fma.rn.f32 %f173, %n20, %f167, %f23; neg.f32 %n21, %f159; fma.rn.f32 %f174, %n21, %f167, %f24; "
-            "neg.f32 %n22, %f160; fma.rn.f32 %f175, %n22, %f167, %f25; neg.f32 %n23, %f161; "
-            "fma.rn.f32 %f176, %n23, %f167, %f26; neg.f32 %n24, %f162; fma.rn.f32 %f177, %n24, %f167, %f27; "
-            "neg.f32 %n25, %f163; fma.rn.f32 %f178, %n25, %f167, %f28; neg.f32 %n26, %f164; "
-            "fma.rn.f32 %f179, %n26, %f167, %f29; neg.f32 %n27, %f165; fma.rn.f32 %f180, %n27, %f167, %f30; "
-            "neg.f32 %n28, %f166; fma.rn.f32 %f181, %n28, %f167, %f31; fma.rn.f32 %f182, %n15, %f153, %f34; "
-            "fma.rn.f32 %f183, %n16, %f153, %f36; fma.rn.f32 %f184, %n16, %f154, %f37; "
-            "fma.rn.f32 %f185, %n17, %f153, %f39; fma.rn.f32 %f186, %n17, %f154, %f40; "
-            "fma.rn.f32 %f187, %n17, %f155, %f41; fma.rn.f32 %f188, %n18, %f153, %f43; "
-            "fma.rn.f32 %f189, %n18, %f154, %f44; fma.rn.f32 %f190, %n18, %f155, %f45; "
-            "fma.rn.f32 %f191, %n18, %f156, %f46; fma.rn.f32 %f192, %n19, %f153, %f48; "
-            "fma.rn.f32 %f193, %n19, %f154, %f49; fma.rn.f32 %f194, %n19, %f155, %f50; "
-            "fma.rn.f32 %f195, %n19, %f156, %f51; fma.rn.f32 %f196, %n19, %f157, %f52; "
-            "fma.rn.f32 %f197, %n20, %f153, %f54; fma.rn.f32 %f198, %n20, %f154, %f55; "
-            "fma.rn.f32 %f199, %n20, %f155, %f56; fma.rn.f32 %f200, %n20, %f156, %f57; "
-            "fma.rn.f32 %f201, %n20, %f157, %f58; fma.rn.f32 %f202, %n20, %f158, %f59; "
-            "fma.rn.f32 %f203, %n21, %f153, %f61; fma.rn.f32 %f204, %n21, %f154, %f62; "
-            "fma.rn.f32 %f205, %n21, %f155, %f63; fma.rn.f32 %f206, %n21, %f156, %f64; "
-            "fma.rn.f32 %f207, %n21, %f157, %f65; fma.rn.f32 %f208, %n21, %f158, %f66; "
-            "fma.rn.f32 %f209, %n21, %f159, %f67; fma.rn.f32 %f210, %n22, %f153, %f69; "
-            "fma.rn.f32 %f211, %n22, %f154, %f70; fma.rn.f32 %f212, %n22, %f155, %f71; "
-            "fma.rn.f32 %f213, %n22, %f156, %f72; fma.rn.f32 %f214, %n22, %f157, %f73; "
-            "fma.rn.f32 %f215, %n22, %f158, %f74; fma.rn.f32 %f216, %n22, %f159, %f75; "
-            "fma.rn.f32 %f217, %n22, %f160, %f76; fma.rn.f32 %f218, %n23, %f153, %f78; "
-            "fma.rn.f32 %f219, %n23, %f154, %f79; fma.rn.f32 %f220, %n23, %f155, %f80; "
-            "fma.rn.f32 %f221, %n23, %f156, %f81; fma.rn.f32 %f222, %n23, %f157, %f82; "
-            "fma.rn.f32 %f223, %n23, %f158, %f83; fma.rn.f32 %f224, %n23, %f159, %f84; "
-            "fma.rn.f32 %f225, %n23, %f160, %f85; fma.rn.f32 %f226, %n23, %f161, %f86; "
-            "fma.rn.f32 %f227, %n24, %f153, %f88; fma.rn.f32 %f228, %n24, %f154, %f89; "
-            "fma.rn.f32 %f229, %n24, %f155, %f90; fma.rn.f32 %f230, %n24, %f156, %f91; "
-            "fma.rn.f32 %f231, %n24, %f157, %f92; fma.rn.f32 %f232, %n24, %f158, %f93; "
-            "fma.rn.f32 %f233, %n24, %f159, %f94; fma.rn.f32 %f234, %n24, %f160, %f95; "
-            "fma.rn.f32 %f235, %n24, %f161, %f96; fma.rn.f32 %f236, %n24, %f162, %f97; "
-            "fma.rn.f32 %f237, %n25, %f153, %f99; fma.rn.f32 %f238, %n25, %f154, %f100; "
-            "fma.rn.f32 %f239, %n25, %f155, %f101; fma.rn.f32 %f240, %n25, %f156, %f102; "
-            "fma.rn.f32 %f241, %n25, %f157, %f103; fma.rn.f32 %f242, %n25, %f158, %f104; "
-            "fma.rn.f32 %f243, %n25, %f159, %f105; fma.rn.f32 %f244, %n25, %f160, %f106; "
-            "fma.rn.f32 %f245, %n25, %f161, %f107; fma.rn.f32 %f246, %n25, %f162, %f108; "
-            "fma.rn.f32 %f247, %n25, %f163, %f109; fma.rn.f32 %f248, %n26, %f153, %f111; "
-            "fma.rn.f32 %f249, %n26, %f154, %f112; fma.rn.f32 %f250, %n26, %f155, %f113; "
-            "fma.rn.f32 %f251, %n26, %f156, %f114; fma.rn.f32 %f252, %n26, %f157, %f115; "
-            "fma.rn.f32 %f253, %n26, %f158, %f116; fma.rn.f32 %f254, %n26, %f159, %f117; "
-            "fma.rn.f32 %f255, %n26, %f160, %f118; fma.rn.f32 %f256, %n26, %f161, %f119; "
-            "fma.rn.f32 %f257, %n26, %f162, %f120; fma.rn.f32 %f258, %n26, %f163, %f121; "
-            "fma.rn.f32 %f259, %n26, %f164, %f122; fma.rn.f32 %f260, %n27, %f153, %f124; "
-            "fma.rn.f32 %f261, %n27, %f154, %f125; fma.rn.f32 %f262, %n27, %f155, %f126; "
-            "fma.rn.f32 %f263, %n27, %f156, %f127; fma.rn.f32 %f264, %n27, %f157, %f128; "
-            "fma.rn.f32 %f265, %n27, %f158, %f129; fma.rn.f32 %f266, %n27, %f159, %f130; "
-            "fma.rn.f32 %f267, %n27, %f160, %f131; fma.rn.f32 %f268, %n27, %f161, %f132; "
-            "fma.rn.f32 %f269, %n27, %f162, %f133; fma.rn.f32 %f270, %n27, %f163, %f134; "
-            "fma.rn.f32 %f271, %n27, %f164, %f135; fma.rn.f32 %f272, %n27, %f165, %f136; "
-            "fma.rn.f32 %f273, %n28, %f153, %f138; fma.rn.f32 %f274, %n28, %f154, %f139; "
-            "fma.rn.f32 %f275, %n28, %f155, %f140; fma.rn.f32 %f276, %n28, %f156, %f141; "
-            "fma.rn.f32 %f277, %n28, %f157, %f142; fma.rn.f32 %f278, %n28, %f158, %f143; "
-            "fma.rn.f32 %f279, %n28, %f159, %f144; fma.rn.f32 %f280, %n28, %f160, %f145; "
-            "fma.rn.f32 %f281, %n28, %f161, %f146; fma.rn.f32 %f282, %n28, %f162, %f147; "
-            "fma.rn.f32 %f283, %n28, %f163, %f148; fma.rn.f32 %f284, %n28, %f164, %f149; "
-            "fma.rn.f32 %f285, %n28, %f165, %f150; fma.rn.f32 %f286, %n28, %f166, %f151; "
-            "rsqrt.approx.f32 %f287, %f182; mul.rn.f32 %f288, %f183, %f287; mul.rn.f32 %f289, %f185, %f287; "
-            "mul.rn.f32 %f290, %f188, %f287; mul.rn.f32 %f291, %f192, %f287; mul.rn.f32 %f292, %f197, %f287; "
-            "mul.rn.f32 %f293, %f203, %f287; mul.rn.f32 %f294, %f210, %f287; mul.rn.f32 %f295, %f218, %f287; "
-            "mul.rn.f32 %f296, %f227, %f287; mul.rn.f32 %f297, %f237, %f287; mul.rn.f32 %f298, %f248, %f287; "
-            "mul.rn.f32 %f299, %f260, %f287; mul.rn.f32 %f300, %f273, %f287; mul.rn.f32 %f301, %f168, %f287; "
-            "neg.f32 %n29, %f288; fma.rn.f32 %f302, %n29, %f301, %f169; neg.f32 %n30, %f289; "
-            "fma.rn.f32 %f303, %n30, %f301, %f170; neg.f32 %n31, %f290; "
-            "fma.rn.f32 %f304, %n31, %f301, %f171; neg.f32 %n32, %f291; "
-            "fma.rn.f32 %f305, %n32, %f301, %f172; neg.f32 %n33, %f292; "
-            "fma.rn.f32 %f306, %n33, %f301, %f173; neg.f32 %n34, %f293; "
-            "fma.rn.f32 %f307, %n34, %f301, %f174; neg.f32 %n35, %f294; "
-            "fma.rn.f32 %f308, %n35, %f301, %f175; neg.f32 %n36, %f295; "
-            "fma.rn.f32 %f309, %n36, %f301, %f176; neg.f32 %n37, %f296; "
-            "fma.rn.f32 %f310, %n37, %f301, %f177; neg.f32 %n38, %f297; "
-            "fma.rn.f32 %f311, %n38, %f301, %f178; neg.f32 %n39, %f298; "
-            "fma.rn.f32 %f312, %n39, %f301, %f179; neg.f32 %n40, %f299; "
-            "fma.rn.f32 %f313, %n40, %f301, %f180; neg.f32 %n41, %f300; "
-            "fma.rn.f32 %f314, %n41, %f301, %f181; fma.rn.f32 %f315, %n29, %f288, %f184; "
-            "fma.rn.f32 %f316, %n30, %f288, %f186; fma.rn.f32 %f317, %n30, %f289, %f187; "
-            "fma.rn.f32 %f318, %n31, %f288, %f189; fma.rn.f32 %f319, %n31, %f289, %f190; "
-            "fma.rn.f32 %f320, %n31, %f290, %f191; fma.rn.f32 %f321, %n32, %f288, %f193; "
-            "fma.rn.f32 %f322, %n32, %f289, %f194; fma.rn.f32 %f323, %n32, %f290, %f195; "
-            "fma.rn.f32 %f324, %n32, %f291, %f196; fma.rn.f32 %f325, %n33, %f288, %f198; "
-            "fma.rn.f32 %f326, %n33, %f289, %f199; fma.rn.f32 %f327, %n33, %f290, %f200; "
-            "fma.rn.f32 %f328, %n33, %f291, %f201; fma.rn.f32 %f329, %n33, %f292, %f202; "
-            "fma.rn.f32 %f330, %n34, %f288, %f204; fma.rn.f32 %f331, %n34, %f289, %f205; "
-            "fma.rn.f32 %f332, %n34, %f290, %f206; fma.rn.f32 %f333, %n34, %f291, %f207; "
-            "fma.rn.f32 %f334, %n34, %f292, %f208; fma.rn.f32 %f335, %n34, %f293, %f209; "
-            "fma.rn.f32 %f336, %n35, %f288, %f211; fma.rn.f32 %f337, %n35, %f289, %f212; "
-            "fma.rn.f32 %f338, %n35, %f290, %f213; fma.rn.f32 %f339, %n35, %f291, %f214; "
-            "fma.rn.f32 %f340, %n35, %f292, %f215; fma.rn.f32 %f341, %n35, %f293, %f216; "
-            "fma.rn.f32 %f342, %n35, %f294, %f217; fma.rn.f32 %f343, %n36, %f288, %f219; "
-            "fma.rn.f32 %f344, %n36, %f289, %f220; fma.rn.f32 %f345, %n36, %f290, %f221; "
-            "fma.rn.f32 %f346, %n36, %f291, %f222; fma.rn.f32 %f347, %n36, %f292, %f223; "
-            "fma.rn.f32 %f348, %n36, %f293, %f224; fma.rn.f32 %f349, %n36, %f294, %f225; "
-            "fma.rn.f32 %f350, %n36, %f295, %f226; fma.rn.f32 %f351, %n37, %f288, %f228; "
-            "fma.rn.f32 %f352, %n37, %f289, %f229; fma.rn.f32 %f353, %n37, %f290, %f230; "
-            "fma.rn.f32 %f354, %n37, %f291, %f231; fma.rn.f32 %f355, %n37, %f292, %f232; "
-            "fma.rn.f32 %f356, %n37, %f293, %f233; fma.rn.f32 %f357, %n37, %f294, %f234; "
-            "fma.rn.f32 %f358, %n37, %f295, %f235; fma.rn.f32 %f359, %n37, %f296, %f236; "
-            "fma.rn.f32 %f360, %n38, %f288, %f238; fma.rn.f32 %f361, %n38, %f289, %f239; "
-            "fma.rn.f32 %f362, %n38, %f290, %f240; fma.rn.f32 %f363, %n38, %f291, %f241; "
-            "fma.rn.f32 %f364, %n38, %f292, %f242; fma.rn.f32 %f365, %n38, %f293, %f243; "
-            "fma.rn.f32 %f366, %n38, %f294, %f244; fma.rn.f32 %f367, %n38, %f295, %f245; "
-            "fma.rn.f32 %f368, %n38, %f296, %f246; fma.rn.f32 %f369, %n38, %f297, %f247; "
-            "fma.rn.f32 %f370, %n39, %f288, %f249; fma.rn.f32 %f371, %n39, %f289, %f250; "
-            "fma.rn.f32 %f372, %n39, %f290, %f251; fma.rn.f32 %f373, %n39, %f291, %f252; "
-            "fma.rn.f32 %f374, %n39, %f292, %f253; fma.rn.f32 %f375, %n39, %f293, %f254; "
-            "fma.rn.f32 %f376, %n39, %f294, %f255; fma.rn.f32 %f377, %n39, %f295, %f256; "
-            "fma.rn.f32 %f378, %n39, %f296, %f257; fma.rn.f32 %f379, %n39, %f297, %f258; "
-            "fma.rn.f32 %f380, %n39, %f298, %f259; fma.rn.f32 %f381, %n40, %f288, %f261; "
-            "fma.rn.f32 %f382, %n40, %f289, %f262; fma.rn.f32 %f383, %n40, %f290, %f263; "
-            "fma.rn.f32 %f384, %n40, %f291, %f264; fma.rn.f32 %f385, %n40, %f292, %f265; "
-            "fma.rn.f32 %f386, %n40, %f293, %f266; fma.rn.f32 %f387, %n40, %f294, %f267; "
-            "fma.rn.f32 %f388, %n40, %f295, %f268; fma.rn.f32 %f389, %n40, %f296, %f269; "
-            "fma.rn.f32 %f390, %n40, %f297, %f270; fma.rn.f32 %f391, %n40, %f298, %f271; "
-            "fma.rn.f32 %f392, %n40, %f299, %f272; fma.rn.f32 %f393, %n41, %f288, %f274; "
-            "fma.rn.f32 %f394, %n41, %f289, %f275; fma.rn.f32 %f395, %n41, %f290, %f276; "
-            "fma.rn.f32 %f396, %n41, %f291, %f277; fma.rn.f32 %f397, %n41, %f292, %f278; "
-            "fma.rn.f32 %f398, %n41, %f293, %f279; fma.rn.f32 %f399, %n41, %f294, %f280; "
-            "fma.rn.f32 %f400, %n41, %f295, %f281; fma.rn.f32 %f401, %n41, %f296, %f282; "
-            "fma.rn.f32 %f402, %n41, %f297, %f283; fma.rn.f32 %f403, %n41, %f298, %f284; "
-            "fma.rn.f32 %f404, %n41, %f299, %f285; fma.rn.f32 %f405, %n41, %f300, %f286; "
-            "rsqrt.approx.f32 %f406, %f315; mul.rn.f32 %f407, %f316, %f406; mul.rn.f32 %f408, %f318, %f406; "
-            "mul.rn.f32 %f409, %f321, %f406; mul.rn.f32 %f410, %f325, %f406; mul.rn.f32 %f411, %f330, %f406; "
-            "mul.rn.f32 %f412, %f336, %f406; mul.rn.f32 %f413, %f343, %f406; mul.rn.f32 %f414, %f351, %f406; "
-            "mul.rn.f32 %f415, %f360, %f406; mul.rn.f32 %f416, %f370, %f406; mul.rn.f32 %f417, %f381, %f406; "
-            "mul.rn.f32 %f418, %f393, %f406; mul.rn.f32 %f419, %f302, %f406; neg.f32 %n42, %f407; "
-            "fma.rn.f32 %f420, %n42, %f419, %f303; neg.f32 %n43, %f408; "
-            "fma.rn.f32 %f421, %n43, %f419, %f304; neg.f32 %n44, %f409; "
-            "fma.rn.f32 %f422, %n44, %f419, %f305; neg.f32 %n45, %f410; "
-            "fma.rn.f32 %f423, %n45, %f419, %f306; neg.f32 %n46, %f411; "
-            "fma.rn.f32 %f424, %n46, %f419, %f307; neg.f32 %n47, %f412; "
-            "fma.rn.f32 %f425, %n47, %f419, %f308; neg.f32 %n48, %f413; "
-            "fma.rn.f32 %f426, %n48, %f419, %f309; neg.f32 %n49, %f414; "
-            "fma.rn.f32 %f427, %n49, %f419, %f310; neg.f32 %n50, %f415; "
-            "fma.rn.f32 %f428, %n50, %f419, %f311; neg.f32 %n51, %f416; "
-            "fma.rn.f32 %f429, %n51, %f419, %f312; neg.f32 %n52, %f417; "
-            "fma.rn.f32 %f430, %n52, %f419, %f313; neg.f32 %n53, %f418; "
-            "fma.rn.f32 %f431, %n53, %f419, %f314; fma.rn.f32 %f432, %n42, %f407, %f317; "
-            "fma.rn.f32 %f433, %n43, %f407, %f319; fma.rn.f32 %f434, %n43, %f408, %f320; "
-            "fma.rn.f32 %f435, %n44, %f407, %f322; fma.rn.f32 %f436, %n44, %f408, %f323; "
-            "fma.rn.f32 %f437, %n44, %f409, %f324; fma.rn.f32 %f438, %n45, %f407, %f326; "
-            "fma.rn.f32 %f439, %n45, %f408, %f327; fma.rn.f32 %f440, %n45, %f409, %f328; "
-            "fma.rn.f32 %f441, %n45, %f410, %f329; fma.rn.f32 %f442, %n46, %f407, %f331; "
-            "fma.rn.f32 %f443, %n46, %f408, %f332; fma.rn.f32 %f444, %n46, %f409, %f333; "
-            "fma.rn.f32 %f445, %n46, %f410, %f334; fma.rn.f32 %f446, %n46, %f411, %f335; "
-            "fma.rn.f32 %f447, %n47, %f407, %f337; fma.rn.f32 %f448, %n47, %f408, %f338; "
-            "fma.rn.f32 %f449, %n47, %f409, %f339; fma.rn.f32 %f450, %n47, %f410, %f340; "
-            "fma.rn.f32 %f451, %n47, %f411, %f341; fma.rn.f32 %f452, %n47, %f412, %f342; "
-            "fma.rn.f32 %f453, %n48, %f407, %f344; fma.rn.f32 %f454, %n48, %f408, %f345; "
-            "fma.rn.f32 %f455, %n48, %f409, %f346; fma.rn.f32 %f456, %n48, %f410, %f347; "
-            "fma.rn.f32 %f457, %n48, %f411, %f348; fma.rn.f32 %f458, %n48, %f412, %f349; "
-            "fma.rn.f32 %f459, %n48, %f413, %f350; fma.rn.f32 %f460, %n49, %f407, %f352; "
-            "fma.rn.f32 %f461, %n49, %f408, %f353; fma.rn.f32 %f462, %n49, %f409, %f354; "
-            "fma.rn.f32 %f463, %n49, %f410, %f355; fma.rn.f32 %f464, %n49, %f411, %f356; "
-            "fma.rn.f32 %f465, %n49, %f412, %f357; fma.rn.f32 %f466, %n49, %f413, %f358; "
-            "fma.rn.f32 %f467, %n49, %f414, %f359; fma.rn.f32 %f468, %n50, %f407, %f361; "
-            "fma.rn.f32 %f469, %n50, %f408, %f362; fma.rn.f32 %f470, %n50, %f409, %f363; "
-            "fma.rn.f32 %f471, %n50, %f410, %f364; fma.rn.f32 %f472, %n50, %f411, %f365; "
-            "fma.rn.f32 %f473, %n50, %f412, %f366; fma.rn.f32 %f474, %n50, %f413, %f367; "
-            "fma.rn.f32 %f475, %n50, %f414, %f368; fma.rn.f32 %f476, %n50, %f415, %f369; "
-            "fma.rn.f32 %f477, %n51, %f407, %f371; fma.rn.f32 %f478, %n51, %f408, %f372; "
-            "fma.rn.f32 %f479, %n51, %f409, %f373; fma.rn.f32 %f480, %n51, %f410, %f374; "
-            "fma.rn.f32 %f481, %n51, %f411, %f375; fma.rn.f32 %f482, %n51, %f412, %f376; "
-            "fma.rn.f32 %f483, %n51, %f413, %f377; fma.rn.f32 %f484, %n51, %f414, %f378; "
-            "fma.rn.f32 %f485, %n51, %f415, %f379; fma.rn.f32 %f486, %n51, %f416, %f380; "
-            "fma.rn.f32 %f487, %n52, %f407, %f382; fma.rn.f32 %f488, %n52, %f408, %f383; "
-            "fma.rn.f32 %f489, %n52, %f409, %f384; fma.rn.f32 %f490, %n52, %f410, %f385; "
-            "fma.rn.f32 %f491, %n52, %f411, %f386; fma.rn.f32 %f492, %n52, %f412, %f387; "
-            "fma.rn.f32 %f493, %n52, %f413, %f388; fma.rn.f32 %f494, %n52, %f414, %f389; "
-            "fma.rn.f32 %f495, %n52, %f415, %f390; fma.rn.f32 %f496, %n52, %f416, %f391; "
-            "fma.rn.f32 %f497, %n52, %f417, %f392; fma.rn.f32 %f498, %n53, %f407, %f394; "
-            "fma.rn.f32 %f499, %n53, %f408, %f395; fma.rn.f32 %f500, %n53, %f409, %f396; "
-            "fma.rn.f32 %f501, %n53, %f410, %f397; fma.rn.f32 %f502, %n53, %f411, %f398; "
-            "fma.rn.f32 %f503, %n53, %f412, %f399; fma.rn.f32 %f504, %n53, %f413, %f400; "
-            "fma.rn.f32 %f505, %n53, %f414, %f401; fma.rn.f32 %f506, %n53, %f415, %f402; "
-            "fma.rn.f32 %f507, %n53, %f416, %f403; fma.rn.f32 %f508, %n53, %f417, %f404; "
-            "fma.rn.f32 %f509, %n53, %f418, %f405; rsqrt.approx.f32 %f510, %f432; "
-            "mul.rn.f32 %f511, %f433, %f510; mul.rn.f32 %f512, %f435, %f510; mul.rn.f32 %f513, %f438, %f510; "
-            "mul.rn.f32 %f514, %f442, %f510; mul.rn.f32 %f515, %f447, %f510; mul.rn.f32 %f516, %f453, %f510; "
-            "mul.rn.f32 %f517, %f460, %f510; mul.rn.f32 %f518, %f468, %f510; mul.rn.f32 %f519, %f477, %f510; "
-            "mul.rn.f32 %f520, %f487, %f510; mul.rn.f32 %f521, %f498, %f510; mul.rn.f32 %f522, %f420, %f510; "
-            "neg.f32 %n54, %f511; fma.rn.f32 %f523, %n54, %f522, %f421; neg.f32 %n55, %f512; "
-            "fma.rn.f32 %f524, %n55, %f522, %f422; neg.f32 %n56, %f513; "
-            "fma.rn.f32 %f525, %n56, %f522, %f423; neg.f32 %n57, %f514; "
-            "fma.rn.f32 %f526, %n57, %f522, %f424; neg.f32 %n58, %f515; "
-            "fma.rn.f32 %f527, %n58, %f522, %f425; neg.f32 %n59, %f516; "
-            "fma.rn.f32 %f528, %n59, %f522, %f426; neg.f32 %n60, %f517; "
-            "fma.rn.f32 %f529, %n60, %f522, %f427; neg.f32 %n61, %f518; "
-            "fma.rn.f32 %f530, %n61, %f522, %f428; neg.f32 %n62, %f519; "
-            "fma.rn.f32 %f531, %n62, %f522, %f429; neg.f32 %n63, %f520; "
-            "fma.rn.f32 %f532, %n63, %f522, %f430; neg.f32 %n64, %f521; "
-            "fma.rn.f32 %f533, %n64, %f522, %f431; fma.rn.f32 %f534, %n54, %f511, %f434; "
-            "fma.rn.f32 %f535, %n55, %f511, %f436; fma.rn.f32 %f536, %n55, %f512, %f437; "
-            "fma.rn.f32 %f537, %n56, %f511, %f439; fma.rn.f32 %f538, %n56, %f512, %f440; "
-            "fma.rn.f32 %f539, %n56, %f513, %f441; fma.rn.f32 %f540, %n57, %f511, %f443; "
-            "fma.rn.f32 %f541, %n57, %f512, %f444; fma.rn.f32 %f542, %n57, %f513, %f445; "
-            "fma.rn.f32 %f543, %n57, %f514, %f446; fma.rn.f32 %f544, %n58, %f511, %f448; "
-            "fma.rn.f32 %f545, %n58, %f512, %f449; fma.rn.f32 %f546, %n58, %f513, %f450; "
-            "fma.rn.f32 %f547, %n58, %f514, %f451; fma.rn.f32 %f548, %n58, %f515, %f452; "
-            "fma.rn.f32 %f549, %n59, %f511, %f454; fma.rn.f32 %f550, %n59, %f512, %f455; "
-            "fma.rn.f32 %f551, %n59, %f513, %f456; fma.rn.f32 %f552, %n59, %f514, %f457; "
-            "fma.rn.f32 %f553, %n59, %f515, %f458; fma.rn.f32 %f554, %n59, %f516, %f459; "
-            "fma.rn.f32 %f555, %n60, %f511, %f461; fma.rn.f32 %f556, %n60, %f512, %f462; "
-            "fma.rn.f32 %f557, %n60, %f513, %f463; fma.rn.f32 %f558, %n60, %f514, %f464; "
-            "fma.rn.f32 %f559, %n60, %f515, %f465; fma.rn.f32 %f560, %n60, %f516, %f466; "
-            "fma.rn.f32 %f561, %n60, %f517, %f467; fma.rn.f32 %f562, %n61, %f511, %f469; "
-            "fma.rn.f32 %f563, %n61, %f512, %f470; fma.rn.f32 %f564, %n61, %f513, %f471; "
-            "fma.rn.f32 %f565, %n61, %f514, %f472; fma.rn.f32 %f566, %n61, %f515, %f473; "
-            "fma.rn.f32 %f567, %n61, %f516, %f474; fma.rn.f32 %f568, %n61, %f517, %f475; "
-            "fma.rn.f32 %f569, %n61, %f518, %f476; fma.rn.f32 %f570, %n62, %f511, %f478; "
-            "fma.rn.f32 %f571, %n62, %f512, %f479; fma.rn.f32 %f572, %n62, %f513, %f480; "
-            "fma.rn.f32 %f573, %n62, %f514, %f481; fma.rn.f32 %f574, %n62, %f515, %f482; "
-            "fma.rn.f32 %f575, %n62, %f516, %f483; fma.rn.f32 %f576, %n62, %f517, %f484; "
-            "fma.rn.f32 %f577, %n62, %f518, %f485; fma.rn.f32 %f578, %n62, %f519, %f486; "
-            "fma.rn.f32 %f579, %n63, %f511, %f488; fma.rn.f32 %f580, %n63, %f512, %f489; "
-            "fma.rn.f32 %f581, %n63, %f513, %f490; fma.rn.f32 %f582, %n63, %f514, %f491; "
-            "fma.rn.f32 %f583, %n63, %f515, %f492; fma.rn.f32 %f584, %n63, %f516, %f493; "
-            "fma.rn.f32 %f585, %n63, %f517, %f494; fma.rn.f32 %f586, %n63, %f518, %f495; "
-            "fma.rn.f32 %f587, %n63, %f519, %f496; fma.rn.f32 %f588, %n63, %f520, %f497; "
-            "fma.rn.f32 %f589, %n64, %f511, %f499; fma.rn.f32 %f590, %n64, %f512, %f500; "
-            "fma.rn.f32 %f591, %n64, %f513, %f501; fma.rn.f32 %f592, %n64, %f514, %f502; "
-            "fma.rn.f32 %f593, %n64, %f515, %f503; fma.rn.f32 %f594, %n64, %f516, %f504; "
-            "fma.rn.f32 %f595, %n64, %f517, %f505; fma.rn.f32 %f596, %n64, %f518, %f506; "
-            "fma.rn.f32 %f597, %n64, %f519, %f507; fma.rn.f32 %f598, %n64, %f520, %f508; "
-            "fma.rn.f32 %f599, %n64, %f521, %f509; rsqrt.approx.f32 %f600, %f534; "
-            "mul.rn.f32 %f601, %f535, %f600; mul.rn.f32 %f602, %f537, %f600; mul.rn.f32 %f603, %f540, %f600; "
-            "mul.rn.f32 %f604, %f544, %f600; mul.rn.f32 %f605, %f549, %f600; mul.rn.f32 %f606, %f555, %f600; "
-            "mul.rn.f32 %f607, %f562, %f600; mul.rn.f32 %f608, %f570, %f600; mul.rn.f32 %f609, %f579, %f600; "
-            "mul.rn.f32 %f610, %f589, %f600; mul.rn.f32 %f611, %f523, %f600; neg.f32 %n65, %f601; "
-            "fma.rn.f32 %f612, %n65, %f611, %f524; neg.f32 %n66, %f602; "
-            "fma.rn.f32 %f613, %n66, %f611, %f525; neg.f32 %n67, %f603; "
-            "fma.rn.f32 %f614, %n67, %f611, %f526; neg.f32 %n68, %f604; "
-            "fma.rn.f32 %f615, %n68, %f611, %f527; neg.f32 %n69, %f605; "
-            "fma.rn.f32 %f616, %n69, %f611, %f528; neg.f32 %n70, %f606; "
-            "fma.rn.f32 %f617, %n70, %f611, %f529; neg.f32 %n71, %f607; "
-            "fma.rn.f32 %f618, %n71, %f611, %f530; neg.f32 %n72, %f608; "
-            "fma.rn.f32 %f619, %n72, %f611, %f531; neg.f32 %n73, %f609; "
-            "fma.rn.f32 %f620, %n73, %f611, %f532; neg.f32 %n74, %f610; "
-            "fma.rn.f32 %f621, %n74, %f611, %f533; fma.rn.f32 %f622, %n65, %f601, %f536; "
-            "fma.rn.f32 %f623, %n66, %f601, %f538; fma.rn.f32 %f624, %n66, %f602, %f539; "
-            "fma.rn.f32 %f625, %n67, %f601, %f541; fma.rn.f32 %f626, %n67, %f602, %f542; "
-            "fma.rn.f32 %f627, %n67, %f603, %f543; fma.rn.f32 %f628, %n68, %f601, %f545; "
-            "fma.rn.f32 %f629, %n68, %f602, %f546; fma.rn.f32 %f630, %n68, %f603, %f547; "
-            "fma.rn.f32 %f631, %n68, %f604, %f548; fma.rn.f32 %f632, %n69, %f601, %f550; "
-            "fma.rn.f32 %f633, %n69, %f602, %f551; fma.rn.f32 %f634, %n69, %f603, %f552; "
-            "fma.rn.f32 %f635, %n69, %f604, %f553; fma.rn.f32 %f636, %n69, %f605, %f554; "
-            "fma.rn.f32 %f637, %n70, %f601, %f556; fma.rn.f32 %f638, %n70, %f602, %f557; "
-            "fma.rn.f32 %f639, %n70, %f603, %f558; fma.rn.f32 %f640, %n70, %f604, %f559; "
-            "fma.rn.f32 %f641, %n70, %f605, %f560; fma.rn.f32 %f642, %n70, %f606, %f561; "
-            "fma.rn.f32 %f643, %n71, %f601, %f563; fma.rn.f32 %f644, %n71, %f602, %f564; "
-            "fma.rn.f32 %f645, %n71, %f603, %f565; fma.rn.f32 %f646, %n71, %f604, %f566; "
-            "fma.rn.f32 %f647, %n71, %f605, %f567; fma.rn.f32 %f648, %n71, %f606, %f568; "
-            "fma.rn.f32 %f649, %n71, %f607, %f569; fma.rn.f32 %f650, %n72, %f601, %f571; "
-            "fma.rn.f32 %f651, %n72, %f602, %f572; fma.rn.f32 %f652, %n72, %f603, %f573; "
-            "fma.rn.f32 %f653, %n72, %f604, %f574; fma.rn.f32 %f654, %n72, %f605, %f575; "
-            "fma.rn.f32 %f655, %n72, %f606, %f576; fma.rn.f32 %f656, %n72, %f607, %f577; "
-            "fma.rn.f32 %f657, %n72, %f608, %f578; fma.rn.f32 %f658, %n73, %f601, %f580; "
-            "fma.rn.f32 %f659, %n73, %f602, %f581; fma.rn.f32 %f660, %n73, %f603, %f582; "
-            "fma.rn.f32 %f661, %n73, %f604, %f583; fma.rn.f32 %f662, %n73, %f605, %f584; "
-            "fma.rn.f32 %f663, %n73, %f606, %f585; fma.rn.f32 %f664, %n73, %f607, %f586; "
-            "fma.rn.f32 %f665, %n73, %f608, %f587; fma.rn.f32 %f666, %n73, %f609, %f588; "
-            "fma.rn.f32 %f667, %n74, %f601, %f590; fma.rn.f32 %f668, %n74, %f602, %f591; "
-            "fma.rn.f32 %f669, %n74, %f603, %f592; fma.rn.f32 %f670, %n74, %f604, %f593; "
-            "fma.rn.f32 %f671, %n74, %f605, %f594; fma.rn.f32 %f672, %n74, %f606, %f595; "
-            "fma.rn.f32 %f673, %n74, %f607, %f596; fma.rn.f32 %f674, %n74, %f608, %f597; "
-            "fma.rn.f32 %f675, %n74, %f609, %f598; fma.rn.f32 %f676, %n74, %f610, %f599; "
-            "rsqrt.approx.f32 %f677, %f622; mul.rn.f32 %f678, %f623, %f677; mul.rn.f32 %f679, %f625, %f677; "
-            "mul.rn.f32 %f680, %f628, %f677; mul.rn.f32 %f681, %f632, %f677; mul.rn.f32 %f682, %f637, %f677; "
-            "mul.rn.f32 %f683, %f643, %f677; mul.rn.f32 %f684, %f650, %f677; mul.rn.f32 %f685, %f658, %f677; "
-            "mul.rn.f32 %f686, %f667, %f677; mul.rn.f32 %f687, %f612, %f677; neg.f32 %n75, %f678; "
-            "fma.rn.f32 %f688, %n75, %f687, %f613; neg.f32 %n76, %f679; "
-            "fma.rn.f32 %f689, %n76, %f687, %f614; neg.f32 %n77, %f680; "
-            "fma.rn.f32 %f690, %n77, %f687, %f615; neg.f32 %n78, %f681; "
-            "fma.rn.f32 %f691, %n78, %f687, %f616; neg.f32 %n79, %f682; "
-            "fma.rn.f32 %f692, %n79, %f687, %f617; neg.f32 %n80, %f683; "
-            "fma.rn.f32 %f693, %n80, %f687, %f618; neg.f32 %n81, %f684; "
-            "fma.rn.f32 %f694, %n81, %f687, %f619; neg.f32 %n82, %f685; "
-            "fma.rn.f32 %f695, %n82, %f687, %f620; neg.f32 %n83, %f686; "
-            "fma.rn.f32 %f696, %n83, %f687, %f621; fma.rn.f32 %f697, %n75, %f678, %f624; "
-            "fma.rn.f32 %f698, %n76, %f678, %f626; fma.rn.f32 %f699, %n76, %f679, %f627; "
-            "fma.rn.f32 %f700, %n77, %f678, %f629; fma.rn.f32 %f701, %n77, %f679, %f630; "
-            "fma.rn.f32 %f702, %n77, %f680, %f631; fma.rn.f32 %f703, %n78, %f678, %f633; "
-            "fma.rn.f32 %f704, %n78, %f679, %f634; fma.rn.f32 %f705, %n78, %f680, %f635; "
-            "fma.rn.f32 %f706, %n78, %f681, %f636; fma.rn.f32 %f707, %n79, %f678, %f638; "
-            "fma.rn.f32 %f708, %n79, %f679, %f639; fma.rn.f32 %f709, %n79, %f680, %f640; "
-            "fma.rn.f32 %f710, %n79, %f681, %f641; fma.rn.f32 %f711, %n79, %f682, %f642; "
-            "fma.rn.f32 %f712, %n80, %f678, %f644; fma.rn.f32 %f713, %n80, %f679, %f645; "
-            "fma.rn.f32 %f714, %n80, %f680, %f646; fma.rn.f32 %f715, %n80, %f681, %f647; "
-            "fma.rn.f32 %f716, %n80, %f682, %f648; fma.rn.f32 %f717, %n80, %f683, %f649; "
-            "fma.rn.f32 %f718, %n81, %f678, %f651; fma.rn.f32 %f719, %n81, %f679, %f652; "
-            "fma.rn.f32 %f720, %n81, %f680, %f653; fma.rn.f32 %f721, %n81, %f681, %f654; "
-            "fma.rn.f32 %f722, %n81, %f682, %f655; fma.rn.f32 %f723, %n81, %f683, %f656; "
-            "fma.rn.f32 %f724, %n81, %f684, %f657; fma.rn.f32 %f725, %n82, %f678, %f659; "
-            "fma.rn.f32 %f726, %n82, %f679, %f660; fma.rn.f32 %f727, %n82, %f680, %f661; "
-            "fma.rn.f32 %f728, %n82, %f681, %f662; fma.rn.f32 %f729, %n82, %f682, %f663; "
-            "fma.rn.f32 %f730, %n82, %f683, %f664; fma.rn.f32 %f731, %n82, %f684, %f665; "
-            "fma.rn.f32 %f732, %n82, %f685, %f666; fma.rn.f32 %f733, %n83, %f678, %f668; "
-            "fma.rn.f32 %f734, %n83, %f679, %f669; fma.rn.f32 %f735, %n83, %f680, %f670; "
-            "fma.rn.f32 %f736, %n83, %f681, %f671; fma.rn.f32 %f737, %n83, %f682, %f672; "
-            "fma.rn.f32 %f738, %n83, %f683, %f673; fma.rn.f32 %f739, %n83, %f684, %f674; "
-            "fma.rn.f32 %f740, %n83, %f685, %f675; fma.rn.f32 %f741, %n83, %f686, %f676; "
-            "rsqrt.approx.f32 %f742, %f697; mul.rn.f32 %f743, %f698, %f742; mul.rn.f32 %f744, %f700, %f742; "
-            "mul.rn.f32 %f745, %f703, %f742; mul.rn.f32 %f746, %f707, %f742; mul.rn.f32 %f747, %f712, %f742; "
-            "mul.rn.f32 %f748, %f718, %f742; mul.rn.f32 %f749, %f725, %f742; mul.rn.f32 %f750, %f733, %f742; "
-            "mul.rn.f32 %f751, %f688, %f742; neg.f32 %n84, %f743; fma.rn.f32 %f752, %n84, %f751, %f689; "
-            "neg.f32 %n85, %f744; fma.rn.f32 %f753, %n85, %f751, %f690; neg.f32 %n86, %f745; "
-            "fma.rn.f32 %f754, %n86, %f751, %f691; neg.f32 %n87, %f746; "
-            "fma.rn.f32 %f755, %n87, %f751, %f692; neg.f32 %n88, %f747; "
-            "fma.rn.f32 %f756, %n88, %f751, %f693; neg.f32 %n89, %f748; "
-            "fma.rn.f32 %f757, %n89, %f751, %f694; neg.f32 %n90, %f749; "
-            "fma.rn.f32 %f758, %n90, %f751, %f695; neg.f32 %n91, %f750; "
-            "fma.rn.f32 %f759, %n91, %f751, %f696; fma.rn.f32 %f760, %n84, %f743, %f699; "
-            "fma.rn.f32 %f761, %n85, %f743, %f701; fma.rn.f32 %f762, %n85, %f744, %f702; "
-            "fma.rn.f32 %f763, %n86, %f743, %f704; fma.rn.f32 %f764, %n86, %f744, %f705; "
-            "fma.rn.f32 %f765, %n86, %f745, %f706; fma.rn.f32 %f766, %n87, %f743, %f708; "
-            "fma.rn.f32 %f767, %n87, %f744, %f709; fma.rn.f32 %f768, %n87, %f745, %f710; "
-            "fma.rn.f32 %f769, %n87, %f746, %f711; fma.rn.f32 %f770, %n88, %f743, %f713; "
-            "fma.rn.f32 %f771, %n88, %f744, %f714; fma.rn.f32 %f772, %n88, %f745, %f715; "
-            "fma.rn.f32 %f773, %n88, %f746, %f716; fma.rn.f32 %f774, %n88, %f747, %f717; "
-            "fma.rn.f32 %f775, %n89, %f743, %f719; fma.rn.f32 %f776, %n89, %f744, %f720; "
-            "fma.rn.f32 %f777, %n89, %f745, %f721; fma.rn.f32 %f778, %n89, %f746, %f722; "
-            "fma.rn.f32 %f779, %n89, %f747, %f723; fma.rn.f32 %f780, %n89, %f748, %f724; "
-            "fma.rn.f32 %f781, %n90, %f743, %f726; fma.rn.f32 %f782, %n90, %f744, %f727; "
-            "fma.rn.f32 %f783, %n90, %f745, %f728; fma.rn.f32 %f784, %n90, %f746, %f729; "
-            "fma.rn.f32 %f785, %n90, %f747, %f730; fma.rn.f32 %f786, %n90, %f748, %f731; "
-            "fma.rn.f32 %f787, %n90, %f749, %f732; fma.rn.f32 %f788, %n91, %f743, %f734; "
-            "fma.rn.f32 %f789, %n91, %f744, %f735; fma.rn.f32 %f790, %n91, %f745, %f736; "
-            "fma.rn.f32 %f791, %n91, %f746, %f737; fma.rn.f32 %f792, %n91, %f747, %f738; "
-            "fma.rn.f32 %f793, %n91, %f748, %f739; fma.rn.f32 %f794, %n91, %f749, %f740; "
-            "fma.rn.f32 %f795, %n91, %f750, %f741; rsqrt.approx.f32 %f796, %f760; "
-            "mul.rn.f32 %f797, %f761, %f796; mul.rn.f32 %f798, %f763, %f796; mul.rn.f32 %f799, %f766, %f796; "
-            "mul.rn.f32 %f800, %f770, %f796; mul.rn.f32 %f801, %f775, %f796; mul.rn.f32 %f802, %f781, %f796; "
-            "mul.rn.f32 %f803, %f788, %f796; mul.rn.f32 %f804, %f752, %f796; neg.f32 %n92, %f797; "
-            "fma.rn.f32 %f805, %n92, %f804, %f753; neg.f32 %n93, %f798; "
-            "fma.rn.f32 %f806, %n93, %f804, %f754; neg.f32 %n94, %f799; "
-            "fma.rn.f32 %f807, %n94, %f804, %f755; neg.f32 %n95, %f800; "
-            "fma.rn.f32 %f808, %n95, %f804, %f756; neg.f32 %n96, %f801; "
-            "fma.rn.f32 %f809, %n96, %f804, %f757; neg.f32 %n97, %f802; "
-            "fma.rn.f32 %f810, %n97, %f804, %f758; neg.f32 %n98, %f803; "
-            "fma.rn.f32 %f811, %n98, %f804, %f759; fma.rn.f32 %f812, %n92, %f797, %f762; "
-            "fma.rn.f32 %f813, %n93, %f797, %f764; fma.rn.f32 %f814, %n93, %f798, %f765; "
-            "fma.rn.f32 %f815, %n94, %f797, %f767; fma.rn.f32 %f816, %n94, %f798, %f768; "
-            "fma.rn.f32 %f817, %n94, %f799, %f769; fma.rn.f32 %f818, %n95, %f797, %f771; "
-            "fma.rn.f32 %f819, %n95, %f798, %f772; fma.rn.f32 %f820, %n95, %f799, %f773; "
-            "fma.rn.f32 %f821, %n95, %f800, %f774; fma.rn.f32 %f822, %n96, %f797, %f776; "
-            "fma.rn.f32 %f823, %n96, %f798, %f777; fma.rn.f32 %f824, %n96, %f799, %f778; "
-            "fma.rn.f32 %f825, %n96, %f800, %f779; fma.rn.f32 %f826, %n96, %f801, %f780; "
-            "fma.rn.f32 %f827, %n97, %f797, %f782; fma.rn.f32 %f828, %n97, %f798, %f783; "
-            "fma.rn.f32 %f829, %n97, %f799, %f784; fma.rn.f32 %f830, %n97, %f800, %f785; "
-            "fma.rn.f32 %f831, %n97, %f801, %f786; fma.rn.f32 %f832, %n97, %f802, %f787; "
-            "fma.rn.f32 %f833, %n98, %f797, %f789; fma.rn.f32 %f834, %n98, %f798, %f790; "
-            "fma.rn.f32 %f835, %n98, %f799, %f791; fma.rn.f32 %f836, %n98, %f800, %f792; "
-            "fma.rn.f32 %f837, %n98, %f801, %f793; fma.rn.f32 %f838, %n98, %f802, %f794; "
-            "fma.rn.f32 %f839, %n98, %f803, %f795; rsqrt.approx.f32 %f840, %f812; "
-            "mul.rn.f32 %f841, %f813, %f840; mul.rn.f32 %f842, %f815, %f840; mul.rn.f32 %f843, %f818, %f840; "
-            "mul.rn.f32 %f844, %f822, %f840; mul.rn.f32 %f845, %f827, %f840; mul.rn.f32 %f846, %f833, %f840; "
-            "mul.rn.f32 %f847, %f805, %f840; neg.f32 %n99, %f841; fma.rn.f32 %f848, %n99, %f847, %f806; "
-            "neg.f32 %n100, %f842; fma.rn.f32 %f849, %n100, %f847, %f807; neg.f32 %n101, %f843; "
-            "fma.rn.f32 %f850, %n101, %f847, %f808; neg.f32 %n102, %f844; "
-            "fma.rn.f32 %f851, %n102, %f847, %f809; neg.f32 %n103, %f845; "
-            "fma.rn.f32 %f852, %n103, %f847, %f810; neg.f32 %n104, %f846; "
-            "fma.rn.f32 %f853, %n104, %f847, %f811; fma.rn.f32 %f854, %n99, %f841, %f814; "
-            "fma.rn.f32 %f855, %n100, %f841, %f816; fma.rn.f32 %f856, %n100, %f842, %f817; "
-            "fma.rn.f32 %f857, %n101, %f841, %f819; fma.rn.f32 %f858, %n101, %f842, %f820; "
-            "fma.rn.f32 %f859, %n101, %f843, %f821; fma.rn.f32 %f860, %n102, %f841, %f823; "
-            "fma.rn.f32 %f861, %n102, %f842, %f824; fma.rn.f32 %f862, %n102, %f843, %f825; "
-            "fma.rn.f32 %f863, %n102, %f844, %f826; fma.rn.f32 %f864, %n103, %f841, %f828; "
-            "fma.rn.f32 %f865, %n103, %f842, %f829; fma.rn.f32 %f866, %n103, %f843, %f830; "
-            "fma.rn.f32 %f867, %n103, %f844, %f831; fma.rn.f32 %f868, %n103, %f845, %f832; "
-            "fma.rn.f32 %f869, %n104, %f841, %f834; fma.rn.f32 %f870, %n104, %f842, %f835; "
-            "fma.rn.f32 %f871, %n104, %f843, %f836; fma.rn.f32 %f872, %n104, %f844, %f837; "
-            "fma.rn.f32 %f873, %n104, %f845, %f838; fma.rn.f32 %f874, %n104, %f846, %f839; "
-            "rsqrt.approx.f32 %f875, %f854; mul.rn.f32 %f876, %f855, %f875; mul.rn.f32 %f877, %f857, %f875; "
-            "mul.rn.f32 %f878, %f860, %f875; mul.rn.f32 %f879, %f864, %f875; mul.rn.f32 %f880, %f869, %f875; "
-            "mul.rn.f32 %f881, %f848, %f875; neg.f32 %n105, %f876; fma.rn.f32 %f882, %n105, %f881, %f849; "
-            "neg.f32 %n106, %f877; fma.rn.f32 %f883, %n106, %f881, %f850; neg.f32 %n107, %f878; "
-            "fma.rn.f32 %f884, %n107, %f881, %f851; neg.f32 %n108, %f879; "
-            "fma.rn.f32 %f885, %n108, %f881, %f852; neg.f32 %n109, %f880; "
-            "fma.rn.f32 %f886, %n109, %f881, %f853; fma.rn.f32 %f887, %n105, %f876, %f856; "
-            "fma.rn.f32 %f888, %n106, %f876, %f858; fma.rn.f32 %f889, %n106, %f877, %f859; "
-            "fma.rn.f32 %f890, %n107, %f876, %f861; fma.rn.f32 %f891, %n107, %f877, %f862; "
-            "fma.rn.f32 %f892, %n107, %f878, %f863; fma.rn.f32 %f893, %n108, %f876, %f865; "
-            "fma.rn.f32 %f894, %n108, %f877, %f866; fma.rn.f32 %f895, %n108, %f878, %f867; "
-            "fma.rn.f32 %f896, %n108, %f879, %f868; fma.rn.f32 %f897, %n109, %f876, %f870; "
-            "fma.rn.f32 %f898, %n109, %f877, %f871; fma.rn.f32 %f899, %n109, %f878, %f872; "
-            "fma.rn.f32 %f900, %n109, %f879, %f873; fma.rn.f32 %f901, %n109, %f880, %f874; "
-            "rsqrt.approx.f32 %f902, %f887; mul.rn.f32 %f903, %f888, %f902; mul.rn.f32 %f904, %f890, %f902; "
-            "mul.rn.f32 %f905, %f893, %f902; mul.rn.f32 %f906, %f897, %f902; mul.rn.f32 %f907, %f882, %f902; "
-            "neg.f32 %n110, %f903; fma.rn.f32 %f908, %n110, %f907, %f883; neg.f32 %n111, %f904; "
-            "fma.rn.f32 %f909, %n111, %f907, %f884; neg.f32 %n112, %f905; "
-            "fma.rn.f32 %f910, %n112, %f907, %f885; neg.f32 %n113, %f906; "
-            "fma.rn.f32 %f911, %n113, %f907, %f886; fma.rn.f32 %f912, %n110, %f903, %f889; "
-            "fma.rn.f32 %f913, %n111, %f903, %f891; fma.rn.f32 %f914, %n111, %f904, %f892; "
-            "fma.rn.f32 %f915, %n112, %f903, %f894; fma.rn.f32 %f916, %n112, %f904, %f895; "
-            "fma.rn.f32 %f917, %n112, %f905, %f896; fma.rn.f32 %f918, %n113, %f903, %f898; "
-            "fma.rn.f32 %f919, %n113, %f904, %f899; fma.rn.f32 %f920, %n113, %f905, %f900; "
-            "fma.rn.f32 %f921, %n113, %f906, %f901; rsqrt.approx.f32 %f922, %f912; "
-            "mul.rn.f32 %f923, %f913, %f922; mul.rn.f32 %f924, %f915, %f922; mul.rn.f32 %f925, %f918, %f922; "
-            "mul.rn.f32 %f926, %f908, %f922; neg.f32 %n114, %f923; fma.rn.f32 %f927, %n114, %f926, %f909; "
-            "neg.f32 %n115, %f924; fma.rn.f32 %f928, %n115, %f926, %f910; neg.f32 %n116, %f925; "
-            "fma.rn.f32 %f929, %n116, %f926, %f911; fma.rn.f32 %f930, %n114, %f923, %f914; "
-            "fma.rn.f32 %f931, %n115, %f923, %f916; fma.rn.f32 %f932, %n115, %f924, %f917; "
-            "fma.rn.f32 %f933, %n116, %f923, %f919; fma.rn.f32 %f934, %n116, %f924, %f920; "
-            "fma.rn.f32 %f935, %n116, %f925, %f921; rsqrt.approx.f32 %f936, %f930; "
-            "mul.rn.f32 %f937, %f931, %f936; mul.rn.f32 %f938, %f933, %f936; mul.rn.f32 %f939, %f927, %f936; "
-            "neg.f32 %n117, %f937; fma.rn.f32 %f940, %n117, %f939, %f928; neg.f32 %n118, %f938; "
-            "fma.rn.f32 %f941, %n118, %f939, %f929; fma.rn.f32 %f942, %n117, %f937, %f932; "
-            "fma.rn.f32 %f943, %n118, %f937, %f934; fma.rn.f32 %f944, %n118, %f938, %f935; "
-            "rsqrt.approx.f32 %f945, %f942; mul.rn.f32 %f946, %f943, %f945; mul.rn.f32 %f947, %f940, %f945; "
-            "neg.f32 %n119, %f946; fma.rn.f32 %f948, %n119, %f947, %f941; "
-            "fma.rn.f32 %f949, %n119, %f946, %f944; rsqrt.approx.f32 %f950, %f949; "
-            "mul.rn.f32 %f951, %f948, %f950; mul.rn.f32 %f952, %f951, %f950; "
-            "fma.rn.f32 %f953, %n119, %f952, %f947; mul.rn.f32 %f954, %f953, %f945; "
-            "fma.rn.f32 %f955, %n117, %f954, %f939; fma.rn.f32 %f956, %n118, %f952, %f955; "
-            "mul.rn.f32 %f957, %f956, %f936; fma.rn.f32 %f958, %n114, %f957, %f926; "
-            "fma.rn.f32 %f959, %n115, %f954, %f958; fma.rn.f32 %f960, %n116, %f952, %f959; "
-            "mul.rn.f32 %f961, %f960, %f922; fma.rn.f32 %f962, %n110, %f961, %f907; "
-            "fma.rn.f32 %f963, %n111, %f957, %f962; fma.rn.f32 %f964, %n112, %f954, %f963; "
-            "fma.rn.f32 %f965, %n113, %f952, %f964; mul.rn.f32 %f966, %f965, %f902; "
-            "fma.rn.f32 %f967, %n105, %f966, %f881; fma.rn.f32 %f968, %n106, %f961, %f967; "
-            "fma.rn.f32 %f969, %n107, %f957, %f968; fma.rn.f32 %f970, %n108, %f954, %f969; "
-            "fma.rn.f32 %f971, %n109, %f952, %f970; mul.rn.f32 %f972, %f971, %f875; "
-            "fma.rn.f32 %f973, %n99, %f972, %f847; fma.rn.f32 %f974, %n100, %f966, %f973; "
-            "fma.rn.f32 %f975, %n101, %f961, %f974; fma.rn.f32 %f976, %n102, %f957, %f975; "
-            "fma.rn.f32 %f977, %n103, %f954, %f976; fma.rn.f32 %f978, %n104, %f952, %f977; "
-            "mul.rn.f32 %f979, %f978, %f840; fma.rn.f32 %f980, %n92, %f979, %f804; "
-            "fma.rn.f32 %f981, %n93, %f972, %f980; fma.rn.f32 %f982, %n94, %f966, %f981; "
-            "fma.rn.f32 %f983, %n95, %f961, %f982; fma.rn.f32 %f984, %n96, %f957, %f983; "
-            "fma.rn.f32 %f985, %n97, %f954, %f984; fma.rn.f32 %f986, %n98, %f952, %f985; "
-            "mul.rn.f32 %f987, %f986, %f796; fma.rn.f32 %f988, %n84, %f987, %f751; "
-            "fma.rn.f32 %f989, %n85, %f979, %f988; fma.rn.f32 %f990, %n86, %f972, %f989; "
-            "fma.rn.f32 %f991, %n87, %f966, %f990; fma.rn.f32 %f992, %n88, %f961, %f991; "
-            "fma.rn.f32 %f993, %n89, %f957, %f992; fma.rn.f32 %f994, %n90, %f954, %f993; "
-            "fma.rn.f32 %f995, %n91, %f952, %f994; mul.rn.f32 %f996, %f995, %f742; "
-            "fma.rn.f32 %f997, %n75, %f996, %f687; fma.rn.f32 %f998, %n76, %f987, %f997; "
-            "fma.rn.f32 %f999, %n77, %f979, %f998; fma.rn.f32 %f1000, %n78, %f972, %f999; "
-            "fma.rn.f32 %f1001, %n79, %f966, %f1000; fma.rn.f32 %f1002, %n80, %f961, %f1001; "
-            "fma.rn.f32 %f1003, %n81, %f957, %f1002; fma.rn.f32 %f1004, %n82, %f954, %f1003; "
-            "fma.rn.f32 %f1005, %n83, %f952, %f1004; mul.rn.f32 %f1006, %f1005, %f677; "
-            "fma.rn.f32 %f1007, %n65, %f1006, %f611; fma.rn.f32 %f1008, %n66, %f996, %f1007; "
-            "fma.rn.f32 %f1009, %n67, %f987, %f1008; fma.rn.f32 %f1010, %n68, %f979, %f1009; "
-            "fma.rn.f32 %f1011, %n69, %f972, %f1010; fma.rn.f32 %f1012, %n70, %f966, %f1011; "
-            "fma.rn.f32 %f1013, %n71, %f961, %f1012; fma.rn.f32 %f1014, %n72, %f957, %f1013; "
-            "fma.rn.f32 %f1015, %n73, %f954, %f1014; fma.rn.f32 %f1016, %n74, %f952, %f1015; "
-            "mul.rn.f32 %f1017, %f1016, %f600; fma.rn.f32 %f1018, %n54, %f1017, %f522; "
-            "fma.rn.f32 %f1019, %n55, %f1006, %f1018; fma.rn.f32 %f1020, %n56, %f996, %f1019; "
-            "fma.rn.f32 %f1021, %n57, %f987, %f1020; fma.rn.f32 %f1022, %n58, %f979, %f1021; "
-            "fma.rn.f32 %f1023, %n59, %f972, %f1022; fma.rn.f32 %f1024, %n60, %f966, %f1023; "
-            "fma.rn.f32 %f1025, %n61, %f961, %f1024; fma.rn.f32 %f1026, %n62, %f957, %f1025; "
-            "fma.rn.f32 %f1027, %n63, %f954, %f1026; fma.rn.f32 %f1028, %n64, %f952, %f1027; "
-            "mul.rn.f32 %f1029, %f1028, %f510; fma.rn.f32 %f1030, %n42, %f1029, %f419; "
-            "fma.rn.f32 %f1031, %n43, %f1017, %f1030; fma.rn.f32 %f1032, %n44, %f1006, %f1031; "
-            "fma.rn.f32 %f1033, %n45, %f996, %f1032; fma.rn.f32 %f1034, %n46, %f987, %f1033; "
-            "fma.rn.f32 %f1035, %n47, %f979, %f1034; fma.rn.f32 %f1036, %n48, %f972, %f1035; "
-            "fma.rn.f32 %f1037, %n49, %f966, %f1036; fma.rn.f32 %f1038, %n50, %f961, %f1037; "
-            "fma.rn.f32 %f1039, %n51, %f957, %f1038; fma.rn.f32 %f1040, %n52, %f954, %f1039; "
-            "fma.rn.f32 %f1041, %n53, %f952, %f1040; mul.rn.f32 %f1042, %f1041, %f406; "
-            "fma.rn.f32 %f1043, %n29, %f1042, %f301; fma.rn.f32 %f1044, %n30, %f1029, %f1043; "
-            "fma.rn.f32 %f1045, %n31, %f1017, %f1044; fma.rn.f32 %f1046, %n32, %f1006, %f1045; "
-            "fma.rn.f32 %f1047, %n33, %f996, %f1046; fma.rn.f32 %f1048, %n34, %f987, %f1047; "
-            "fma.rn.f32 %f1049, %n35, %f979, %f1048; fma.rn.f32 %f1050, %n36, %f972, %f1049; "
-            "fma.rn.f32 %f1051, %n37, %f966, %f1050; fma.rn.f32 %f1052, %n38, %f961, %f1051; "
-            "fma.rn.f32 %f1053, %n39, %f957, %f1052; fma.rn.f32 %f1054, %n40, %f954, %f1053; "
-            "fma.rn.f32 %f1055, %n41, %f952, %f1054; mul.rn.f32 %f1056, %f1055, %f287; "
-            "fma.rn.f32 %f1057, %n15, %f1056, %f167; fma.rn.f32 %f1058, %n16, %f1042, %f1057; "
-            "fma.rn.f32 %f1059, %n17, %f1029, %f1058; fma.rn.f32 %f1060, %n18, %f1017, %f1059; "
-            "fma.rn.f32 %f1061, %n19, %f1006, %f1060; fma.rn.f32 %f1062, %n20, %f996, %f1061; "
-            "fma.rn.f32 %f1063, %n21, %f987, %f1062; fma.rn.f32 %f1064, %n22, %f979, %f1063; "
-            "fma.rn.f32 %f1065, %n23, %f972, %f1064; fma.rn.f32 %f1066, %n24, %f966, %f1065; "
-            "fma.rn.f32 %f1067, %n25, %f961, %f1066; fma.rn.f32 %f1068, %n26, %f957, %f1067; "
-            "fma.rn.f32 %f1069, %n27, %f954, %f1068; fma.rn.f32 %f1070, %n28, %f952, %f1069; "
-            "mul.rn.f32 %f1071, %f1070, %f152; fma.rn.f32 %f1072, %n0, %f1071, %f16; "
-            "fma.rn.f32 %f1073, %n1, %f1056, %f1072; fma.rn.f32 %f1074, %n2, %f1042, %f1073; "
-            "fma.rn.f32 %f1075, %n3, %f1029, %f1074; fma.rn.f32 %f1076, %n4, %f1017, %f1075; "
-            "fma.rn.f32 %f1077, %n5, %f1006, %f1076; fma.rn.f32 %f1078, %n6, %f996, %f1077; "
-            "fma.rn.f32 %f1079, %n7, %f987, %f1078; fma.rn.f32 %f1080, %n8, %f979, %f1079; "
-            "fma.rn.f32 %f1081, %n9, %f972, %f1080; fma.rn.f32 %f1082, %n10, %f966, %f1081; "
-            "fma.rn.f32 %f1083, %n11, %f961, %f1082; fma.rn.f32 %f1084, %n12, %f957, %f1083; "
-            "fma.rn.f32 %f1085, %n13, %f954, %f1084; fma.rn.f32 %f1086, %n14, %f952, %f1085; "
-            "mul.rn.f32 %f1087, %f1086, %f0; mov.f32 $0, %f1087; mov.f32 $1, %f1071; mov.f32 $2, %f1056; "
-            "mov.f32 $3, %f1042; mov.f32 $4, %f1029; mov.f32 $5, %f1017; mov.f32 $6, %f1006; "
-            "mov.f32 $7, %f996; mov.f32 $8, %f987; mov.f32 $9, %f979; mov.f32 $10, %f972; "
-            "mov.f32 $11, %f966; mov.f32 $12, %f961; mov.f32 $13, %f957; mov.f32 $14, %f954; "
-            "mov.f32 $15, %f952; } "
-            ,
-            "=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f"
-            , [
-                a0_0, a1_0, a1_1, a2_0, a2_1, a2_2, a3_0, a3_1, a3_2, a3_3, a4_0, a4_1, a4_2, a4_3, a4_4, a5_0,
-                a5_1, a5_2, a5_3, a5_4, a5_5, a6_0, a6_1, a6_2, a6_3, a6_4, a6_5, a6_6, a7_0, a7_1, a7_2, a7_3,
-                a7_4, a7_5, a7_6, a7_7, a8_0, a8_1, a8_2, a8_3, a8_4, a8_5, a8_6, a8_7, a8_8, a9_0, a9_1, a9_2,
-                a9_3, a9_4, a9_5, a9_6, a9_7, a9_8, a9_9, a10_0, a10_1, a10_2, a10_3, a10_4, a10_5, a10_6, a10_7,
-                a10_8, a10_9, a10_10, a11_0, a11_1, a11_2, a11_3, a11_4, a11_5, a11_6, a11_7, a11_8, a11_9, a11_10,
-                a11_11, a12_0, a12_1, a12_2, a12_3, a12_4, a12_5, a12_6, a12_7, a12_8, a12_9, a12_10, a12_11,
-                a12_12, a13_0, a13_1, a13_2, a13_3, a13_4, a13_5, a13_6, a13_7, a13_8, a13_9, a13_10, a13_11,
-                a13_12, a13_13, a14_0, a14_1, a14_2, a14_3, a14_4, a14_5, a14_6, a14_7, a14_8, a14_9, a14_10,
-                a14_11, a14_12, a14_13, a14_14, a15_0, a15_1, a15_2, a15_3, a15_4, a15_5, a15_6, a15_7, a15_8,
-                a15_9, a15_10, a15_11, a15_12, a15_13, a15_14, a15_15, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10,
-                v11, v12, v13, v14, v15,
-            ], dtype=(
-                tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
-                tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
-            ), is_pure=True, pack=1)
-    else:
-        t1 = tl.math.rsqrt(a0_0)
-        t2 = a1_0 * t1
-        t3 = a2_0 * t1
-        t4 = a3_0 * t1
-        t5 = a4_0 * t1
-        t6 = a5_0 * t1
-        t7 = a6_0 * t1
-        t8 = a7_0 * t1
-        t9 = a8_0 * t1
-        t10 = a9_0 * t1
-        t11 = a10_0 * t1
-        t12 = a11_0 * t1
-        t13 = a12_0 * t1
-        t14 = a13_0 * t1
-        t15 = a14_0 * t1
-        t16 = a15_0 * t1
-        t17 = v0 * t1
-        t18 = v1 - t2 * t17
-        t19 = v2 - t3 * t17
-        t20 = v3 - t4 * t17
-        t21 = v4 - t5 * t17
-        t22 = v5 - t6 * t17
-        t23 = v6 - t7 * t17
-        t24 = v7 - t8 * t17
-        t25 = v8 - t9 * t17
-        t26 = v9 - t10 * t17
-        t27 = v10 - t11 * t17
-        t28 = v11 - t12 * t17
-        t29 = v12 - t13 * t17
-        t30 = v13 - t14 * t17
-        t31 = v14 - t15 * t17
-        t32 = v15 - t16 * t17
-        t33 = a1_1 - t2 * t2
-        t34 = a2_1 - t3 * t2
-        t35 = a2_2 - t3 * t3
-        t36 = a3_1 - t4 * t2
-        t37 = a3_2 - t4 * t3
-        t38 = a3_3 - t4 * t4
-        t39 = a4_1 - t5 * t2
-        t40 = a4_2 - t5 * t3
-        t41 = a4_3 - t5 * t4
-        t42 = a4_4 - t5 * t5
-        t43 = a5_1 - t6 * t2
-        t44 = a5_2 - t6 * t3
-        t45 = a5_3 - t6 * t4
-        t46 = a5_4 - t6 * t5
-        t47 = a5_5 - t6 * t6
-        t48 = a6_1 - t7 * t2
-        t49 = a6_2 - t7 * t3
-        t50 = a6_3 - t7 * t4
-        t51 = a6_4 - t7 * t5
-        t52 = a6_5 - t7 * t6
-        t53 = a6_6 - t7 * t7
-        t54 = a7_1 - t8 * t2
-        t55 = a7_2 - t8 * t3
-        t56 = a7_3 - t8 * t4
-        t57 = a7_4 - t8 * t5
-        t58 = a7_5 - t8 * t6
-        t59 = a7_6 - t8 * t7
-        t60 = a7_7 - t8 * t8
-        t61 = a8_1 - t9 * t2
-        t62 = a8_2 - t9 * t3
-        t63 = a8_3 - t9 * t4
-        t64 = a8_4 - t9 * t5
-        t65 = a8_5 - t9 * t6
-        t66 = a8_6 - t9 * t7
-        t67 = a8_7 - t9 * t8
-        t68 = a8_8 - t9 * t9
-        t69 = a9_1 - t10 * t2
-        t70 = a9_2 - t10 * t3
-        t71 = a9_3 - t10 * t4
-        t72 = a9_4 - t10 * t5
-        t73 = a9_5 - t10 * t6
-        t74 = a9_6 - t10 * t7
-        t75 = a9_7 - t10 * t8
-        t76 = a9_8 - t10 * t9
-        t77 = a9_9 - t10 * t10
-        t78 = a10_1 - t11 * t2
-        t79 = a10_2 - t11 * t3
-        t80 = a10_3 - t11 * t4
-        t81 = a10_4 - t11 * t5
-        t82 = a10_5 - t11 * t6
-        t83 = a10_6 - t11 * t7
-        t84 = a10_7 - t11 * t8
-        t85 = a10_8 - t11 * t9
-        t86 = a10_9 - t11 * t10
-        t87 = a10_10 - t11 * t11
-        t88 = a11_1 - t12 * t2
-        t89 = a11_2 - t12 * t3
-        t90 = a11_3 - t12 * t4
-        t91 = a11_4 - t12 * t5
-        t92 = a11_5 - t12 * t6
-        t93 = a11_6 - t12 * t7
-        t94 = a11_7 - t12 * t8
-        t95 = a11_8 - t12 * t9
-        t96 = a11_9 - t12 * t10
-        t97 = a11_10 - t12 * t11
-        t98 = a11_11 - t12 * t12
-        t99 = a12_1 - t13 * t2
-        t100 = a12_2 - t13 * t3
-        t101 = a12_3 - t13 * t4
-        t102 = a12_4 - t13 * t5
-        t103 = a12_5 - t13 * t6
-        t104 = a12_6 - t13 * t7
-        t105 = a12_7 - t13 * t8
-        t106 = a12_8 - t13 * t9
-        t107 = a12_9 - t13 * t10
-        t108 = a12_10 - t13 * t11
-        t109 = a12_11 - t13 * t12
-        t110 = a12_12 - t13 * t13
-        t111 = a13_1 - t14 * t2
-        t112 = a13_2 - t14 * t3
-        t113 = a13_3 - t14 * t4
-        t114 = a13_4 - t14 * t5
-        t115 = a13_5 - t14 * t6
-        t116 = a13_6 - t14 * t7
-        t117 = a13_7 - t14 * t8
-        t118 = a13_8 - t14 * t9
-        t119 = a13_9 - t14 * t10
-        t120 = a13_10 - t14 * t11
-        t121 = a13_11 - t14 * t12
-        t122 = a13_12 - t14 * t13
-        t123 = a13_13 - t14 * t14
-        t124 = a14_1 - t15 * t2
-        t125 = a14_2 - t15 * t3
-        t126 = a14_3 - t15 * t4
-        t127 = a14_4 - t15 * t5
-        t128 = a14_5 - t15 * t6
-        t129 = a14_6 - t15 * t7
-        t130 = a14_7 - t15 * t8
-        t131 = a14_8 - t15 * t9
-        t132 = a14_9 - t15 * t10
-        t133 = a14_10 - t15 * t11
-        t134 = a14_11 - t15 * t12
-        t135 = a14_12 - t15 * t13
-        t136 = a14_13 - t15 * t14
-        t137 = a14_14 - t15 * t15
-        t138 = a15_1 - t16 * t2
-        t139 = a15_2 - t16 * t3
-        t140 = a15_3 - t16 * t4
-        t141 = a15_4 - t16 * t5
-        t142 = a15_5 - t16 * t6
-        t143 = a15_6 - t16 * t7
-        t144 = a15_7 - t16 * t8
-        t145 = a15_8 - t16 * t9
-        t146 = a15_9 - t16 * t10
-        t147 = a15_10 - t16 * t11
-        t148 = a15_11 - t16 * t12
-        t149 = a15_12 - t16 * t13
-        t150 = a15_13 - t16 * t14
-        t151 = a15_14 - t16 * t15
-        t152 = a15_15 - t16 * t16
-        t153 = tl.math.rsqrt(t33)
-        t154 = t34 * t153
-        t155 = t36 * t153
-        t156 = t39 * t153
-        t157 = t43 * t153
-        t158 = t48 * t153
-        t159 = t54 * t153
-        t160 = t61 * t153
-        t161 = t69 * t153
-        t162 = t78 * t153
-        t163 = t88 * t153
-        t164 = t99 * t153
-        t165 = t111 * t153
-        t166 = t124 * t153
-        t167 = t138 * t153
-        t168 = t18 * t153
-        t169 = t19 - t154 * t168
-        t170 = t20 - t155 * t168
-        t171 = t21 - t156 * t168
-        t172 = t22 - t157 * t168
-        t173 = t23 - t158 * t168
-        t174 = t24 - t159 * t168
-        t175 = t25 - t160 * t168
-        t176 = t26 - t161 * t168
-        t177 = t27 - t162 * t168
-        t178 = t28 - t163 * t168
-        t179 = t29 - t164 * t168
-        t180 = t30 - t165 * t168
-        t181 = t31 - t166 * t168
-        t182 = t32 - t167 * t168
-        t183 = t35 - t154 * t154
-        t184 = t37 - t155 * t154
-        t185 = t38 - t155 * t155
-        t186 = t40 - t156 * t154
-        t187 = t41 - t156 * t155
-        t188 = t42 - t156 * t156
-        t189 = t44 - t157 * t154
-        t190 = t45 - t157 * t155
-        t191 = t46 - t157 * t156
-        t192 = t47 - t157 * t157
-        t193 = t49 - t158 * t154
-        t194 = t50 - t158 * t155
-        t195 = t51 - t158 * t156
-        t196 = t52 - t158 * t157
-        t197 = t53 - t158 * t158
-        t198 = t55 - t159 * t154
-        t199 = t56 - t159 * t155
-        t200 = t57 - t159 * t156
-        t201 = t58 - t159 * t157
-        t202 = t59 - t159 * t158
-        t203 = t60 - t159 * t159
-        t204 = t62 - t160 * t154
-        t205 = t63 - t160 * t155
-        t206 = t64 - t160 * t156
-        t207 = t65 - t160 * t157
-        t208 = t66 - t160 * t158
-        t209 = t67 - t160 * t159
-        t210 = t68 - t160 * t160
-        t211 = t70 - t161 * t154
-        t212 = t71 - t161 * t155
-        t213 = t72 - t161 * t156
-        t214 = t73 - t161 * t157
-        t215 = t74 - t161 * t158
-        t216 = t75 - t161 * t159
-        t217 = t76 - t161 * t160
-        t218 = t77 - t161 * t161
-        t219 = t79 - t162 * t154
-        t220 = t80 - t162 * t155
-        t221 = t81 - t162 * t156
-        t222 = t82 - t162 * t157
-        t223 = t83 - t162 * t158
-        t224 = t84 - t162 * t159
-        t225 = t85 - t162 * t160
-        t226 = t86 - t162 * t161
-        t227 = t87 - t162 * t162
-        t228 = t89 - t163 * t154
-        t229 = t90 - t163 * t155
-        t230 = t91 - t163 * t156
-        t231 = t92 - t163 * t157
-        t232 = t93 - t163 * t158
-        t233 = t94 - t163 * t159
-        t234 = t95 - t163 * t160
-        t235 = t96 - t163 * t161
-        t236 = t97 - t163 * t162
-        t237 = t98 - t163 * t163
-        t238 = t100 - t164 * t154
-        t239 = t101 - t164 * t155
-        t240 = t102 - t164 * t156
-        t241 = t103 - t164 * t157
-        t242 = t104 - t164 * t158
-        t243 = t105 - t164 * t159
-        t244 = t106 - t164 * t160
-        t245 = t107 - t164 * t161
-        t246 = t108 - t164 * t162
-        t247 = t109 - t164 * t163
-        t248 = t110 - t164 * t164
-        t249 = t112 - t165 * t154
-        t250 = t113 - t165 * t155
-        t251 = t114 - t165 * t156
-        t252 = t115 - t165 * t157
-        t253 = t116 - t165 * t158
-        t254 = t117 - t165 * t159
-        t255 = t118 - t165 * t160
-        t256 = t119 - t165 * t161
-        t257 = t120 - t165 * t162
-        t258 = t121 - t165 * t163
-        t259 = t122 - t165 * t164
-        t260 = t123 - t165 * t165
-        t261 = t125 - t166 * t154
-        t262 = t126 - t166 * t155
-        t263 = t127 - t166 * t156
-        t264 = t128 - t166 * t157
-        t265 = t129 - t166 * t158
-        t266 = t130 - t166 * t159
-        t267 = t131 - t166 * t160
-        t268 = t132 - t166 * t161
-        t269 = t133 - t166 * t162
-        t270 = t134 - t166 * t163
-        t271 = t135 - t166 * t164
-        t272 = t136 - t166 * t165
-        t273 = t137 - t166 * t166
-        t274 = t139 - t167 * t154
-        t275 = t140 - t167 * t155
-        t276 = t141 - t167 * t156
-        t277 = t142 - t167 * t157
-        t278 = t143 - t167 * t158
-        t279 = t144 - t167 * t159
-        t280 = t145 - t167 * t160
-        t281 = t146 - t167 * t161
-        t282 = t147 - t167 * t162
-        t283 = t148 - t167 * t163
-        t284 = t149 - t167 * t164
-        t285 = t150 - t167 * t165
-        t286 = t151 - t167 * t166
-        t287 = t152 - t167 * t167
-        t288 = tl.math.rsqrt(t183)
-        t289 = t184 * t288
-        t290 = t186 * t288
-        t291 = t189 * t288
-        t292 = t193 * t288
-        t293 = t198 * t288
-        t294 = t204 * t288
-        t295 = t211 * t288
-        t296 = t219 * t288
-        t297 = t228 * t288
-        t298 = t238 * t288
-        t299 = t249 * t288
-        t300 = t261 * t288
-        t301 = t274 * t288
-        t302 = t169 * t288
-        t303 = t170 - t289 * t302
-        t304 = t171 - t290 * t302
-        t305 = t172 - t291 * t302
-        t306 = t173 - t292 * t302
-        t307 = t174 - t293 * t302
-        t308 = t175 - t294 * t302
-        t309 = t176 - t295 * t302
-        t310 = t177 - t296 * t302
-        t311 = t178 - t297 * t302
-        t312 = t179 - t298 * t302
-        t313 = t180 - t299 * t302
-        t314 = t181 - t300 * t302
-        t315 = t182 - t301 * t302
-        t316 = t185 - t289 * t289
-        t317 = t187 - t290 * t289
-        t318 = t188 - t290 * t290
-        t319 = t190 - t291 * t289
-        t320 = t191 - t291 * t290
-        t321 = t192 - t291 * t291
-        t322 = t194 - t292 * t289
-        t323 = t195 - t292 * t290
-        t324 = t196 - t292 * t291
-        t325 = t197 - t292 * t292
-        t326 = t199 - t293 * t289
-        t327 = t200 - t293 * t290
-        t328 = t201 - t293 * t291
-        t329 = t202 - t293 * t292
-        t330 = t203 - t293 * t293
-        t331 = t205 - t294 * t289
-        t332 = t206 - t294 * t290
-        t333 = t207 - t294 * t291
-        t334 = t208 - t294 * t292
-        t335 = t209 - t294 * t293
-        t336 = t210 - t294 * t294
-        t337 = t212 - t295 * t289
-        t338 = t213 - t295 * t290
-        t339 = t214 - t295 * t291
-        t340 = t215 - t295 * t292
-        t341 = t216 - t295 * t293
-        t342 = t217 - t295 * t294
-        t343 = t218 - t295 * t295
-        t344 = t220 - t296 * t289
-        t345 = t221 - t296 * t290
-        t346 = t222 - t296 * t291
-        t347 = t223 - t296 * t292
-        t348 = t224 - t296 * t293
-        t349 = t225 - t296 * t294
-        t350 = t226 - t296 * t295
-        t351 = t227 - t296 * t296
-        t352 = t229 - t297 * t289
-        t353 = t230 - t297 * t290
-        t354 = t231 - t297 * t291
-        t355 = t232 - t297 * t292
-        t356 = t233 - t297 * t293
-        t357 = t234 - t297 * t294
-        t358 = t235 - t297 * t295
-        t359 = t236 - t297 * t296
-        t360 = t237 - t297 * t297
-        t361 = t239 - t298 * t289
-        t362 = t240 - t298 * t290
-        t363 = t241 - t298 * t291
-        t364 = t242 - t298 * t292
-        t365 = t243 - t298 * t293
-        t366 = t244 - t298 * t294
-        t367 = t245 - t298 * t295
-        t368 = t246 - t298 * t296
-        t369 = t247 - t298 * t297
-        t370 = t248 - t298 * t298
-        t371 = t250 - t299 * t289
-        t372 = t251 - t299 * t290
-        t373 = t252 - t299 * t291
-        t374 = t253 - t299 * t292
-        t375 = t254 - t299 * t293
-        t376 = t255 - t299 * t294
-        t377 = t256 - t299 * t295
-        t378 = t257 - t299 * t296
-        t379 = t258 - t299 * t297
-        t380 = t259 - t299 * t298
-        t381 = t260 - t299 * t299
-        t382 = t262 - t300 * t289
-        t383 = t263 - t300 * t290
-        t384 = t264 - t300 * t291
-        t385 = t265 - t300 * t292
-        t386 = t266 - t300 * t293
-        t387 = t267 - t300 * t294
-        t388 = t268 - t300 * t295
-        t389 = t269 - t300 * t296
-        t390 = t270 - t300 * t297
-        t391 = t271 - t300 * t298
-        t392 = t272 - t300 * t299
-        t393 = t273 - t300 * t300
-        t394 = t275 - t301 * t289
-        t395 = t276 - t301 * t290
-        t396 = t277 - t301 * t291
-        t397 = t278 - t301 * t292
-        t398 = t279 - t301 * t293
-        t399 = t280 - t301 * t294
-        t400 = t281 - t301 * t295
-        t401 = t282 - t301 * t296
-        t402 = t283 - t301 * t297
-        t403 = t284 - t301 * t298
-        t404 = t285 - t301 * t299
-        t405 = t286 - t301 * t300
-        t406 = t287 - t301 * t301
-        t407 = tl.math.rsqrt(t316)
-        t408 = t317 * t407
-        t409 = t319 * t407
-        t410 = t322 * t407
-        t411 = t326 * t407
-        t412 = t331 * t407
-        t413 = t337 * t407
-        t414 = t344 * t407
-        t415 = t352 * t407
-        t416 = t361 * t407
-        t417 = t371 * t407
-        t418 = t382 * t407
-        t419 = t394 * t407
-        t420 = t303 * t407
-        t421 = t304 - t408 * t420
-        t422 = t305 - t409 * t420
-        t423 = t306 - t410 * t420
-        t424 = t307 - t411 * t420
-        t425 = t308 - t412 * t420
-        t426 = t309 - t413 * t420
-        t427 = t310 - t414 * t420
-        t428 = t311 - t415 * t420
-        t429 = t312 - t416 * t420
-        t430 = t313 - t417 * t420
-        t431 = t314 - t418 * t420
-        t432 = t315 - t419 * t420
-        t433 = t318 - t408 * t408
-        t434 = t320 - t409 * t408
-        t435 = t321 - t409 * t409
-        t436 = t323 - t410 * t408
-        t437 = t324 - t410 * t409
-        t438 = t325 - t410 * t410
-        t439 = t327 - t411 * t408
-        t440 = t328 - t411 * t409
-        t441 = t329 - t411 * t410
-        t442 = t330 - t411 * t411
-        t443 = t332 - t412 * t408
-        t444 = t333 - t412 * t409
-        t445 = t334 - t412 * t410
-        t446 = t335 - t412 * t411
-        t447 = t336 - t412 * t412
-        t448 = t338 - t413 * t408
-        t449 = t339 - t413 * t409
-        t450 = t340 - t413 * t410
-        t451 = t341 - t413 * t411
-        t452 = t342 - t413 * t412
-        t453 = t343 - t413 * t413
-        t454 = t345 - t414 * t408
-        t455 = t346 - t414 * t409
-        t456 = t347 - t414 * t410
-        t457 = t348 - t414 * t411
-        t458 = t349 - t414 * t412
-        t459 = t350 - t414 * t413
-        t460 = t351 - t414 * t414
-        t461 = t353 - t415 * t408
-        t462 = t354 - t415 * t409
-        t463 = t355 - t415 * t410
-        t464 = t356 - t415 * t411
-        t465 = t357 - t415 * t412
-        t466 = t358 - t415 * t413
-        t467 = t359 - t415 * t414
-        t468 = t360 - t415 * t415
-        t469 = t362 - t416 * t408
-        t470 = t363 - t416 * t409
-        t471 = t364 - t416 * t410
-        t472 = t365 - t416 * t411
-        t473 = t366 - t416 * t412
-        t474 = t367 - t416 * t413
-        t475 = t368 - t416 * t414
-        t476 = t369 - t416 * t415
-        t477 = t370 - t416 * t416
-        t478 = t372 - t417 * t408
-        t479 = t373 - t417 * t409
-        t480 = t374 - t417 * t410
-        t481 = t375 - t417 * t411
-        t482 = t376 - t417 * t412
-        t483 = t377 - t417 * t413
-        t484 = t378 - t417 * t414
-        t485 = t379 - t417 * t415
-        t486 = t380 - t417 * t416
-        t487 = t381 - t417 * t417
-        t488 = t383 - t418 * t408
-        t489 = t384 - t418 * t409
-        t490 = t385 - t418 * t410
-        t491 = t386 - t418 * t411
-        t492 = t387 - t418 * t412
-        t493 = t388 - t418 * t413
-        t494 = t389 - t418 * t414
-        t495 = t390 - t418 * t415
-        t496 = t391 - t418 * t416
-        t497 = t392 - t418 * t417
-        t498 = t393 - t418 * t418
-        t499 = t395 - t419 * t408
-        t500 = t396 - t419 * t409
-        t501 = t397 - t419 * t410
-        t502 = t398 - t419 * t411
-        t503 = t399 - t419 * t412
-        t504 = t400 - t419 * t413
-        t505 = t401 - t419 * t414
-        t506 = t402 - t419 * t415
-        t507 = t403 - t419 * t416
-        t508 = t404 - t419 * t417
-        t509 = t405 - t419 * t418
-        t510 = t406 - t419 * t419
-        t511 = tl.math.rsqrt(t433)
-        t512 = t434 * t511
-        t513 = t436 * t511
-        t514 = t439 * t511
-        t515 = t443 * t511
-        t516 = t448 * t511
-        t517 = t454 * t511
-        t518 = t461 * t511
-        t519 = t469 * t511
-        t520 = t478 * t511
-        t521 = t488 * t511
-        t522 = t499 * t511
-        t523 = t421 * t511
-        t524 = t422 - t512 * t523
-        t525 = t423 - t513 * t523
-        t526 = t424 - t514 * t523
-        t527 = t425 - t515 * t523
-        t528 = t426 - t516 * t523
-        t529 = t427 - t517 * t523
-        t530 = t428 - t518 * t523
-        t531 = t429 - t519 * t523
-        t532 = t430 - t520 * t523
-        t533 = t431 - t521 * t523
-        t534 = t432 - t522 * t523
-        t535 = t435 - t512 * t512
-        t536 = t437 - t513 * t512
-        t537 = t438 - t513 * t513
-        t538 = t440 - t514 * t512
-        t539 = t441 - t514 * t513
-        t540 = t442 - t514 * t514
-        t541 = t444 - t515 * t512
-        t542 = t445 - t515 * t513
-        t543 = t446 - t515 * t514
-        t544 = t447 - t515 * t515
-        t545 = t449 - t516 * t512
-        t546 = t450 - t516 * t513
-        t547 = t451 - t516 * t514
-        t548 = t452 - t516 * t515
-        t549 = t453 - t516 * t516
-        t550 = t455 - t517 * t512
-        t551 = t456 - t517 * t513
-        t552 = t457 - t517 * t514
-        t553 = t458 - t517 * t515
-        t554 = t459 - t517 * t516
-        t555 = t460 - t517 * t517
-        t556 = t462 - t518 * t512
-        t557 = t463 - t518 * t513
-        t558 = t464 - t518 * t514
-        t559 = t465 - t518 * t515
-        t560 = t466 - t518 * t516
-        t561 = t467 - t518 * t517
-        t562 = t468 - t518 * t518
-        t563 = t470 - t519 * t512
-        t564 = t471 - t519 * t513
-        t565 = t472 - t519 * t514
-        t566 = t473 - t519 * t515
-        t567 = t474 - t519 * t516
-        t568 = t475 - t519 * t517
-        t569 = t476 - t519 * t518
-        t570 = t477 - t519 * t519
-        t571 = t479 - t520 * t512
-        t572 = t480 - t520 * t513
-        t573 = t481 - t520 * t514
-        t574 = t482 - t520 * t515
-        t575 = t483 - t520 * t516
-        t576 = t484 - t520 * t517
-        t577 = t485 - t520 * t518
-        t578 = t486 - t520 * t519
-        t579 = t487 - t520 * t520
-        t580 = t489 - t521 * t512
-        t581 = t490 - t521 * t513
-        t582 = t491 - t521 * t514
-        t583 = t492 - t521 * t515
-        t584 = t493 - t521 * t516
-        t585 = t494 - t521 * t517
-        t586 = t495 - t521 * t518
-        t587 = t496 - t521 * t519
-        t588 = t497 - t521 * t520
-        t589 = t498 - t521 * t521
-        t590 = t500 - t522 * t512
-        t591 = t501 - t522 * t513
-        t592 = t502 - t522 * t514
-        t593 = t503 - t522 * t515
-        t594 = t504 - t522 * t516
-        t595 = t505 - t522 * t517
-        t596 = t506 - t522 * t518
-        t597 = t507 - t522 * t519
-        t598 = t508 - t522 * t520
-        t599 = t509 - t522 * t521
-        t600 = t510 - t522 * t522
-        t601 = tl.math.rsqrt(t535)
-        t602 = t536 * t601
-        t603 = t538 * t601
-        t604 = t541 * t601
-        t605 = t545 * t601
-        t606 = t550 * t601
-        t607 = t556 * t601
-        t608 = t563 * t601
-        t609 = t571 * t601
-        t610 = t580 * t601
-        t611 = t590 * t601
-        t612 = t524 * t601
-        t613 = t525 - t602 * t612
-        t614 = t526 - t603 * t612
-        t615 = t527 - t604 * t612
-        t616 = t528 - t605 * t612
-        t617 = t529 - t606 * t612
-        t618 = t530 - t607 * t612
-        t619 = t531 - t608 * t612
-        t620 = t532 - t609 * t612
-        t621 = t533 - t610 * t612
-        t622 = t534 - t611 * t612
-        t623 = t537 - t602 * t602
-        t624 = t539 - t603 * t602
-        t625 = t540 - t603 * t603
-        t626 = t542 - t604 * t602
-        t627 = t543 - t604 * t603
-        t628 = t544 - t604 * t604
-        t629 = t546 - t605 * t602
-        t630 = t547 - t605 * t603
-        t631 = t548 - t605 * t604
-        t632 = t549 - t605 * t605
-        t633 = t551 - t606 * t602
-        t634 = t552 - t606 * t603
-        t635 = t553 - t606 * t604
-        t636 = t554 - t606 * t605
-        t637 = t555 - t606 * t606
-        t638 = t557 - t607 * t602
-        t639 = t558 - t607 * t603
-        t640 = t559 - t607 * t604
-        t641 = t560 - t607 * t605
-        t642 = t561 - t607 * t606
-        t643 = t562 - t607 * t607
-        t644 = t564 - t608 * t602
-        t645 = t565 - t608 * t603
-        t646 = t566 - t608 * t604
-        t647 = t567 - t608 * t605
-        t648 = t568 - t608 * t606
-        t649 = t569 - t608 * t607
-        t650 = t570 - t608 * t608
-        t651 = t572 - t609 * t602
-        t652 = t573 - t609 * t603
-        t653 = t574 - t609 * t604
-        t654 = t575 - t609 * t605
-        t655 = t576 - t609 * t606
-        t656 = t577 - t609 * t607
-        t657 = t578 - t609 * t608
-        t658 = t579 - t609 * t609
-        t659 = t581 - t610 * t602
-        t660 = t582 - t610 * t603
-        t661 = t583 - t610 * t604
-        t662 = t584 - t610 * t605
-        t663 = t585 - t610 * t606
-        t664 = t586 - t610 * t607
-        t665 = t587 - t610 * t608
-        t666 = t588 - t610 * t609
-        t667 = t589 - t610 * t610
-        t668 = t591 - t611 * t602
-        t669 = t592 - t611 * t603
-        t670 = t593 - t611 * t604
-        t671 = t594 - t611 * t605
-        t672 = t595 - t611 * t606
-        t673 = t596 - t611 * t607
-        t674 = t597 - t611 * t608
-        t675 = t598 - t611 * t609
-        t676 = t599 - t611 * t610
-        t677 = t600 - t611 * t611
-        t678 = tl.math.rsqrt(t623)
-        t679 = t624 * t678
-        t680 = t626 * t678
-        t681 = t629 * t678
-        t682 = t633 * t678
-        t683 = t638 * t678
-        t684 = t644 * t678
-        t685 = t651 * t678
-        t686 = t659 * t678
-        t687 = t668 * t678
-        t688 = t613 * t678
-        t689 = t614 - t679 * t688
-        t690 = t615 - t680 * t688
-        t691 = t616 - t681 * t688
-        t692 = t617 - t682 * t688
-        t693 = t618 - t683 * t688
-        t694 = t619 - t684 * t688
-        t695 = t620 - t685 * t688
-        t696 = t621 - t686 * t688
-        t697 = t622 - t687 * t688
-        t698 = t625 - t679 * t679
-        t699 = t627 - t680 * t679
-        t700 = t628 - t680 * t680
-        t701 = t630 - t681 * t679
-        t702 = t631 - t681 * t680
-        t703 = t632 - t681 * t681
-        t704 = t634 - t682 * t679
-        t705 = t635 - t682 * t680
-        t706 = t636 - t682 * t681
-        t707 = t637 - t682 * t682
-        t708 = t639 - t683 * t679
-        t709 = t640 - t683 * t680
-        t710 = t641 - t683 * t681
-        t711 = t642 - t683 * t682
-        t712 = t643 - t683 * t683
-        t713 = t645 - t684 * t679
-        t714 = t646 - t684 * t680
-        t715 = t647 - t684 * t681
-        t716 = t648 - t684 * t682
-        t717 = t649 - t684 * t683
-        t718 = t650 - t684 * t684
-        t719 = t652 - t685 * t679
-        t720 = t653 - t685 * t680
-        t721 = t654 - t685 * t681
-        t722 = t655 - t685 * t682
-        t723 = t656 - t685 * t683
-        t724 = t657 - t685 * t684
-        t725 = t658 - t685 * t685
-        t726 = t660 - t686 * t679
-        t727 = t661 - t686 * t680
-        t728 = t662 - t686 * t681
-        t729 = t663 - t686 * t682
-        t730 = t664 - t686 * t683
-        t731 = t665 - t686 * t684
-        t732 = t666 - t686 * t685
-        t733 = t667 - t686 * t686
-        t734 = t669 - t687 * t679
-        t735 = t670 - t687 * t680
-        t736 = t671 - t687 * t681
-        t737 = t672 - t687 * t682
-        t738 = t673 - t687 * t683
-        t739 = t674 - t687 * t684
-        t740 = t675 - t687 * t685
-        t741 = t676 - t687 * t686
-        t742 = t677 - t687 * t687
-        t743 = tl.math.rsqrt(t698)
-        t744 = t699 * t743
-        t745 = t701 * t743
-        t746 = t704 * t743
-        t747 = t708 * t743
-        t748 = t713 * t743
-        t749 = t719 * t743
-        t750 = t726 * t743
-        t751 = t734 * t743
-        t752 = t689 * t743
-        t753 = t690 - t744 * t752
-        t754 = t691 - t745 * t752
-        t755 = t692 - t746 * t752
-        t756 = t693 - t747 * t752
-        t757 = t694 - t748 * t752
-        t758 = t695 - t749 * t752
-        t759 = t696 - t750 * t752
-        t760 = t697 - t751 * t752
-        t761 = t700 - t744 * t744
-        t762 = t702 - t745 * t744
-        t763 = t703 - t745 * t745
-        t764 = t705 - t746 * t744
-        t765 = t706 - t746 * t745
-        t766 = t707 - t746 * t746
-        t767 = t709 - t747 * t744
-        t768 = t710 - t747 * t745
-        t769 = t711 - t747 * t746
-        t770 = t712 - t747 * t747
-        t771 = t714 - t748 * t744
-        t772 = t715 - t748 * t745
-        t773 = t716 - t748 * t746
-        t774 = t717 - t748 * t747
-        t775 = t718 - t748 * t748
-        t776 = t720 - t749 * t744
-        t777 = t721 - t749 * t745
-        t778 = t722 - t749 * t746
-        t779 = t723 - t749 * t747
-        t780 = t724 - t749 * t748
-        t781 = t725 - t749 * t749
-        t782 = t727 - t750 * t744
-        t783 = t728 - t750 * t745
-        t784 = t729 - t750 * t746
-        t785 = t730 - t750 * t747
-        t786 = t731 - t750 * t748
-        t787 = t732 - t750 * t749
-        t788 = t733 - t750 * t750
-        t789 = t735 - t751 * t744
-        t790 = t736 - t751 * t745
-        t791 = t737 - t751 * t746
-        t792 = t738 - t751 * t747
-        t793 = t739 - t751 * t748
-        t794 = t740 - t751 * t749
-        t795 = t741 - t751 * t750
-        t796 = t742 - t751 * t751
-        t797 = tl.math.rsqrt(t761)
-        t798 = t762 * t797
-        t799 = t764 * t797
-        t800 = t767 * t797
-        t801 = t771 * t797
-        t802 = t776 * t797
-        t803 = t782 * t797
-        t804 = t789 * t797
-        t805 = t753 * t797
-        t806 = t754 - t798 * t805
-        t807 = t755 - t799 * t805
-        t808 = t756 - t800 * t805
-        t809 = t757 - t801 * t805
-        t810 = t758 - t802 * t805
-        t811 = t759 - t803 * t805
-        t812 = t760 - t804 * t805
-        t813 = t763 - t798 * t798
-        t814 = t765 - t799 * t798
-        t815 = t766 - t799 * t799
-        t816 = t768 - t800 * t798
-        t817 = t769 - t800 * t799
-        t818 = t770 - t800 * t800
-        t819 = t772 - t801 * t798
-        t820 = t773 - t801 * t799
-        t821 = t774 - t801 * t800
-        t822 = t775 - t801 * t801
-        t823 = t777 - t802 * t798
-        t824 = t778 - t802 * t799
-        t825 = t779 - t802 * t800
-        t826 = t780 - t802 * t801
-        t827 = t781 - t802 * t802
-        t828 = t783 - t803 * t798
-        t829 = t784 - t803 * t799
-        t830 = t785 - t803 * t800
-        t831 = t786 - t803 * t801
-        t832 = t787 - t803 * t802
-        t833 = t788 - t803 * t803
-        t834 = t790 - t804 * t798
-        t835 = t791 - t804 * t799
-        t836 = t792 - t804 * t800
-        t837 = t793 - t804 * t801
-        t838 = t794 - t804 * t802
-        t839 = t795 - t804 * t803
-        t840 = t796 - t804 * t804
-        t841 = tl.math.rsqrt(t813)
-        t842 = t814 * t841
-        t843 = t816 * t841
-        t844 = t819 * t841
-        t845 = t823 * t841
-        t846 = t828 * t841
-        t847 = t834 * t841
-        t848 = t806 * t841
-        t849 = t807 - t842 * t848
-        t850 = t808 - t843 * t848
-        t851 = t809 - t844 * t848
-        t852 = t810 - t845 * t848
-        t853 = t811 - t846 * t848
-        t854 = t812 - t847 * t848
-        t855 = t815 - t842 * t842
-        t856 = t817 - t843 * t842
-        t857 = t818 - t843 * t843
-        t858 = t820 - t844 * t842
-        t859 = t821 - t844 * t843
-        t860 = t822 - t844 * t844
-        t861 = t824 - t845 * t842
-        t862 = t825 - t845 * t843
-        t863 = t826 - t845 * t844
-        t864 = t827 - t845 * t845
-        t865 = t829 - t846 * t842
-        t866 = t830 - t846 * t843
-        t867 = t831 - t846 * t844
-        t868 = t832 - t846 * t845
-        t869 = t833 - t846 * t846
-        t870 = t835 - t847 * t842
-        t871 = t836 - t847 * t843
-        t872 = t837 - t847 * t844
-        t873 = t838 - t847 * t845
-        t874 = t839 - t847 * t846
-        t875 = t840 - t847 * t847
-        t876 = tl.math.rsqrt(t855)
-        t877 = t856 * t876
-        t878 = t858 * t876
-        t879 = t861 * t876
-        t880 = t865 * t876
-        t881 = t870 * t876
-        t882 = t849 * t876
-        t883 = t850 - t877 * t882
-        t884 = t851 - t878 * t882
-        t885 = t852 - t879 * t882
-        t886 = t853 - t880 * t882
-        t887 = t854 - t881 * t882
-        t888 = t857 - t877 * t877
-        t889 = t859 - t878 * t877
-        t890 = t860 - t878 * t878
-        t891 = t862 - t879 * t877
-        t892 = t863 - t879 * t878
-        t893 = t864 - t879 * t879
-        t894 = t866 - t880 * t877
-        t895 = t867 - t880 * t878
-        t896 = t868 - t880 * t879
-        t897 = t869 - t880 * t880
-        t898 = t871 - t881 * t877
-        t899 = t872 - t881 * t878
-        t900 = t873 - t881 * t879
-        t901 = t874 - t881 * t880
-        t902 = t875 - t881 * t881
-        t903 = tl.math.rsqrt(t888)
-        t904 = t889 * t903
-        t905 = t891 * t903
-        t906 = t894 * t903
-        t907 = t898 * t903
-        t908 = t883 * t903
-        t909 = t884 - t904 * t908
-        t910 = t885 - t905 * t908
-        t911 = t886 - t906 * t908
-        t912 = t887 - t907 * t908
-        t913 = t890 - t904 * t904
-        t914 = t892 - t905 * t904
-        t915 = t893 - t905 * t905
-        t916 = t895 - t906 * t904
-        t917 = t896 - t906 * t905
-        t918 = t897 - t906 * t906
-        t919 = t899 - t907 * t904
-        t920 = t900 - t907 * t905
-        t921 = t901 - t907 * t906
-        t922 = t902 - t907 * t907
-        t923 = tl.math.rsqrt(t913)
-        t924 = t914 * t923
-        t925 = t916 * t923
-        t926 = t919 * t923
-        t927 = t909 * t923
-        t928 = t910 - t924 * t927
-        t929 = t911 - t925 * t927
-        t930 = t912 - t926 * t927
-        t931 = t915 - t924 * t924
-        t932 = t917 - t925 * t924
-        t933 = t918 - t925 * t925
-        t934 = t920 - t926 * t924
-        t935 = t921 - t926 * t925
-        t936 = t922 - t926 * t926
-        t937 = tl.math.rsqrt(t931)
-        t938 = t932 * t937
-        t939 = t934 * t937
-        t940 = t928 * t937
-        t941 = t929 - t938 * t940
-        t942 = t930 - t939 * t940
-        t943 = t933 - t938 * t938
-        t944 = t935 - t939 * t938
-        t945 = t936 - t939 * t939
-        t946 = tl.math.rsqrt(t943)
-        t947 = t944 * t946
-        t948 = t941 * t946
-        t949 = t942 - t947 * t948
-        t950 = t945 - t947 * t947
-        t951 = tl.math.rsqrt(t950)
-        t952 = t949 * t951
-        t953 = t952 * t951
-        t954 = t948 - t947 * t953
-        t955 = t954 * t946
-        t956 = t940 - t938 * t955
-        t957 = t956 - t939 * t953
-        t958 = t957 * t937
-        t959 = t927 - t924 * t958
-        t960 = t959 - t925 * t955
-        t961 = t960 - t926 * t953
-        t962 = t961 * t923
-        t963 = t908 - t904 * t962
-        t964 = t963 - t905 * t958
-        t965 = t964 - t906 * t955
-        t966 = t965 - t907 * t953
-        t967 = t966 * t903
-        t968 = t882 - t877 * t967
-        t969 = t968 - t878 * t962
-        t970 = t969 - t879 * t958
-        t971 = t970 - t880 * t955
-        t972 = t971 - t881 * t953
-        t973 = t972 * t876
-        t974 = t848 - t842 * t973
-        t975 = t974 - t843 * t967
-        t976 = t975 - t844 * t962
-        t977 = t976 - t845 * t958
-        t978 = t977 - t846 * t955
-        t979 = t978 - t847 * t953
-        t980 = t979 * t841
-        t981 = t805 - t798 * t980
-        t982 = t981 - t799 * t973
-        t983 = t982 - t800 * t967
-        t984 = t983 - t801 * t962
-        t985 = t984 - t802 * t958
-        t986 = t985 - t803 * t955
-        t987 = t986 - t804 * t953
-        t988 = t987 * t797
-        t989 = t752 - t744 * t988
-        t990 = t989 - t745 * t980
-        t991 = t990 - t746 * t973
-        t992 = t991 - t747 * t967
-        t993 = t992 - t748 * t962
-        t994 = t993 - t749 * t958
-        t995 = t994 - t750 * t955
-        t996 = t995 - t751 * t953
-        t997 = t996 * t743
-        t998 = t688 - t679 * t997
-        t999 = t998 - t680 * t988
-        t1000 = t999 - t681 * t980
-        t1001 = t1000 - t682 * t973
-        t1002 = t1001 - t683 * t967
-        t1003 = t1002 - t684 * t962
-        t1004 = t1003 - t685 * t958
-        t1005 = t1004 - t686 * t955
-        t1006 = t1005 - t687 * t953
-        t1007 = t1006 * t678
-        t1008 = t612 - t602 * t1007
-        t1009 = t1008 - t603 * t997
-        t1010 = t1009 - t604 * t988
-        t1011 = t1010 - t605 * t980
-        t1012 = t1011 - t606 * t973
-        t1013 = t1012 - t607 * t967
-        t1014 = t1013 - t608 * t962
-        t1015 = t1014 - t609 * t958
-        t1016 = t1015 - t610 * t955
-        t1017 = t1016 - t611 * t953
-        t1018 = t1017 * t601
-        t1019 = t523 - t512 * t1018
-        t1020 = t1019 - t513 * t1007
-        t1021 = t1020 - t514 * t997
-        t1022 = t1021 - t515 * t988
-        t1023 = t1022 - t516 * t980
-        t1024 = t1023 - t517 * t973
-        t1025 = t1024 - t518 * t967
-        t1026 = t1025 - t519 * t962
-        t1027 = t1026 - t520 * t958
-        t1028 = t1027 - t521 * t955
-        t1029 = t1028 - t522 * t953
-        t1030 = t1029 * t511
-        t1031 = t420 - t408 * t1030
-        t1032 = t1031 - t409 * t1018
-        t1033 = t1032 - t410 * t1007
-        t1034 = t1033 - t411 * t997
-        t1035 = t1034 - t412 * t988
-        t1036 = t1035 - t413 * t980
-        t1037 = t1036 - t414 * t973
-        t1038 = t1037 - t415 * t967
-        t1039 = t1038 - t416 * t962
-        t1040 = t1039 - t417 * t958
-        t1041 = t1040 - t418 * t955
-        t1042 = t1041 - t419 * t953
-        t1043 = t1042 * t407
-        t1044 = t302 - t289 * t1043
-        t1045 = t1044 - t290 * t1030
-        t1046 = t1045 - t291 * t1018
-        t1047 = t1046 - t292 * t1007
-        t1048 = t1047 - t293 * t997
-        t1049 = t1048 - t294 * t988
-        t1050 = t1049 - t295 * t980
-        t1051 = t1050 - t296 * t973
-        t1052 = t1051 - t297 * t967
-        t1053 = t1052 - t298 * t962
-        t1054 = t1053 - t299 * t958
-        t1055 = t1054 - t300 * t955
-        t1056 = t1055 - t301 * t953
-        t1057 = t1056 * t288
-        t1058 = t168 - t154 * t1057
-        t1059 = t1058 - t155 * t1043
-        t1060 = t1059 - t156 * t1030
-        t1061 = t1060 - t157 * t1018
-        t1062 = t1061 - t158 * t1007
-        t1063 = t1062 - t159 * t997
-        t1064 = t1063 - t160 * t988
-        t1065 = t1064 - t161 * t980
-        t1066 = t1065 - t162 * t973
-        t1067 = t1066 - t163 * t967
-        t1068 = t1067 - t164 * t962
-        t1069 = t1068 - t165 * t958
-        t1070 = t1069 - t166 * t955
-        t1071 = t1070 - t167 * t953
-        t1072 = t1071 * t153
-        t1073 = t17 - t2 * t1072
-        t1074 = t1073 - t3 * t1057
-        t1075 = t1074 - t4 * t1043
-        t1076 = t1075 - t5 * t1030
-        t1077 = t1076 - t6 * t1018
-        t1078 = t1077 - t7 * t1007
-        t1079 = t1078 - t8 * t997
-        t1080 = t1079 - t9 * t988
-        t1081 = t1080 - t10 * t980
-        t1082 = t1081 - t11 * t973
-        t1083 = t1082 - t12 * t967
-        t1084 = t1083 - t13 * t962
-        t1085 = t1084 - t14 * t958
-        t1086 = t1085 - t15 * t955
-        t1087 = t1086 - t16 * t953
-        t1088 = t1087 * t1
-        x0 = t1088
-        x1 = t1072
-        x2 = t1057
-        x3 = t1043
-        x4 = t1030
-        x5 = t1018
-        x6 = t1007
-        x7 = t997
-        x8 = t988
-        x9 = t980
-        x10 = t973
-        x11 = t967
-        x12 = t962
-        x13 = t958
-        x14 = t955
-        x15 = t953
-    _st4(x_out + row * 16 + 0, x0, x1, x2, x3, tok_ok)
-    _st4(x_out + row * 16 + 4, x4, x5, x6, x7, tok_ok)
-    _st4(x_out + row * 16 + 8, x8, x9, x10, x11, tok_ok)
-    _st4(x_out + row * 16 + 12, x12, x13, x14, x15, tok_ok)
+            t1 = tl.math.rsqrt(a0_0)
+            t2 = a1_0 * t1
+            t3 = a2_0 * t1
+            t4 = a3_0 * t1
+            t5 = a4_0 * t1
+            t6 = a5_0 * t1
+            t7 = a6_0 * t1
+            t8 = a7_0 * t1
+            t9 = a8_0 * t1
+            t10 = a9_0 * t1
+            t11 = a10_0 * t1
+            t12 = a11_0 * t1
+            t13 = a12_0 * t1
+            t14 = a13_0 * t1
+            t15 = a14_0 * t1
+            t16 = a15_0 * t1
+            t17 = v0 * t1
+            t18 = v1 - t2 * t17
+            t19 = v2 - t3 * t17
+            t20 = v3 - t4 * t17
+            t21 = v4 - t5 * t17
+            t22 = v5 - t6 * t17
+            t23 = v6 - t7 * t17
+            t24 = v7 - t8 * t17
+            t25 = v8 - t9 * t17
+            t26 = v9 - t10 * t17
+            t27 = v10 - t11 * t17
+            t28 = v11 - t12 * t17
+            t29 = v12 - t13 * t17
+            t30 = v13 - t14 * t17
+            t31 = v14 - t15 * t17
+            t32 = v15 - t16 * t17
+            t33 = a1_1 - t2 * t2
+            t34 = a2_1 - t3 * t2
+            t35 = a2_2 - t3 * t3
+            t36 = a3_1 - t4 * t2
+            t37 = a3_2 - t4 * t3
+            t38 = a3_3 - t4 * t4
+            t39 = a4_1 - t5 * t2
+            t40 = a4_2 - t5 * t3
+            t41 = a4_3 - t5 * t4
+            t42 = a4_4 - t5 * t5
+            t43 = a5_1 - t6 * t2
+            t44 = a5_2 - t6 * t3
+            t45 = a5_3 - t6 * t4
+            t46 = a5_4 - t6 * t5
+            t47 = a5_5 - t6 * t6
+            t48 = a6_1 - t7 * t2
+            t49 = a6_2 - t7 * t3
+            t50 = a6_3 - t7 * t4
+            t51 = a6_4 - t7 * t5
+            t52 = a6_5 - t7 * t6
+            t53 = a6_6 - t7 * t7
+            t54 = a7_1 - t8 * t2
+            t55 = a7_2 - t8 * t3
+            t56 = a7_3 - t8 * t4
+            t57 = a7_4 - t8 * t5
+            t58 = a7_5 - t8 * t6
+            t59 = a7_6 - t8 * t7
+            t60 = a7_7 - t8 * t8
+            t61 = a8_1 - t9 * t2
+            t62 = a8_2 - t9 * t3
+            t63 = a8_3 - t9 * t4
+            t64 = a8_4 - t9 * t5
+            t65 = a8_5 - t9 * t6
+            t66 = a8_6 - t9 * t7
+            t67 = a8_7 - t9 * t8
+            t68 = a8_8 - t9 * t9
+            t69 = a9_1 - t10 * t2
+            t70 = a9_2 - t10 * t3
+            t71 = a9_3 - t10 * t4
+            t72 = a9_4 - t10 * t5
+            t73 = a9_5 - t10 * t6
+            t74 = a9_6 - t10 * t7
+            t75 = a9_7 - t10 * t8
+            t76 = a9_8 - t10 * t9
+            t77 = a9_9 - t10 * t10
+            t78 = a10_1 - t11 * t2
+            t79 = a10_2 - t11 * t3
+            t80 = a10_3 - t11 * t4
+            t81 = a10_4 - t11 * t5
+            t82 = a10_5 - t11 * t6
+            t83 = a10_6 - t11 * t7
+            t84 = a10_7 - t11 * t8
+            t85 = a10_8 - t11 * t9
+            t86 = a10_9 - t11 * t10
+            t87 = a10_10 - t11 * t11
+            t88 = a11_1 - t12 * t2
+            t89 = a11_2 - t12 * t3
+            t90 = a11_3 - t12 * t4
+            t91 = a11_4 - t12 * t5
+            t92 = a11_5 - t12 * t6
+            t93 = a11_6 - t12 * t7
+            t94 = a11_7 - t12 * t8
+            t95 = a11_8 - t12 * t9
+            t96 = a11_9 - t12 * t10
+            t97 = a11_10 - t12 * t11
+            t98 = a11_11 - t12 * t12
+            t99 = a12_1 - t13 * t2
+            t100 = a12_2 - t13 * t3
+            t101 = a12_3 - t13 * t4
+            t102 = a12_4 - t13 * t5
+            t103 = a12_5 - t13 * t6
+            t104 = a12_6 - t13 * t7
+            t105 = a12_7 - t13 * t8
+            t106 = a12_8 - t13 * t9
+            t107 = a12_9 - t13 * t10
+            t108 = a12_10 - t13 * t11
+            t109 = a12_11 - t13 * t12
+            t110 = a12_12 - t13 * t13
+            t111 = a13_1 - t14 * t2
+            t112 = a13_2 - t14 * t3
+            t113 = a13_3 - t14 * t4
+            t114 = a13_4 - t14 * t5
+            t115 = a13_5 - t14 * t6
+            t116 = a13_6 - t14 * t7
+            t117 = a13_7 - t14 * t8
+            t118 = a13_8 - t14 * t9
+            t119 = a13_9 - t14 * t10
+            t120 = a13_10 - t14 * t11
+            t121 = a13_11 - t14 * t12
+            t122 = a13_12 - t14 * t13
+            t123 = a13_13 - t14 * t14
+            t124 = a14_1 - t15 * t2
+            t125 = a14_2 - t15 * t3
+            t126 = a14_3 - t15 * t4
+            t127 = a14_4 - t15 * t5
+            t128 = a14_5 - t15 * t6
+            t129 = a14_6 - t15 * t7
+            t130 = a14_7 - t15 * t8
+            t131 = a14_8 - t15 * t9
+            t132 = a14_9 - t15 * t10
+            t133 = a14_10 - t15 * t11
+            t134 = a14_11 - t15 * t12
+            t135 = a14_12 - t15 * t13
+            t136 = a14_13 - t15 * t14
+            t137 = a14_14 - t15 * t15
+            t138 = a15_1 - t16 * t2
+            t139 = a15_2 - t16 * t3
+            t140 = a15_3 - t16 * t4
+            t141 = a15_4 - t16 * t5
+            t142 = a15_5 - t16 * t6
+            t143 = a15_6 - t16 * t7
+            t144 = a15_7 - t16 * t8
+            t145 = a15_8 - t16 * t9
+            t146 = a15_9 - t16 * t10
+            t147 = a15_10 - t16 * t11
+            t148 = a15_11 - t16 * t12
+            t149 = a15_12 - t16 * t13
+            t150 = a15_13 - t16 * t14
+            t151 = a15_14 - t16 * t15
+            t152 = a15_15 - t16 * t16
+            t153 = tl.math.rsqrt(t33)
+            t154 = t34 * t153
+            t155 = t36 * t153
+            t156 = t39 * t153
+            t157 = t43 * t153
+            t158 = t48 * t153
+            t159 = t54 * t153
+            t160 = t61 * t153
+            t161 = t69 * t153
+            t162 = t78 * t153
+            t163 = t88 * t153
+            t164 = t99 * t153
+            t165 = t111 * t153
+            t166 = t124 * t153
+            t167 = t138 * t153
+            t168 = t18 * t153
+            t169 = t19 - t154 * t168
+            t170 = t20 - t155 * t168
+            t171 = t21 - t156 * t168
+            t172 = t22 - t157 * t168
+            t173 = t23 - t158 * t168
+            t174 = t24 - t159 * t168
+            t175 = t25 - t160 * t168
+            t176 = t26 - t161 * t168
+            t177 = t27 - t162 * t168
+            t178 = t28 - t163 * t168
+            t179 = t29 - t164 * t168
+            t180 = t30 - t165 * t168
+            t181 = t31 - t166 * t168
+            t182 = t32 - t167 * t168
+            t183 = t35 - t154 * t154
+            t184 = t37 - t155 * t154
+            t185 = t38 - t155 * t155
+            t186 = t40 - t156 * t154
+            t187 = t41 - t156 * t155
+            t188 = t42 - t156 * t156
+            t189 = t44 - t157 * t154
+            t190 = t45 - t157 * t155
+            t191 = t46 - t157 * t156
+            t192 = t47 - t157 * t157
+            t193 = t49 - t158 * t154
+            t194 = t50 - t158 * t155
+            t195 = t51 - t158 * t156
+            t196 = t52 - t158 * t157
+            t197 = t53 - t158 * t158
+            t198 = t55 - t159 * t154
+            t199 = t56 - t159 * t155
+            t200 = t57 - t159 * t156
+            t201 = t58 - t159 * t157
+            t202 = t59 - t159 * t158
+            t203 = t60 - t159 * t159
+            t204 = t62 - t160 * t154
+            t205 = t63 - t160 * t155
+            t206 = t64 - t160 * t156
+            t207 = t65 - t160 * t157
+            t208 = t66 - t160 * t158
+            t209 = t67 - t160 * t159
+            t210 = t68 - t160 * t160
+            t211 = t70 - t161 * t154
+            t212 = t71 - t161 * t155
+            t213 = t72 - t161 * t156
+            t214 = t73 - t161 * t157
+            t215 = t74 - t161 * t158
+            t216 = t75 - t161 * t159
+            t217 = t76 - t161 * t160
+            t218 = t77 - t161 * t161
+            t219 = t79 - t162 * t154
+            t220 = t80 - t162 * t155
+            t221 = t81 - t162 * t156
+            t222 = t82 - t162 * t157
+            t223 = t83 - t162 * t158
+            t224 = t84 - t162 * t159
+            t225 = t85 - t162 * t160
+            t226 = t86 - t162 * t161
+            t227 = t87 - t162 * t162
+            t228 = t89 - t163 * t154
+            t229 = t90 - t163 * t155
+            t230 = t91 - t163 * t156
+            t231 = t92 - t163 * t157
+            t232 = t93 - t163 * t158
+            t233 = t94 - t163 * t159
+            t234 = t95 - t163 * t160
+            t235 = t96 - t163 * t161
+            t236 = t97 - t163 * t162
+            t237 = t98 - t163 * t163
+            t238 = t100 - t164 * t154
+            t239 = t101 - t164 * t155
+            t240 = t102 - t164 * t156
+            t241 = t103 - t164 * t157
+            t242 = t104 - t164 * t158
+            t243 = t105 - t164 * t159
+            t244 = t106 - t164 * t160
+            t245 = t107 - t164 * t161
+            t246 = t108 - t164 * t162
+            t247 = t109 - t164 * t163
+            t248 = t110 - t164 * t164
+            t249 = t112 - t165 * t154
+            t250 = t113 - t165 * t155
+            t251 = t114 - t165 * t156
+            t252 = t115 - t165 * t157
+            t253 = t116 - t165 * t158
+            t254 = t117 - t165 * t159
+            t255 = t118 - t165 * t160
+            t256 = t119 - t165 * t161
+            t257 = t120 - t165 * t162
+            t258 = t121 - t165 * t163
+            t259 = t122 - t165 * t164
+            t260 = t123 - t165 * t165
+            t261 = t125 - t166 * t154
+            t262 = t126 - t166 * t155
+            t263 = t127 - t166 * t156
+            t264 = t128 - t166 * t157
+            t265 = t129 - t166 * t158
+            t266 = t130 - t166 * t159
+            t267 = t131 - t166 * t160
+            t268 = t132 - t166 * t161
+            t269 = t133 - t166 * t162
+            t270 = t134 - t166 * t163
+            t271 = t135 - t166 * t164
+            t272 = t136 - t166 * t165
+            t273 = t137 - t166 * t166
+            t274 = t139 - t167 * t154
+            t275 = t140 - t167 * t155
+            t276 = t141 - t167 * t156
+            t277 = t142 - t167 * t157
+            t278 = t143 - t167 * t158
+            t279 = t144 - t167 * t159
+            t280 = t145 - t167 * t160
+            t281 = t146 - t167 * t161
+            t282 = t147 - t167 * t162
+            t283 = t148 - t167 * t163
+            t284 = t149 - t167 * t164
+            t285 = t150 - t167 * t165
+            t286 = t151 - t167 * t166
+            t287 = t152 - t167 * t167
+            t288 = tl.math.rsqrt(t183)
+            t289 = t184 * t288
+            t290 = t186 * t288
+            t291 = t189 * t288
+            t292 = t193 * t288
+            t293 = t198 * t288
+            t294 = t204 * t288
+            t295 = t211 * t288
+            t296 = t219 * t288
+            t297 = t228 * t288
+            t298 = t238 * t288
+            t299 = t249 * t288
+            t300 = t261 * t288
+            t301 = t274 * t288
+            t302 = t169 * t288
+            t303 = t170 - t289 * t302
+            t304 = t171 - t290 * t302
+            t305 = t172 - t291 * t302
+            t306 = t173 - t292 * t302
+            t307 = t174 - t293 * t302
+            t308 = t175 - t294 * t302
+            t309 = t176 - t295 * t302
+            t310 = t177 - t296 * t302
+            t311 = t178 - t297 * t302
+            t312 = t179 - t298 * t302
+            t313 = t180 - t299 * t302
+            t314 = t181 - t300 * t302
+            t315 = t182 - t301 * t302
+            t316 = t185 - t289 * t289
+            t317 = t187 - t290 * t289
+            t318 = t188 - t290 * t290
+            t319 = t190 - t291 * t289
+            t320 = t191 - t291 * t290
+            t321 = t192 - t291 * t291
+            t322 = t194 - t292 * t289
+            t323 = t195 - t292 * t290
+            t324 = t196 - t292 * t291
+            t325 = t197 - t292 * t292
+            t326 = t199 - t293 * t289
+            t327 = t200 - t293 * t290
+            t328 = t201 - t293 * t291
+            t329 = t202 - t293 * t292
+            t330 = t203 - t293 * t293
+            t331 = t205 - t294 * t289
+            t332 = t206 - t294 * t290
+            t333 = t207 - t294 * t291
+            t334 = t208 - t294 * t292
+            t335 = t209 - t294 * t293
+            t336 = t210 - t294 * t294
+            t337 = t212 - t295 * t289
+            t338 = t213 - t295 * t290
+            t339 = t214 - t295 * t291
+            t340 = t215 - t295 * t292
+            t341 = t216 - t295 * t293
+            t342 = t217 - t295 * t294
+            t343 = t218 - t295 * t295
+            t344 = t220 - t296 * t289
+            t345 = t221 - t296 * t290
+            t346 = t222 - t296 * t291
+            t347 = t223 - t296 * t292
+            t348 = t224 - t296 * t293
+            t349 = t225 - t296 * t294
+            t350 = t226 - t296 * t295
+            t351 = t227 - t296 * t296
+            t352 = t229 - t297 * t289
+            t353 = t230 - t297 * t290
+            t354 = t231 - t297 * t291
+            t355 = t232 - t297 * t292
+            t356 = t233 - t297 * t293
+            t357 = t234 - t297 * t294
+            t358 = t235 - t297 * t295
+            t359 = t236 - t297 * t296
+            t360 = t237 - t297 * t297
+            t361 = t239 - t298 * t289
+            t362 = t240 - t298 * t290
+            t363 = t241 - t298 * t291
+            t364 = t242 - t298 * t292
+            t365 = t243 - t298 * t293
+            t366 = t244 - t298 * t294
+            t367 = t245 - t298 * t295
+            t368 = t246 - t298 * t296
+            t369 = t247 - t298 * t297
+            t370 = t248 - t298 * t298
+            t371 = t250 - t299 * t289
+            t372 = t251 - t299 * t290
+            t373 = t252 - t299 * t291
+            t374 = t253 - t299 * t292
+            t375 = t254 - t299 * t293
+            t376 = t255 - t299 * t294
+            t377 = t256 - t299 * t295
+            t378 = t257 - t299 * t296
+            t379 = t258 - t299 * t297
+            t380 = t259 - t299 * t298
+            t381 = t260 - t299 * t299
+            t382 = t262 - t300 * t289
+            t383 = t263 - t300 * t290
+            t384 = t264 - t300 * t291
+            t385 = t265 - t300 * t292
+            t386 = t266 - t300 * t293
+            t387 = t267 - t300 * t294
+            t388 = t268 - t300 * t295
+            t389 = t269 - t300 * t296
+            t390 = t270 - t300 * t297
+            t391 = t271 - t300 * t298
+            t392 = t272 - t300 * t299
+            t393 = t273 - t300 * t300
+            t394 = t275 - t301 * t289
+            t395 = t276 - t301 * t290
+            t396 = t277 - t301 * t291
+            t397 = t278 - t301 * t292
+            t398 = t279 - t301 * t293
+            t399 = t280 - t301 * t294
+            t400 = t281 - t301 * t295
+            t401 = t282 - t301 * t296
+            t402 = t283 - t301 * t297
+            t403 = t284 - t301 * t298
+            t404 = t285 - t301 * t299
+            t405 = t286 - t301 * t300
+            t406 = t287 - t301 * t301
+            t407 = tl.math.rsqrt(t316)
+            t408 = t317 * t407
+            t409 = t319 * t407
+            t410 = t322 * t407
+            t411 = t326 * t407
+            t412 = t331 * t407
+            t413 = t337 * t407
+            t414 = t344 * t407
+            t415 = t352 * t407
+            t416 = t361 * t407
+            t417 = t371 * t407
+            t418 = t382 * t407
+            t419 = t394 * t407
+            t420 = t303 * t407
+            t421 = t304 - t408 * t420
+            t422 = t305 - t409 * t420
+            t423 = t306 - t410 * t420
+            t424 = t307 - t411 * t420
+            t425 = t308 - t412 * t420
+            t426 = t309 - t413 * t420
+            t427 = t310 - t414 * t420
+            t428 = t311 - t415 * t420
+            t429 = t312 - t416 * t420
+            t430 = t313 - t417 * t420
+            t431 = t314 - t418 * t420
+            t432 = t315 - t419 * t420
+            t433 = t318 - t408 * t408
+            t434 = t320 - t409 * t408
+            t435 = t321 - t409 * t409
+            t436 = t323 - t410 * t408
+            t437 = t324 - t410 * t409
+            t438 = t325 - t410 * t410
+            t439 = t327 - t411 * t408
+            t440 = t328 - t411 * t409
+            t441 = t329 - t411 * t410
+            t442 = t330 - t411 * t411
+            t443 = t332 - t412 * t408
+            t444 = t333 - t412 * t409
+            t445 = t334 - t412 * t410
+            t446 = t335 - t412 * t411
+            t447 = t336 - t412 * t412
+            t448 = t338 - t413 * t408
+            t449 = t339 - t413 * t409
+            t450 = t340 - t413 * t410
+            t451 = t341 - t413 * t411
+            t452 = t342 - t413 * t412
+            t453 = t343 - t413 * t413
+            t454 = t345 - t414 * t408
+            t455 = t346 - t414 * t409
+            t456 = t347 - t414 * t410
+            t457 = t348 - t414 * t411
+            t458 = t349 - t414 * t412
+            t459 = t350 - t414 * t413
+            t460 = t351 - t414 * t414
+            t461 = t353 - t415 * t408
+            t462 = t354 - t415 * t409
+            t463 = t355 - t415 * t410
+            t464 = t356 - t415 * t411
+            t465 = t357 - t415 * t412
+            t466 = t358 - t415 * t413
+            t467 = t359 - t415 * t414
+            t468 = t360 - t415 * t415
+            t469 = t362 - t416 * t408
+            t470 = t363 - t416 * t409
+            t471 = t364 - t416 * t410
+            t472 = t365 - t416 * t411
+            t473 = t366 - t416 * t412
+            t474 = t367 - t416 * t413
+            t475 = t368 - t416 * t414
+            t476 = t369 - t416 * t415
+            t477 = t370 - t416 * t416
+            t478 = t372 - t417 * t408
+            t479 = t373 - t417 * t409
+            t480 = t374 - t417 * t410
+            t481 = t375 - t417 * t411
+            t482 = t376 - t417 * t412
+            t483 = t377 - t417 * t413
+            t484 = t378 - t417 * t414
+            t485 = t379 - t417 * t415
+            t486 = t380 - t417 * t416
+            t487 = t381 - t417 * t417
+            t488 = t383 - t418 * t408
+            t489 = t384 - t418 * t409
+            t490 = t385 - t418 * t410
+            t491 = t386 - t418 * t411
+            t492 = t387 - t418 * t412
+            t493 = t388 - t418 * t413
+            t494 = t389 - t418 * t414
+            t495 = t390 - t418 * t415
+            t496 = t391 - t418 * t416
+            t497 = t392 - t418 * t417
+            t498 = t393 - t418 * t418
+            t499 = t395 - t419 * t408
+            t500 = t396 - t419 * t409
+            t501 = t397 - t419 * t410
+            t502 = t398 - t419 * t411
+            t503 = t399 - t419 * t412
+            t504 = t400 - t419 * t413
+            t505 = t401 - t419 * t414
+            t506 = t402 - t419 * t415
+            t507 = t403 - t419 * t416
+            t508 = t404 - t419 * t417
+            t509 = t405 - t419 * t418
+            t510 = t406 - t419 * t419
+            t511 = tl.math.rsqrt(t433)
+            t512 = t434 * t511
+            t513 = t436 * t511
+            t514 = t439 * t511
+            t515 = t443 * t511
+            t516 = t448 * t511
+            t517 = t454 * t511
+            t518 = t461 * t511
+            t519 = t469 * t511
+            t520 = t478 * t511
+            t521 = t488 * t511
+            t522 = t499 * t511
+            t523 = t421 * t511
+            t524 = t422 - t512 * t523
+            t525 = t423 - t513 * t523
+            t526 = t424 - t514 * t523
+            t527 = t425 - t515 * t523
+            t528 = t426 - t516 * t523
+            t529 = t427 - t517 * t523
+            t530 = t428 - t518 * t523
+            t531 = t429 - t519 * t523
+            t532 = t430 - t520 * t523
+            t533 = t431 - t521 * t523
+            t534 = t432 - t522 * t523
+            t535 = t435 - t512 * t512
+            t536 = t437 - t513 * t512
+            t537 = t438 - t513 * t513
+            t538 = t440 - t514 * t512
+            t539 = t441 - t514 * t513
+            t540 = t442 - t514 * t514
+            t541 = t444 - t515 * t512
+            t542 = t445 - t515 * t513
+            t543 = t446 - t515 * t514
+            t544 = t447 - t515 * t515
+            t545 = t449 - t516 * t512
+            t546 = t450 - t516 * t513
+            t547 = t451 - t516 * t514
+            t548 = t452 - t516 * t515
+            t549 = t453 - t516 * t516
+            t550 = t455 - t517 * t512
+            t551 = t456 - t517 * t513
+            t552 = t457 - t517 * t514
+            t553 = t458 - t517 * t515
+            t554 = t459 - t517 * t516
+            t555 = t460 - t517 * t517
+            t556 = t462 - t518 * t512
+            t557 = t463 - t518 * t513
+            t558 = t464 - t518 * t514
+            t559 = t465 - t518 * t515
+            t560 = t466 - t518 * t516
+            t561 = t467 - t518 * t517
+            t562 = t468 - t518 * t518
+            t563 = t470 - t519 * t512
+            t564 = t471 - t519 * t513
+            t565 = t472 - t519 * t514
+            t566 = t473 - t519 * t515
+            t567 = t474 - t519 * t516
+            t568 = t475 - t519 * t517
+            t569 = t476 - t519 * t518
+            t570 = t477 - t519 * t519
+            t571 = t479 - t520 * t512
+            t572 = t480 - t520 * t513
+            t573 = t481 - t520 * t514
+            t574 = t482 - t520 * t515
+            t575 = t483 - t520 * t516
+            t576 = t484 - t520 * t517
+            t577 = t485 - t520 * t518
+            t578 = t486 - t520 * t519
+            t579 = t487 - t520 * t520
+            t580 = t489 - t521 * t512
+            t581 = t490 - t521 * t513
+            t582 = t491 - t521 * t514
+            t583 = t492 - t521 * t515
+            t584 = t493 - t521 * t516
+            t585 = t494 - t521 * t517
+            t586 = t495 - t521 * t518
+            t587 = t496 - t521 * t519
+            t588 = t497 - t521 * t520
+            t589 = t498 - t521 * t521
+            t590 = t500 - t522 * t512
+            t591 = t501 - t522 * t513
+            t592 = t502 - t522 * t514
+            t593 = t503 - t522 * t515
+            t594 = t504 - t522 * t516
+            t595 = t505 - t522 * t517
+            t596 = t506 - t522 * t518
+            t597 = t507 - t522 * t519
+            t598 = t508 - t522 * t520
+            t599 = t509 - t522 * t521
+            t600 = t510 - t522 * t522
+            t601 = tl.math.rsqrt(t535)
+            t602 = t536 * t601
+            t603 = t538 * t601
+            t604 = t541 * t601
+            t605 = t545 * t601
+            t606 = t550 * t601
+            t607 = t556 * t601
+            t608 = t563 * t601
+            t609 = t571 * t601
+            t610 = t580 * t601
+            t611 = t590 * t601
+            t612 = t524 * t601
+            t613 = t525 - t602 * t612
+            t614 = t526 - t603 * t612
+            t615 = t527 - t604 * t612
+            t616 = t528 - t605 * t612
+            t617 = t529 - t606 * t612
+            t618 = t530 - t607 * t612
+            t619 = t531 - t608 * t612
+            t620 = t532 - t609 * t612
+            t621 = t533 - t610 * t612
+            t622 = t534 - t611 * t612
+            t623 = t537 - t602 * t602
+            t624 = t539 - t603 * t602
+            t625 = t540 - t603 * t603
+            t626 = t542 - t604 * t602
+            t627 = t543 - t604 * t603
+            t628 = t544 - t604 * t604
+            t629 = t546 - t605 * t602
+            t630 = t547 - t605 * t603
+            t631 = t548 - t605 * t604
+            t632 = t549 - t605 * t605
+            t633 = t551 - t606 * t602
+            t634 = t552 - t606 * t603
+            t635 = t553 - t606 * t604
+            t636 = t554 - t606 * t605
+            t637 = t555 - t606 * t606
+            t638 = t557 - t607 * t602
+            t639 = t558 - t607 * t603
+            t640 = t559 - t607 * t604
+            t641 = t560 - t607 * t605
+            t642 = t561 - t607 * t606
+            t643 = t562 - t607 * t607
+            t644 = t564 - t608 * t602
+            t645 = t565 - t608 * t603
+            t646 = t566 - t608 * t604
+            t647 = t567 - t608 * t605
+            t648 = t568 - t608 * t606
+            t649 = t569 - t608 * t607
+            t650 = t570 - t608 * t608
+            t651 = t572 - t609 * t602
+            t652 = t573 - t609 * t603
+            t653 = t574 - t609 * t604
+            t654 = t575 - t609 * t605
+            t655 = t576 - t609 * t606
+            t656 = t577 - t609 * t607
+            t657 = t578 - t609 * t608
+            t658 = t579 - t609 * t609
+            t659 = t581 - t610 * t602
+            t660 = t582 - t610 * t603
+            t661 = t583 - t610 * t604
+            t662 = t584 - t610 * t605
+            t663 = t585 - t610 * t606
+            t664 = t586 - t610 * t607
+            t665 = t587 - t610 * t608
+            t666 = t588 - t610 * t609
+            t667 = t589 - t610 * t610
+            t668 = t591 - t611 * t602
+            t669 = t592 - t611 * t603
+            t670 = t593 - t611 * t604
+            t671 = t594 - t611 * t605
+            t672 = t595 - t611 * t606
+            t673 = t596 - t611 * t607
+            t674 = t597 - t611 * t608
+            t675 = t598 - t611 * t609
+            t676 = t599 - t611 * t610
+            t677 = t600 - t611 * t611
+            t678 = tl.math.rsqrt(t623)
+            t679 = t624 * t678
+            t680 = t626 * t678
+            t681 = t629 * t678
+            t682 = t633 * t678
+            t683 = t638 * t678
+            t684 = t644 * t678
+            t685 = t651 * t678
+            t686 = t659 * t678
+            t687 = t668 * t678
+            t688 = t613 * t678
+            t689 = t614 - t679 * t688
+            t690 = t615 - t680 * t688
+            t691 = t616 - t681 * t688
+            t692 = t617 - t682 * t688
+            t693 = t618 - t683 * t688
+            t694 = t619 - t684 * t688
+            t695 = t620 - t685 * t688
+            t696 = t621 - t686 * t688
+            t697 = t622 - t687 * t688
+            t698 = t625 - t679 * t679
+            t699 = t627 - t680 * t679
+            t700 = t628 - t680 * t680
+            t701 = t630 - t681 * t679
+            t702 = t631 - t681 * t680
+            t703 = t632 - t681 * t681
+            t704 = t634 - t682 * t679
+            t705 = t635 - t682 * t680
+            t706 = t636 - t682 * t681
+            t707 = t637 - t682 * t682
+            t708 = t639 - t683 * t679
+            t709 = t640 - t683 * t680
+            t710 = t641 - t683 * t681
+            t711 = t642 - t683 * t682
+            t712 = t643 - t683 * t683
+            t713 = t645 - t684 * t679
+            t714 = t646 - t684 * t680
+            t715 = t647 - t684 * t681
+            t716 = t648 - t684 * t682
+            t717 = t649 - t684 * t683
+            t718 = t650 - t684 * t684
+            t719 = t652 - t685 * t679
+            t720 = t653 - t685 * t680
+            t721 = t654 - t685 * t681
+            t722 = t655 - t685 * t682
+            t723 = t656 - t685 * t683
+            t724 = t657 - t685 * t684
+            t725 = t658 - t685 * t685
+            t726 = t660 - t686 * t679
+            t727 = t661 - t686 * t680
+            t728 = t662 - t686 * t681
+            t729 = t663 - t686 * t682
+            t730 = t664 - t686 * t683
+            t731 = t665 - t686 * t684
+            t732 = t666 - t686 * t685
+            t733 = t667 - t686 * t686
+            t734 = t669 - t687 * t679
+            t735 = t670 - t687 * t680
+            t736 = t671 - t687 * t681
+            t737 = t672 - t687 * t682
+            t738 = t673 - t687 * t683
+            t739 = t674 - t687 * t684
+            t740 = t675 - t687 * t685
+            t741 = t676 - t687 * t686
+            t742 = t677 - t687 * t687
+            t743 = tl.math.rsqrt(t698)
+            t744 = t699 * t743
+            t745 = t701 * t743
+            t746 = t704 * t743
+            t747 = t708 * t743
+            t748 = t713 * t743
+            t749 = t719 * t743
+            t750 = t726 * t743
+            t751 = t734 * t743
+            t752 = t689 * t743
+            t753 = t690 - t744 * t752
+            t754 = t691 - t745 * t752
+            t755 = t692 - t746 * t752
+            t756 = t693 - t747 * t752
+            t757 = t694 - t748 * t752
+            t758 = t695 - t749 * t752
+            t759 = t696 - t750 * t752
+            t760 = t697 - t751 * t752
+            t761 = t700 - t744 * t744
+            t762 = t702 - t745 * t744
+            t763 = t703 - t745 * t745
+            t764 = t705 - t746 * t744
+            t765 = t706 - t746 * t745
+            t766 = t707 - t746 * t746
+            t767 = t709 - t747 * t744
+            t768 = t710 - t747 * t745
+            t769 = t711 - t747 * t746
+            t770 = t712 - t747 * t747
+            t771 = t714 - t748 * t744
+            t772 = t715 - t748 * t745
+            t773 = t716 - t748 * t746
+            t774 = t717 - t748 * t747
+            t775 = t718 - t748 * t748
+            t776 = t720 - t749 * t744
+            t777 = t721 - t749 * t745
+            t778 = t722 - t749 * t746
+            t779 = t723 - t749 * t747
+            t780 = t724 - t749 * t748
+            t781 = t725 - t749 * t749
+            t782 = t727 - t750 * t744
+            t783 = t728 - t750 * t745
+            t784 = t729 - t750 * t746
+            t785 = t730 - t750 * t747
+            t786 = t731 - t750 * t748
+            t787 = t732 - t750 * t749
+            t788 = t733 - t750 * t750
+            t789 = t735 - t751 * t744
+            t790 = t736 - t751 * t745
+            t791 = t737 - t751 * t746
+            t792 = t738 - t751 * t747
+            t793 = t739 - t751 * t748
+            t794 = t740 - t751 * t749
+            t795 = t741 - t751 * t750
+            t796 = t742 - t751 * t751
+            t797 = tl.math.rsqrt(t761)
+            t798 = t762 * t797
+            t799 = t764 * t797
+            t800 = t767 * t797
+            t801 = t771 * t797
+            t802 = t776 * t797
+            t803 = t782 * t797
+            t804 = t789 * t797
+            t805 = t753 * t797
+            t806 = t754 - t798 * t805
+            t807 = t755 - t799 * t805
+            t808 = t756 - t800 * t805
+            t809 = t757 - t801 * t805
+            t810 = t758 - t802 * t805
+            t811 = t759 - t803 * t805
+            t812 = t760 - t804 * t805
+            t813 = t763 - t798 * t798
+            t814 = t765 - t799 * t798
+            t815 = t766 - t799 * t799
+            t816 = t768 - t800 * t798
+            t817 = t769 - t800 * t799
+            t818 = t770 - t800 * t800
+            t819 = t772 - t801 * t798
+            t820 = t773 - t801 * t799
+            t821 = t774 - t801 * t800
+            t822 = t775 - t801 * t801
+            t823 = t777 - t802 * t798
+            t824 = t778 - t802 * t799
+            t825 = t779 - t802 * t800
+            t826 = t780 - t802 * t801
+            t827 = t781 - t802 * t802
+            t828 = t783 - t803 * t798
+            t829 = t784 - t803 * t799
+            t830 = t785 - t803 * t800
+            t831 = t786 - t803 * t801
+            t832 = t787 - t803 * t802
+            t833 = t788 - t803 * t803
+            t834 = t790 - t804 * t798
+            t835 = t791 - t804 * t799
+            t836 = t792 - t804 * t800
+            t837 = t793 - t804 * t801
+            t838 = t794 - t804 * t802
+            t839 = t795 - t804 * t803
+            t840 = t796 - t804 * t804
+            t841 = tl.math.rsqrt(t813)
+            t842 = t814 * t841
+            t843 = t816 * t841
+            t844 = t819 * t841
+            t845 = t823 * t841
+            t846 = t828 * t841
+            t847 = t834 * t841
+            t848 = t806 * t841
+            t849 = t807 - t842 * t848
+            t850 = t808 - t843 * t848
+            t851 = t809 - t844 * t848
+            t852 = t810 - t845 * t848
+            t853 = t811 - t846 * t848
+            t854 = t812 - t847 * t848
+            t855 = t815 - t842 * t842
+            t856 = t817 - t843 * t842
+            t857 = t818 - t843 * t843
+            t858 = t820 - t844 * t842
+            t859 = t821 - t844 * t843
+            t860 = t822 - t844 * t844
+            t861 = t824 - t845 * t842
+            t862 = t825 - t845 * t843
+            t863 = t826 - t845 * t844
+            t864 = t827 - t845 * t845
+            t865 = t829 - t846 * t842
+            t866 = t830 - t846 * t843
+            t867 = t831 - t846 * t844
+            t868 = t832 - t846 * t845
+            t869 = t833 - t846 * t846
+            t870 = t835 - t847 * t842
+            t871 = t836 - t847 * t843
+            t872 = t837 - t847 * t844
+            t873 = t838 - t847 * t845
+            t874 = t839 - t847 * t846
+            t875 = t840 - t847 * t847
+            t876 = tl.math.rsqrt(t855)
+            t877 = t856 * t876
+            t878 = t858 * t876
+            t879 = t861 * t876
+            t880 = t865 * t876
+            t881 = t870 * t876
+            t882 = t849 * t876
+            t883 = t850 - t877 * t882
+            t884 = t851 - t878 * t882
+            t885 = t852 - t879 * t882
+            t886 = t853 - t880 * t882
+            t887 = t854 - t881 * t882
+            t888 = t857 - t877 * t877
+            t889 = t859 - t878 * t877
+            t890 = t860 - t878 * t878
+            t891 = t862 - t879 * t877
+            t892 = t863 - t879 * t878
+            t893 = t864 - t879 * t879
+            t894 = t866 - t880 * t877
+            t895 = t867 - t880 * t878
+            t896 = t868 - t880 * t879
+            t897 = t869 - t880 * t880
+            t898 = t871 - t881 * t877
+            t899 = t872 - t881 * t878
+            t900 = t873 - t881 * t879
+            t901 = t874 - t881 * t880
+            t902 = t875 - t881 * t881
+            t903 = tl.math.rsqrt(t888)
+            t904 = t889 * t903
+            t905 = t891 * t903
+            t906 = t894 * t903
+            t907 = t898 * t903
+            t908 = t883 * t903
+            t909 = t884 - t904 * t908
+            t910 = t885 - t905 * t908
+            t911 = t886 - t906 * t908
+            t912 = t887 - t907 * t908
+            t913 = t890 - t904 * t904
+            t914 = t892 - t905 * t904
+            t915 = t893 - t905 * t905
+            t916 = t895 - t906 * t904
+            t917 = t896 - t906 * t905
+            t918 = t897 - t906 * t906
+            t919 = t899 - t907 * t904
+            t920 = t900 - t907 * t905
+            t921 = t901 - t907 * t906
+            t922 = t902 - t907 * t907
+            t923 = tl.math.rsqrt(t913)
+            t924 = t914 * t923
+            t925 = t916 * t923
+            t926 = t919 * t923
+            t927 = t909 * t923
+            t928 = t910 - t924 * t927
+            t929 = t911 - t925 * t927
+            t930 = t912 - t926 * t927
+            t931 = t915 - t924 * t924
+            t932 = t917 - t925 * t924
+            t933 = t918 - t925 * t925
+            t934 = t920 - t926 * t924
+            t935 = t921 - t926 * t925
+            t936 = t922 - t926 * t926
+            t937 = tl.math.rsqrt(t931)
+            t938 = t932 * t937
+            t939 = t934 * t937
+            t940 = t928 * t937
+            t941 = t929 - t938 * t940
+            t942 = t930 - t939 * t940
+            t943 = t933 - t938 * t938
+            t944 = t935 - t939 * t938
+            t945 = t936 - t939 * t939
+            t946 = tl.math.rsqrt(t943)
+            t947 = t944 * t946
+            t948 = t941 * t946
+            t949 = t942 - t947 * t948
+            t950 = t945 - t947 * t947
+            t951 = tl.math.rsqrt(t950)
+            t952 = t949 * t951
+            t953 = t952 * t951
+            t954 = t948 - t947 * t953
+            t955 = t954 * t946
+            t956 = t940 - t938 * t955
+            t957 = t956 - t939 * t953
+            t958 = t957 * t937
+            t959 = t927 - t924 * t958
+            t960 = t959 - t925 * t955
+            t961 = t960 - t926 * t953
+            t962 = t961 * t923
+            t963 = t908 - t904 * t962
+            t964 = t963 - t905 * t958
+            t965 = t964 - t906 * t955
+            t966 = t965 - t907 * t953
+            t967 = t966 * t903
+            t968 = t882 - t877 * t967
+            t969 = t968 - t878 * t962
+            t970 = t969 - t879 * t958
+            t971 = t970 - t880 * t955
+            t972 = t971 - t881 * t953
+            t973 = t972 * t876
+            t974 = t848 - t842 * t973
+            t975 = t974 - t843 * t967
+            t976 = t975 - t844 * t962
+            t977 = t976 - t845 * t958
+            t978 = t977 - t846 * t955
+            t979 = t978 - t847 * t953
+            t980 = t979 * t841
+            t981 = t805 - t798 * t980
+            t982 = t981 - t799 * t973
+            t983 = t982 - t800 * t967
+            t984 = t983 - t801 * t962
+            t985 = t984 - t802 * t958
+            t986 = t985 - t803 * t955
+            t987 = t986 - t804 * t953
+            t988 = t987 * t797
+            t989 = t752 - t744 * t988
+            t990 = t989 - t745 * t980
+            t991 = t990 - t746 * t973
+            t992 = t991 - t747 * t967
+            t993 = t992 - t748 * t962
+            t994 = t993 - t749 * t958
+            t995 = t994 - t750 * t955
+            t996 = t995 - t751 * t953
+            t997 = t996 * t743
+            t998 = t688 - t679 * t997
+            t999 = t998 - t680 * t988
+            t1000 = t999 - t681 * t980
+            t1001 = t1000 - t682 * t973
+            t1002 = t1001 - t683 * t967
+            t1003 = t1002 - t684 * t962
+            t1004 = t1003 - t685 * t958
+            t1005 = t1004 - t686 * t955
+            t1006 = t1005 - t687 * t953
+            t1007 = t1006 * t678
+            t1008 = t612 - t602 * t1007
+            t1009 = t1008 - t603 * t997
+            t1010 = t1009 - t604 * t988
+            t1011 = t1010 - t605 * t980
+            t1012 = t1011 - t606 * t973
+            t1013 = t1012 - t607 * t967
+            t1014 = t1013 - t608 * t962
+            t1015 = t1014 - t609 * t958
+            t1016 = t1015 - t610 * t955
+            t1017 = t1016 - t611 * t953
+            t1018 = t1017 * t601
+            t1019 = t523 - t512 * t1018
+            t1020 = t1019 - t513 * t1007
+            t1021 = t1020 - t514 * t997
+            t1022 = t1021 - t515 * t988
+            t1023 = t1022 - t516 * t980
+            t1024 = t1023 - t517 * t973
+            t1025 = t1024 - t518 * t967
+            t1026 = t1025 - t519 * t962
+            t1027 = t1026 - t520 * t958
+            t1028 = t1027 - t521 * t955
+            t1029 = t1028 - t522 * t953
+            t1030 = t1029 * t511
+            t1031 = t420 - t408 * t1030
+            t1032 = t1031 - t409 * t1018
+            t1033 = t1032 - t410 * t1007
+            t1034 = t1033 - t411 * t997
+            t1035 = t1034 - t412 * t988
+            t1036 = t1035 - t413 * t980
+            t1037 = t1036 - t414 * t973
+            t1038 = t1037 - t415 * t967
+            t1039 = t1038 - t416 * t962
+            t1040 = t1039 - t417 * t958
+            t1041 = t1040 - t418 * t955
+            t1042 = t1041 - t419 * t953
+            t1043 = t1042 * t407
+            t1044 = t302 - t289 * t1043
+            t1045 = t1044 - t290 * t1030
+            t1046 = t1045 - t291 * t1018
+            t1047 = t1046 - t292 * t1007
+            t1048 = t1047 - t293 * t997
+            t1049 = t1048 - t294 * t988
+            t1050 = t1049 - t295 * t980
+            t1051 = t1050 - t296 * t973
+            t1052 = t1051 - t297 * t967
+            t1053 = t1052 - t298 * t962
+            t1054 = t1053 - t299 * t958
+            t1055 = t1054 - t300 * t955
+            t1056 = t1055 - t301 * t953
+            t1057 = t1056 * t288
+            t1058 = t168 - t154 * t1057
+            t1059 = t1058 - t155 * t1043
+            t1060 = t1059 - t156 * t1030
+            t1061 = t1060 - t157 * t1018
+            t1062 = t1061 - t158 * t1007
+            t1063 = t1062 - t159 * t997
+            t1064 = t1063 - t160 * t988
+            t1065 = t1064 - t161 * t980
+            t1066 = t1065 - t162 * t973
+            t1067 = t1066 - t163 * t967
+            t1068 = t1067 - t164 * t962
+            t1069 = t1068 - t165 * t958
+            t1070 = t1069 - t166 * t955
+            t1071 = t1070 - t167 * t953
+            t1072 = t1071 * t153
+            t1073 = t17 - t2 * t1072
+            t1074 = t1073 - t3 * t1057
+            t1075 = t1074 - t4 * t1043
+            t1076 = t1075 - t5 * t1030
+            t1077 = t1076 - t6 * t1018
+            t1078 = t1077 - t7 * t1007
+            t1079 = t1078 - t8 * t997
+            t1080 = t1079 - t9 * t988
+            t1081 = t1080 - t10 * t980
+            t1082 = t1081 - t11 * t973
+            t1083 = t1082 - t12 * t967
+            t1084 = t1083 - t13 * t962
+            t1085 = t1084 - t14 * t958
+            t1086 = t1085 - t15 * t955
+            t1087 = t1086 - t16 * t953
+            t1088 = t1087 * t1
+            x0 = t1088
+            x1 = t1072
+            x2 = t1057
+            x3 = t1043
+            x4 = t1030
+            x5 = t1018
+            x6 = t1007
+            x7 = t997
+            x8 = t988
+            x9 = t980
+            x10 = t973
+            x11 = t967
+            x12 = t962
+            x13 = t958
+            x14 = t955
+            x15 = t953
+        _st4(x_out + row * 16 + 0, x0, x1, x2, x3, tok_ok)
+        _st4(x_out + row * 16 + 4, x4, x5, x6, x7, tok_ok)
+        _st4(x_out + row * 16 + 8, x8, x9, x10, x11, tok_ok)
+        _st4(x_out + row * 16 + 12, x12, x13, x14, x15, tok_ok)
 
 
 @triton.jit(do_not_specialize=["T", "H", "NT", "n_inst"])
@@ -2291,2306 +2294,2309 @@ def direct_bwd_kernel(q, k, g, beta, alpha, h0, x_in, dz, dq, dalpha, y_out, c_o
     dgp_t = ⟨dH_t, H_t⟩ + ⟨dU_t, U_t⟩, the token part of the log-decay gradient."""
     pid_p = tl.program_id(0)
     pid_i = tl.program_id(1)
-    lane = tl.arange(0, BLOCK)
-    inst = pid_i * (BLOCK // P) + lane // P
-    pos = pid_p * P + lane % P
-    live = inst < n_inst
-    inst = tl.where(live, inst, 0)
-    bh = inst // NT
-    chunk = inst - bh * NT
-    b64 = (bh // H).to(tl.int64)
-    hh = bh % H
-    t = chunk * BT + pos
-    tok_ok = live & (t < T)
-    row = (b64 * T + t) * H + hh
-    s_end = (pid_p + 1) * P
-    acc = tl.zeros([BLOCK], tl.float32)
-    a0_0 = tl.zeros([BLOCK], tl.float32)
-    a1_0 = tl.zeros([BLOCK], tl.float32)
-    a1_1 = tl.zeros([BLOCK], tl.float32)
-    a2_0 = tl.zeros([BLOCK], tl.float32)
-    a2_1 = tl.zeros([BLOCK], tl.float32)
-    a2_2 = tl.zeros([BLOCK], tl.float32)
-    a3_0 = tl.zeros([BLOCK], tl.float32)
-    a3_1 = tl.zeros([BLOCK], tl.float32)
-    a3_2 = tl.zeros([BLOCK], tl.float32)
-    a3_3 = tl.zeros([BLOCK], tl.float32)
-    a4_0 = tl.zeros([BLOCK], tl.float32)
-    a4_1 = tl.zeros([BLOCK], tl.float32)
-    a4_2 = tl.zeros([BLOCK], tl.float32)
-    a4_3 = tl.zeros([BLOCK], tl.float32)
-    a4_4 = tl.zeros([BLOCK], tl.float32)
-    a5_0 = tl.zeros([BLOCK], tl.float32)
-    a5_1 = tl.zeros([BLOCK], tl.float32)
-    a5_2 = tl.zeros([BLOCK], tl.float32)
-    a5_3 = tl.zeros([BLOCK], tl.float32)
-    a5_4 = tl.zeros([BLOCK], tl.float32)
-    a5_5 = tl.zeros([BLOCK], tl.float32)
-    a6_0 = tl.zeros([BLOCK], tl.float32)
-    a6_1 = tl.zeros([BLOCK], tl.float32)
-    a6_2 = tl.zeros([BLOCK], tl.float32)
-    a6_3 = tl.zeros([BLOCK], tl.float32)
-    a6_4 = tl.zeros([BLOCK], tl.float32)
-    a6_5 = tl.zeros([BLOCK], tl.float32)
-    a6_6 = tl.zeros([BLOCK], tl.float32)
-    a7_0 = tl.zeros([BLOCK], tl.float32)
-    a7_1 = tl.zeros([BLOCK], tl.float32)
-    a7_2 = tl.zeros([BLOCK], tl.float32)
-    a7_3 = tl.zeros([BLOCK], tl.float32)
-    a7_4 = tl.zeros([BLOCK], tl.float32)
-    a7_5 = tl.zeros([BLOCK], tl.float32)
-    a7_6 = tl.zeros([BLOCK], tl.float32)
-    a7_7 = tl.zeros([BLOCK], tl.float32)
-    a8_0 = tl.zeros([BLOCK], tl.float32)
-    a8_1 = tl.zeros([BLOCK], tl.float32)
-    a8_2 = tl.zeros([BLOCK], tl.float32)
-    a8_3 = tl.zeros([BLOCK], tl.float32)
-    a8_4 = tl.zeros([BLOCK], tl.float32)
-    a8_5 = tl.zeros([BLOCK], tl.float32)
-    a8_6 = tl.zeros([BLOCK], tl.float32)
-    a8_7 = tl.zeros([BLOCK], tl.float32)
-    a8_8 = tl.zeros([BLOCK], tl.float32)
-    a9_0 = tl.zeros([BLOCK], tl.float32)
-    a9_1 = tl.zeros([BLOCK], tl.float32)
-    a9_2 = tl.zeros([BLOCK], tl.float32)
-    a9_3 = tl.zeros([BLOCK], tl.float32)
-    a9_4 = tl.zeros([BLOCK], tl.float32)
-    a9_5 = tl.zeros([BLOCK], tl.float32)
-    a9_6 = tl.zeros([BLOCK], tl.float32)
-    a9_7 = tl.zeros([BLOCK], tl.float32)
-    a9_8 = tl.zeros([BLOCK], tl.float32)
-    a9_9 = tl.zeros([BLOCK], tl.float32)
-    a10_0 = tl.zeros([BLOCK], tl.float32)
-    a10_1 = tl.zeros([BLOCK], tl.float32)
-    a10_2 = tl.zeros([BLOCK], tl.float32)
-    a10_3 = tl.zeros([BLOCK], tl.float32)
-    a10_4 = tl.zeros([BLOCK], tl.float32)
-    a10_5 = tl.zeros([BLOCK], tl.float32)
-    a10_6 = tl.zeros([BLOCK], tl.float32)
-    a10_7 = tl.zeros([BLOCK], tl.float32)
-    a10_8 = tl.zeros([BLOCK], tl.float32)
-    a10_9 = tl.zeros([BLOCK], tl.float32)
-    a10_10 = tl.zeros([BLOCK], tl.float32)
-    a11_0 = tl.zeros([BLOCK], tl.float32)
-    a11_1 = tl.zeros([BLOCK], tl.float32)
-    a11_2 = tl.zeros([BLOCK], tl.float32)
-    a11_3 = tl.zeros([BLOCK], tl.float32)
-    a11_4 = tl.zeros([BLOCK], tl.float32)
-    a11_5 = tl.zeros([BLOCK], tl.float32)
-    a11_6 = tl.zeros([BLOCK], tl.float32)
-    a11_7 = tl.zeros([BLOCK], tl.float32)
-    a11_8 = tl.zeros([BLOCK], tl.float32)
-    a11_9 = tl.zeros([BLOCK], tl.float32)
-    a11_10 = tl.zeros([BLOCK], tl.float32)
-    a11_11 = tl.zeros([BLOCK], tl.float32)
-    a12_0 = tl.zeros([BLOCK], tl.float32)
-    a12_1 = tl.zeros([BLOCK], tl.float32)
-    a12_2 = tl.zeros([BLOCK], tl.float32)
-    a12_3 = tl.zeros([BLOCK], tl.float32)
-    a12_4 = tl.zeros([BLOCK], tl.float32)
-    a12_5 = tl.zeros([BLOCK], tl.float32)
-    a12_6 = tl.zeros([BLOCK], tl.float32)
-    a12_7 = tl.zeros([BLOCK], tl.float32)
-    a12_8 = tl.zeros([BLOCK], tl.float32)
-    a12_9 = tl.zeros([BLOCK], tl.float32)
-    a12_10 = tl.zeros([BLOCK], tl.float32)
-    a12_11 = tl.zeros([BLOCK], tl.float32)
-    a12_12 = tl.zeros([BLOCK], tl.float32)
-    a13_0 = tl.zeros([BLOCK], tl.float32)
-    a13_1 = tl.zeros([BLOCK], tl.float32)
-    a13_2 = tl.zeros([BLOCK], tl.float32)
-    a13_3 = tl.zeros([BLOCK], tl.float32)
-    a13_4 = tl.zeros([BLOCK], tl.float32)
-    a13_5 = tl.zeros([BLOCK], tl.float32)
-    a13_6 = tl.zeros([BLOCK], tl.float32)
-    a13_7 = tl.zeros([BLOCK], tl.float32)
-    a13_8 = tl.zeros([BLOCK], tl.float32)
-    a13_9 = tl.zeros([BLOCK], tl.float32)
-    a13_10 = tl.zeros([BLOCK], tl.float32)
-    a13_11 = tl.zeros([BLOCK], tl.float32)
-    a13_12 = tl.zeros([BLOCK], tl.float32)
-    a13_13 = tl.zeros([BLOCK], tl.float32)
-    a14_0 = tl.zeros([BLOCK], tl.float32)
-    a14_1 = tl.zeros([BLOCK], tl.float32)
-    a14_2 = tl.zeros([BLOCK], tl.float32)
-    a14_3 = tl.zeros([BLOCK], tl.float32)
-    a14_4 = tl.zeros([BLOCK], tl.float32)
-    a14_5 = tl.zeros([BLOCK], tl.float32)
-    a14_6 = tl.zeros([BLOCK], tl.float32)
-    a14_7 = tl.zeros([BLOCK], tl.float32)
-    a14_8 = tl.zeros([BLOCK], tl.float32)
-    a14_9 = tl.zeros([BLOCK], tl.float32)
-    a14_10 = tl.zeros([BLOCK], tl.float32)
-    a14_11 = tl.zeros([BLOCK], tl.float32)
-    a14_12 = tl.zeros([BLOCK], tl.float32)
-    a14_13 = tl.zeros([BLOCK], tl.float32)
-    a14_14 = tl.zeros([BLOCK], tl.float32)
-    a15_0 = tl.zeros([BLOCK], tl.float32)
-    a15_1 = tl.zeros([BLOCK], tl.float32)
-    a15_2 = tl.zeros([BLOCK], tl.float32)
-    a15_3 = tl.zeros([BLOCK], tl.float32)
-    a15_4 = tl.zeros([BLOCK], tl.float32)
-    a15_5 = tl.zeros([BLOCK], tl.float32)
-    a15_6 = tl.zeros([BLOCK], tl.float32)
-    a15_7 = tl.zeros([BLOCK], tl.float32)
-    a15_8 = tl.zeros([BLOCK], tl.float32)
-    a15_9 = tl.zeros([BLOCK], tl.float32)
-    a15_10 = tl.zeros([BLOCK], tl.float32)
-    a15_11 = tl.zeros([BLOCK], tl.float32)
-    a15_12 = tl.zeros([BLOCK], tl.float32)
-    a15_13 = tl.zeros([BLOCK], tl.float32)
-    a15_14 = tl.zeros([BLOCK], tl.float32)
-    a15_15 = tl.zeros([BLOCK], tl.float32)
-    for step in range(0, s_end):
-        s = s_end - 1 - step
-        ts = chunk * BT + s
-        ok = live & (s <= pos) & (ts < T)
-        srow = (b64 * T + ts) * H + hh
-        gs = tl.load(g + srow, mask=ok, other=0.0).to(tl.float32)
-        if HAS_BETA:
-            bs = tl.load(beta + srow, mask=ok, other=0.0).to(tl.float32)
+    n_bh = n_inst // NT
+    n_live = n_inst - tl.where(pid_p * P < T - (NT - 1) * BT, 0, n_bh)
+    if pid_i * (BLOCK // P) < n_live:
+        lane = tl.arange(0, BLOCK)
+        inst = pid_i * (BLOCK // P) + lane // P
+        pos = pid_p * P + lane % P
+        live = inst < n_live
+        inst = tl.where(live, inst, 0)
+        chunk = inst // n_bh
+        bh = inst - chunk * n_bh
+        b64 = (bh // H).to(tl.int64)
+        hh = bh % H
+        t = chunk * BT + pos
+        tok_ok = live & (t < T)
+        row = (b64 * T + t) * H + hh
+        s_end = (pid_p + 1) * P
+        acc = tl.zeros([BLOCK], tl.float32)
+        a0_0 = tl.zeros([BLOCK], tl.float32)
+        a1_0 = tl.zeros([BLOCK], tl.float32)
+        a1_1 = tl.zeros([BLOCK], tl.float32)
+        a2_0 = tl.zeros([BLOCK], tl.float32)
+        a2_1 = tl.zeros([BLOCK], tl.float32)
+        a2_2 = tl.zeros([BLOCK], tl.float32)
+        a3_0 = tl.zeros([BLOCK], tl.float32)
+        a3_1 = tl.zeros([BLOCK], tl.float32)
+        a3_2 = tl.zeros([BLOCK], tl.float32)
+        a3_3 = tl.zeros([BLOCK], tl.float32)
+        a4_0 = tl.zeros([BLOCK], tl.float32)
+        a4_1 = tl.zeros([BLOCK], tl.float32)
+        a4_2 = tl.zeros([BLOCK], tl.float32)
+        a4_3 = tl.zeros([BLOCK], tl.float32)
+        a4_4 = tl.zeros([BLOCK], tl.float32)
+        a5_0 = tl.zeros([BLOCK], tl.float32)
+        a5_1 = tl.zeros([BLOCK], tl.float32)
+        a5_2 = tl.zeros([BLOCK], tl.float32)
+        a5_3 = tl.zeros([BLOCK], tl.float32)
+        a5_4 = tl.zeros([BLOCK], tl.float32)
+        a5_5 = tl.zeros([BLOCK], tl.float32)
+        a6_0 = tl.zeros([BLOCK], tl.float32)
+        a6_1 = tl.zeros([BLOCK], tl.float32)
+        a6_2 = tl.zeros([BLOCK], tl.float32)
+        a6_3 = tl.zeros([BLOCK], tl.float32)
+        a6_4 = tl.zeros([BLOCK], tl.float32)
+        a6_5 = tl.zeros([BLOCK], tl.float32)
+        a6_6 = tl.zeros([BLOCK], tl.float32)
+        a7_0 = tl.zeros([BLOCK], tl.float32)
+        a7_1 = tl.zeros([BLOCK], tl.float32)
+        a7_2 = tl.zeros([BLOCK], tl.float32)
+        a7_3 = tl.zeros([BLOCK], tl.float32)
+        a7_4 = tl.zeros([BLOCK], tl.float32)
+        a7_5 = tl.zeros([BLOCK], tl.float32)
+        a7_6 = tl.zeros([BLOCK], tl.float32)
+        a7_7 = tl.zeros([BLOCK], tl.float32)
+        a8_0 = tl.zeros([BLOCK], tl.float32)
+        a8_1 = tl.zeros([BLOCK], tl.float32)
+        a8_2 = tl.zeros([BLOCK], tl.float32)
+        a8_3 = tl.zeros([BLOCK], tl.float32)
+        a8_4 = tl.zeros([BLOCK], tl.float32)
+        a8_5 = tl.zeros([BLOCK], tl.float32)
+        a8_6 = tl.zeros([BLOCK], tl.float32)
+        a8_7 = tl.zeros([BLOCK], tl.float32)
+        a8_8 = tl.zeros([BLOCK], tl.float32)
+        a9_0 = tl.zeros([BLOCK], tl.float32)
+        a9_1 = tl.zeros([BLOCK], tl.float32)
+        a9_2 = tl.zeros([BLOCK], tl.float32)
+        a9_3 = tl.zeros([BLOCK], tl.float32)
+        a9_4 = tl.zeros([BLOCK], tl.float32)
+        a9_5 = tl.zeros([BLOCK], tl.float32)
+        a9_6 = tl.zeros([BLOCK], tl.float32)
+        a9_7 = tl.zeros([BLOCK], tl.float32)
+        a9_8 = tl.zeros([BLOCK], tl.float32)
+        a9_9 = tl.zeros([BLOCK], tl.float32)
+        a10_0 = tl.zeros([BLOCK], tl.float32)
+        a10_1 = tl.zeros([BLOCK], tl.float32)
+        a10_2 = tl.zeros([BLOCK], tl.float32)
+        a10_3 = tl.zeros([BLOCK], tl.float32)
+        a10_4 = tl.zeros([BLOCK], tl.float32)
+        a10_5 = tl.zeros([BLOCK], tl.float32)
+        a10_6 = tl.zeros([BLOCK], tl.float32)
+        a10_7 = tl.zeros([BLOCK], tl.float32)
+        a10_8 = tl.zeros([BLOCK], tl.float32)
+        a10_9 = tl.zeros([BLOCK], tl.float32)
+        a10_10 = tl.zeros([BLOCK], tl.float32)
+        a11_0 = tl.zeros([BLOCK], tl.float32)
+        a11_1 = tl.zeros([BLOCK], tl.float32)
+        a11_2 = tl.zeros([BLOCK], tl.float32)
+        a11_3 = tl.zeros([BLOCK], tl.float32)
+        a11_4 = tl.zeros([BLOCK], tl.float32)
+        a11_5 = tl.zeros([BLOCK], tl.float32)
+        a11_6 = tl.zeros([BLOCK], tl.float32)
+        a11_7 = tl.zeros([BLOCK], tl.float32)
+        a11_8 = tl.zeros([BLOCK], tl.float32)
+        a11_9 = tl.zeros([BLOCK], tl.float32)
+        a11_10 = tl.zeros([BLOCK], tl.float32)
+        a11_11 = tl.zeros([BLOCK], tl.float32)
+        a12_0 = tl.zeros([BLOCK], tl.float32)
+        a12_1 = tl.zeros([BLOCK], tl.float32)
+        a12_2 = tl.zeros([BLOCK], tl.float32)
+        a12_3 = tl.zeros([BLOCK], tl.float32)
+        a12_4 = tl.zeros([BLOCK], tl.float32)
+        a12_5 = tl.zeros([BLOCK], tl.float32)
+        a12_6 = tl.zeros([BLOCK], tl.float32)
+        a12_7 = tl.zeros([BLOCK], tl.float32)
+        a12_8 = tl.zeros([BLOCK], tl.float32)
+        a12_9 = tl.zeros([BLOCK], tl.float32)
+        a12_10 = tl.zeros([BLOCK], tl.float32)
+        a12_11 = tl.zeros([BLOCK], tl.float32)
+        a12_12 = tl.zeros([BLOCK], tl.float32)
+        a13_0 = tl.zeros([BLOCK], tl.float32)
+        a13_1 = tl.zeros([BLOCK], tl.float32)
+        a13_2 = tl.zeros([BLOCK], tl.float32)
+        a13_3 = tl.zeros([BLOCK], tl.float32)
+        a13_4 = tl.zeros([BLOCK], tl.float32)
+        a13_5 = tl.zeros([BLOCK], tl.float32)
+        a13_6 = tl.zeros([BLOCK], tl.float32)
+        a13_7 = tl.zeros([BLOCK], tl.float32)
+        a13_8 = tl.zeros([BLOCK], tl.float32)
+        a13_9 = tl.zeros([BLOCK], tl.float32)
+        a13_10 = tl.zeros([BLOCK], tl.float32)
+        a13_11 = tl.zeros([BLOCK], tl.float32)
+        a13_12 = tl.zeros([BLOCK], tl.float32)
+        a13_13 = tl.zeros([BLOCK], tl.float32)
+        a14_0 = tl.zeros([BLOCK], tl.float32)
+        a14_1 = tl.zeros([BLOCK], tl.float32)
+        a14_2 = tl.zeros([BLOCK], tl.float32)
+        a14_3 = tl.zeros([BLOCK], tl.float32)
+        a14_4 = tl.zeros([BLOCK], tl.float32)
+        a14_5 = tl.zeros([BLOCK], tl.float32)
+        a14_6 = tl.zeros([BLOCK], tl.float32)
+        a14_7 = tl.zeros([BLOCK], tl.float32)
+        a14_8 = tl.zeros([BLOCK], tl.float32)
+        a14_9 = tl.zeros([BLOCK], tl.float32)
+        a14_10 = tl.zeros([BLOCK], tl.float32)
+        a14_11 = tl.zeros([BLOCK], tl.float32)
+        a14_12 = tl.zeros([BLOCK], tl.float32)
+        a14_13 = tl.zeros([BLOCK], tl.float32)
+        a14_14 = tl.zeros([BLOCK], tl.float32)
+        a15_0 = tl.zeros([BLOCK], tl.float32)
+        a15_1 = tl.zeros([BLOCK], tl.float32)
+        a15_2 = tl.zeros([BLOCK], tl.float32)
+        a15_3 = tl.zeros([BLOCK], tl.float32)
+        a15_4 = tl.zeros([BLOCK], tl.float32)
+        a15_5 = tl.zeros([BLOCK], tl.float32)
+        a15_6 = tl.zeros([BLOCK], tl.float32)
+        a15_7 = tl.zeros([BLOCK], tl.float32)
+        a15_8 = tl.zeros([BLOCK], tl.float32)
+        a15_9 = tl.zeros([BLOCK], tl.float32)
+        a15_10 = tl.zeros([BLOCK], tl.float32)
+        a15_11 = tl.zeros([BLOCK], tl.float32)
+        a15_12 = tl.zeros([BLOCK], tl.float32)
+        a15_13 = tl.zeros([BLOCK], tl.float32)
+        a15_14 = tl.zeros([BLOCK], tl.float32)
+        a15_15 = tl.zeros([BLOCK], tl.float32)
+        for step in range(0, s_end):
+            s = s_end - 1 - step
+            ts = chunk * BT + s
+            ok = live & (s <= pos) & (ts < T)
+            srow = (b64 * T + ts) * H + hh
+            gs = tl.load(g + srow, mask=ok, other=0.0).to(tl.float32)
+            if HAS_BETA:
+                bs = tl.load(beta + srow, mask=ok, other=0.0).to(tl.float32)
+            else:
+                bs = 1.0
+            w = tl.where(ok, tl.exp(acc) * bs, 0.0)
+            acc += gs
+            kp = k + srow * 16
+            k0, k1, k2, k3 = _ld4(kp + 0, ok)
+            k4, k5, k6, k7 = _ld4(kp + 4, ok)
+            k8, k9, k10, k11 = _ld4(kp + 8, ok)
+            k12, k13, k14, k15 = _ld4(kp + 12, ok)
+            m0 = w * k0
+            m1 = w * k1
+            m2 = w * k2
+            m3 = w * k3
+            m4 = w * k4
+            m5 = w * k5
+            m6 = w * k6
+            m7 = w * k7
+            m8 = w * k8
+            m9 = w * k9
+            m10 = w * k10
+            m11 = w * k11
+            m12 = w * k12
+            m13 = w * k13
+            m14 = w * k14
+            m15 = w * k15
+            a0_0 += m0 * k0
+            a1_0 += m1 * k0
+            a1_1 += m1 * k1
+            a2_0 += m2 * k0
+            a2_1 += m2 * k1
+            a2_2 += m2 * k2
+            a3_0 += m3 * k0
+            a3_1 += m3 * k1
+            a3_2 += m3 * k2
+            a3_3 += m3 * k3
+            a4_0 += m4 * k0
+            a4_1 += m4 * k1
+            a4_2 += m4 * k2
+            a4_3 += m4 * k3
+            a4_4 += m4 * k4
+            a5_0 += m5 * k0
+            a5_1 += m5 * k1
+            a5_2 += m5 * k2
+            a5_3 += m5 * k3
+            a5_4 += m5 * k4
+            a5_5 += m5 * k5
+            a6_0 += m6 * k0
+            a6_1 += m6 * k1
+            a6_2 += m6 * k2
+            a6_3 += m6 * k3
+            a6_4 += m6 * k4
+            a6_5 += m6 * k5
+            a6_6 += m6 * k6
+            a7_0 += m7 * k0
+            a7_1 += m7 * k1
+            a7_2 += m7 * k2
+            a7_3 += m7 * k3
+            a7_4 += m7 * k4
+            a7_5 += m7 * k5
+            a7_6 += m7 * k6
+            a7_7 += m7 * k7
+            a8_0 += m8 * k0
+            a8_1 += m8 * k1
+            a8_2 += m8 * k2
+            a8_3 += m8 * k3
+            a8_4 += m8 * k4
+            a8_5 += m8 * k5
+            a8_6 += m8 * k6
+            a8_7 += m8 * k7
+            a8_8 += m8 * k8
+            a9_0 += m9 * k0
+            a9_1 += m9 * k1
+            a9_2 += m9 * k2
+            a9_3 += m9 * k3
+            a9_4 += m9 * k4
+            a9_5 += m9 * k5
+            a9_6 += m9 * k6
+            a9_7 += m9 * k7
+            a9_8 += m9 * k8
+            a9_9 += m9 * k9
+            a10_0 += m10 * k0
+            a10_1 += m10 * k1
+            a10_2 += m10 * k2
+            a10_3 += m10 * k3
+            a10_4 += m10 * k4
+            a10_5 += m10 * k5
+            a10_6 += m10 * k6
+            a10_7 += m10 * k7
+            a10_8 += m10 * k8
+            a10_9 += m10 * k9
+            a10_10 += m10 * k10
+            a11_0 += m11 * k0
+            a11_1 += m11 * k1
+            a11_2 += m11 * k2
+            a11_3 += m11 * k3
+            a11_4 += m11 * k4
+            a11_5 += m11 * k5
+            a11_6 += m11 * k6
+            a11_7 += m11 * k7
+            a11_8 += m11 * k8
+            a11_9 += m11 * k9
+            a11_10 += m11 * k10
+            a11_11 += m11 * k11
+            a12_0 += m12 * k0
+            a12_1 += m12 * k1
+            a12_2 += m12 * k2
+            a12_3 += m12 * k3
+            a12_4 += m12 * k4
+            a12_5 += m12 * k5
+            a12_6 += m12 * k6
+            a12_7 += m12 * k7
+            a12_8 += m12 * k8
+            a12_9 += m12 * k9
+            a12_10 += m12 * k10
+            a12_11 += m12 * k11
+            a12_12 += m12 * k12
+            a13_0 += m13 * k0
+            a13_1 += m13 * k1
+            a13_2 += m13 * k2
+            a13_3 += m13 * k3
+            a13_4 += m13 * k4
+            a13_5 += m13 * k5
+            a13_6 += m13 * k6
+            a13_7 += m13 * k7
+            a13_8 += m13 * k8
+            a13_9 += m13 * k9
+            a13_10 += m13 * k10
+            a13_11 += m13 * k11
+            a13_12 += m13 * k12
+            a13_13 += m13 * k13
+            a14_0 += m14 * k0
+            a14_1 += m14 * k1
+            a14_2 += m14 * k2
+            a14_3 += m14 * k3
+            a14_4 += m14 * k4
+            a14_5 += m14 * k5
+            a14_6 += m14 * k6
+            a14_7 += m14 * k7
+            a14_8 += m14 * k8
+            a14_9 += m14 * k9
+            a14_10 += m14 * k10
+            a14_11 += m14 * k11
+            a14_12 += m14 * k12
+            a14_13 += m14 * k13
+            a14_14 += m14 * k14
+            a15_0 += m15 * k0
+            a15_1 += m15 * k1
+            a15_2 += m15 * k2
+            a15_3 += m15 * k3
+            a15_4 += m15 * k4
+            a15_5 += m15 * k5
+            a15_6 += m15 * k6
+            a15_7 += m15 * k7
+            a15_8 += m15 * k8
+            a15_9 += m15 * k9
+            a15_10 += m15 * k10
+            a15_11 += m15 * k11
+            a15_12 += m15 * k12
+            a15_13 += m15 * k13
+            a15_14 += m15 * k14
+            a15_15 += m15 * k15
+        decay = tl.exp(acc)
+        hp = h0 + (bh * NT + chunk).to(tl.int64) * 256
+        e0, e1, e2, e3 = _ld4(hp + 0, live)
+        a0_0 += decay * e0
+        e0, e1, e2, e3 = _ld4(hp + 16, live)
+        a1_0 += decay * e0
+        a1_1 += decay * e1
+        e0, e1, e2, e3 = _ld4(hp + 32, live)
+        a2_0 += decay * e0
+        a2_1 += decay * e1
+        a2_2 += decay * e2
+        e0, e1, e2, e3 = _ld4(hp + 48, live)
+        a3_0 += decay * e0
+        a3_1 += decay * e1
+        a3_2 += decay * e2
+        a3_3 += decay * e3
+        e0, e1, e2, e3 = _ld4(hp + 64, live)
+        e4, e5, e6, e7 = _ld4(hp + 68, live)
+        a4_0 += decay * e0
+        a4_1 += decay * e1
+        a4_2 += decay * e2
+        a4_3 += decay * e3
+        a4_4 += decay * e4
+        e0, e1, e2, e3 = _ld4(hp + 80, live)
+        e4, e5, e6, e7 = _ld4(hp + 84, live)
+        a5_0 += decay * e0
+        a5_1 += decay * e1
+        a5_2 += decay * e2
+        a5_3 += decay * e3
+        a5_4 += decay * e4
+        a5_5 += decay * e5
+        e0, e1, e2, e3 = _ld4(hp + 96, live)
+        e4, e5, e6, e7 = _ld4(hp + 100, live)
+        a6_0 += decay * e0
+        a6_1 += decay * e1
+        a6_2 += decay * e2
+        a6_3 += decay * e3
+        a6_4 += decay * e4
+        a6_5 += decay * e5
+        a6_6 += decay * e6
+        e0, e1, e2, e3 = _ld4(hp + 112, live)
+        e4, e5, e6, e7 = _ld4(hp + 116, live)
+        a7_0 += decay * e0
+        a7_1 += decay * e1
+        a7_2 += decay * e2
+        a7_3 += decay * e3
+        a7_4 += decay * e4
+        a7_5 += decay * e5
+        a7_6 += decay * e6
+        a7_7 += decay * e7
+        e0, e1, e2, e3 = _ld4(hp + 128, live)
+        e4, e5, e6, e7 = _ld4(hp + 132, live)
+        e8, e9, e10, e11 = _ld4(hp + 136, live)
+        a8_0 += decay * e0
+        a8_1 += decay * e1
+        a8_2 += decay * e2
+        a8_3 += decay * e3
+        a8_4 += decay * e4
+        a8_5 += decay * e5
+        a8_6 += decay * e6
+        a8_7 += decay * e7
+        a8_8 += decay * e8
+        e0, e1, e2, e3 = _ld4(hp + 144, live)
+        e4, e5, e6, e7 = _ld4(hp + 148, live)
+        e8, e9, e10, e11 = _ld4(hp + 152, live)
+        a9_0 += decay * e0
+        a9_1 += decay * e1
+        a9_2 += decay * e2
+        a9_3 += decay * e3
+        a9_4 += decay * e4
+        a9_5 += decay * e5
+        a9_6 += decay * e6
+        a9_7 += decay * e7
+        a9_8 += decay * e8
+        a9_9 += decay * e9
+        e0, e1, e2, e3 = _ld4(hp + 160, live)
+        e4, e5, e6, e7 = _ld4(hp + 164, live)
+        e8, e9, e10, e11 = _ld4(hp + 168, live)
+        a10_0 += decay * e0
+        a10_1 += decay * e1
+        a10_2 += decay * e2
+        a10_3 += decay * e3
+        a10_4 += decay * e4
+        a10_5 += decay * e5
+        a10_6 += decay * e6
+        a10_7 += decay * e7
+        a10_8 += decay * e8
+        a10_9 += decay * e9
+        a10_10 += decay * e10
+        e0, e1, e2, e3 = _ld4(hp + 176, live)
+        e4, e5, e6, e7 = _ld4(hp + 180, live)
+        e8, e9, e10, e11 = _ld4(hp + 184, live)
+        a11_0 += decay * e0
+        a11_1 += decay * e1
+        a11_2 += decay * e2
+        a11_3 += decay * e3
+        a11_4 += decay * e4
+        a11_5 += decay * e5
+        a11_6 += decay * e6
+        a11_7 += decay * e7
+        a11_8 += decay * e8
+        a11_9 += decay * e9
+        a11_10 += decay * e10
+        a11_11 += decay * e11
+        e0, e1, e2, e3 = _ld4(hp + 192, live)
+        e4, e5, e6, e7 = _ld4(hp + 196, live)
+        e8, e9, e10, e11 = _ld4(hp + 200, live)
+        e12, e13, e14, e15 = _ld4(hp + 204, live)
+        a12_0 += decay * e0
+        a12_1 += decay * e1
+        a12_2 += decay * e2
+        a12_3 += decay * e3
+        a12_4 += decay * e4
+        a12_5 += decay * e5
+        a12_6 += decay * e6
+        a12_7 += decay * e7
+        a12_8 += decay * e8
+        a12_9 += decay * e9
+        a12_10 += decay * e10
+        a12_11 += decay * e11
+        a12_12 += decay * e12
+        e0, e1, e2, e3 = _ld4(hp + 208, live)
+        e4, e5, e6, e7 = _ld4(hp + 212, live)
+        e8, e9, e10, e11 = _ld4(hp + 216, live)
+        e12, e13, e14, e15 = _ld4(hp + 220, live)
+        a13_0 += decay * e0
+        a13_1 += decay * e1
+        a13_2 += decay * e2
+        a13_3 += decay * e3
+        a13_4 += decay * e4
+        a13_5 += decay * e5
+        a13_6 += decay * e6
+        a13_7 += decay * e7
+        a13_8 += decay * e8
+        a13_9 += decay * e9
+        a13_10 += decay * e10
+        a13_11 += decay * e11
+        a13_12 += decay * e12
+        a13_13 += decay * e13
+        e0, e1, e2, e3 = _ld4(hp + 224, live)
+        e4, e5, e6, e7 = _ld4(hp + 228, live)
+        e8, e9, e10, e11 = _ld4(hp + 232, live)
+        e12, e13, e14, e15 = _ld4(hp + 236, live)
+        a14_0 += decay * e0
+        a14_1 += decay * e1
+        a14_2 += decay * e2
+        a14_3 += decay * e3
+        a14_4 += decay * e4
+        a14_5 += decay * e5
+        a14_6 += decay * e6
+        a14_7 += decay * e7
+        a14_8 += decay * e8
+        a14_9 += decay * e9
+        a14_10 += decay * e10
+        a14_11 += decay * e11
+        a14_12 += decay * e12
+        a14_13 += decay * e13
+        a14_14 += decay * e14
+        e0, e1, e2, e3 = _ld4(hp + 240, live)
+        e4, e5, e6, e7 = _ld4(hp + 244, live)
+        e8, e9, e10, e11 = _ld4(hp + 248, live)
+        e12, e13, e14, e15 = _ld4(hp + 252, live)
+        a15_0 += decay * e0
+        a15_1 += decay * e1
+        a15_2 += decay * e2
+        a15_3 += decay * e3
+        a15_4 += decay * e4
+        a15_5 += decay * e5
+        a15_6 += decay * e6
+        a15_7 += decay * e7
+        a15_8 += decay * e8
+        a15_9 += decay * e9
+        a15_10 += decay * e10
+        a15_11 += decay * e11
+        a15_12 += decay * e12
+        a15_13 += decay * e13
+        a15_14 += decay * e14
+        a15_15 += decay * e15
+        fro2 = a0_0 * a0_0 + a1_1 * a1_1 + a2_2 * a2_2 + a3_3 * a3_3 + a4_4 * a4_4 + a5_5 * a5_5
+        fro2 += a6_6 * a6_6 + a7_7 * a7_7 + a8_8 * a8_8 + a9_9 * a9_9 + a10_10 * a10_10 + a11_11 * a11_11
+        fro2 += a12_12 * a12_12 + a13_13 * a13_13 + a14_14 * a14_14 + a15_15 * a15_15
+        off2 = a1_0 * a1_0 + a2_0 * a2_0 + a2_1 * a2_1 + a3_0 * a3_0 + a3_1 * a3_1 + a3_2 * a3_2
+        off2 += a4_0 * a4_0 + a4_1 * a4_1 + a4_2 * a4_2 + a4_3 * a4_3 + a5_0 * a5_0 + a5_1 * a5_1
+        off2 += a5_2 * a5_2 + a5_3 * a5_3 + a5_4 * a5_4 + a6_0 * a6_0 + a6_1 * a6_1 + a6_2 * a6_2
+        off2 += a6_3 * a6_3 + a6_4 * a6_4 + a6_5 * a6_5 + a7_0 * a7_0 + a7_1 * a7_1 + a7_2 * a7_2
+        off2 += a7_3 * a7_3 + a7_4 * a7_4 + a7_5 * a7_5 + a7_6 * a7_6 + a8_0 * a8_0 + a8_1 * a8_1
+        off2 += a8_2 * a8_2 + a8_3 * a8_3 + a8_4 * a8_4 + a8_5 * a8_5 + a8_6 * a8_6 + a8_7 * a8_7
+        off2 += a9_0 * a9_0 + a9_1 * a9_1 + a9_2 * a9_2 + a9_3 * a9_3 + a9_4 * a9_4 + a9_5 * a9_5
+        off2 += a9_6 * a9_6 + a9_7 * a9_7 + a9_8 * a9_8 + a10_0 * a10_0 + a10_1 * a10_1 + a10_2 * a10_2
+        off2 += a10_3 * a10_3 + a10_4 * a10_4 + a10_5 * a10_5 + a10_6 * a10_6 + a10_7 * a10_7 + a10_8 * a10_8
+        off2 += a10_9 * a10_9 + a11_0 * a11_0 + a11_1 * a11_1 + a11_2 * a11_2 + a11_3 * a11_3 + a11_4 * a11_4
+        off2 += a11_5 * a11_5 + a11_6 * a11_6 + a11_7 * a11_7 + a11_8 * a11_8 + a11_9 * a11_9 + a11_10 * a11_10
+        off2 += a12_0 * a12_0 + a12_1 * a12_1 + a12_2 * a12_2 + a12_3 * a12_3 + a12_4 * a12_4 + a12_5 * a12_5
+        off2 += a12_6 * a12_6 + a12_7 * a12_7 + a12_8 * a12_8 + a12_9 * a12_9 + a12_10 * a12_10 + a12_11 * a12_11
+        off2 += a13_0 * a13_0 + a13_1 * a13_1 + a13_2 * a13_2 + a13_3 * a13_3 + a13_4 * a13_4 + a13_5 * a13_5
+        off2 += a13_6 * a13_6 + a13_7 * a13_7 + a13_8 * a13_8 + a13_9 * a13_9 + a13_10 * a13_10 + a13_11 * a13_11
+        off2 += a13_12 * a13_12 + a14_0 * a14_0 + a14_1 * a14_1 + a14_2 * a14_2 + a14_3 * a14_3 + a14_4 * a14_4
+        off2 += a14_5 * a14_5 + a14_6 * a14_6 + a14_7 * a14_7 + a14_8 * a14_8 + a14_9 * a14_9 + a14_10 * a14_10
+        off2 += a14_11 * a14_11 + a14_12 * a14_12 + a14_13 * a14_13 + a15_0 * a15_0 + a15_1 * a15_1 + a15_2 * a15_2
+        off2 += a15_3 * a15_3 + a15_4 * a15_4 + a15_5 * a15_5 + a15_6 * a15_6 + a15_7 * a15_7 + a15_8 * a15_8
+        off2 += a15_9 * a15_9 + a15_10 * a15_10 + a15_11 * a15_11 + a15_12 * a15_12 + a15_13 * a15_13 + a15_14 * a15_14
+        fro = tl.sqrt(fro2 + 2.0 * off2)
+        lam = ridge * (fro + eps)
+        a0_0 += lam
+        a1_1 += lam
+        a2_2 += lam
+        a3_3 += lam
+        a4_4 += lam
+        a5_5 += lam
+        a6_6 += lam
+        a7_7 += lam
+        a8_8 += lam
+        a9_9 += lam
+        a10_10 += lam
+        a11_11 += lam
+        a12_12 += lam
+        a13_13 += lam
+        a14_14 += lam
+        a15_15 += lam
+        if HAS_ALPHA:
+            at = tl.load(alpha + row, mask=tok_ok, other=0.0).to(tl.float32)
         else:
-            bs = 1.0
-        w = tl.where(ok, tl.exp(acc) * bs, 0.0)
-        acc += gs
-        kp = k + srow * 16
-        k0, k1, k2, k3 = _ld4(kp + 0, ok)
-        k4, k5, k6, k7 = _ld4(kp + 4, ok)
-        k8, k9, k10, k11 = _ld4(kp + 8, ok)
-        k12, k13, k14, k15 = _ld4(kp + 12, ok)
-        m0 = w * k0
-        m1 = w * k1
-        m2 = w * k2
-        m3 = w * k3
-        m4 = w * k4
-        m5 = w * k5
-        m6 = w * k6
-        m7 = w * k7
-        m8 = w * k8
-        m9 = w * k9
-        m10 = w * k10
-        m11 = w * k11
-        m12 = w * k12
-        m13 = w * k13
-        m14 = w * k14
-        m15 = w * k15
-        a0_0 += m0 * k0
-        a1_0 += m1 * k0
-        a1_1 += m1 * k1
-        a2_0 += m2 * k0
-        a2_1 += m2 * k1
-        a2_2 += m2 * k2
-        a3_0 += m3 * k0
-        a3_1 += m3 * k1
-        a3_2 += m3 * k2
-        a3_3 += m3 * k3
-        a4_0 += m4 * k0
-        a4_1 += m4 * k1
-        a4_2 += m4 * k2
-        a4_3 += m4 * k3
-        a4_4 += m4 * k4
-        a5_0 += m5 * k0
-        a5_1 += m5 * k1
-        a5_2 += m5 * k2
-        a5_3 += m5 * k3
-        a5_4 += m5 * k4
-        a5_5 += m5 * k5
-        a6_0 += m6 * k0
-        a6_1 += m6 * k1
-        a6_2 += m6 * k2
-        a6_3 += m6 * k3
-        a6_4 += m6 * k4
-        a6_5 += m6 * k5
-        a6_6 += m6 * k6
-        a7_0 += m7 * k0
-        a7_1 += m7 * k1
-        a7_2 += m7 * k2
-        a7_3 += m7 * k3
-        a7_4 += m7 * k4
-        a7_5 += m7 * k5
-        a7_6 += m7 * k6
-        a7_7 += m7 * k7
-        a8_0 += m8 * k0
-        a8_1 += m8 * k1
-        a8_2 += m8 * k2
-        a8_3 += m8 * k3
-        a8_4 += m8 * k4
-        a8_5 += m8 * k5
-        a8_6 += m8 * k6
-        a8_7 += m8 * k7
-        a8_8 += m8 * k8
-        a9_0 += m9 * k0
-        a9_1 += m9 * k1
-        a9_2 += m9 * k2
-        a9_3 += m9 * k3
-        a9_4 += m9 * k4
-        a9_5 += m9 * k5
-        a9_6 += m9 * k6
-        a9_7 += m9 * k7
-        a9_8 += m9 * k8
-        a9_9 += m9 * k9
-        a10_0 += m10 * k0
-        a10_1 += m10 * k1
-        a10_2 += m10 * k2
-        a10_3 += m10 * k3
-        a10_4 += m10 * k4
-        a10_5 += m10 * k5
-        a10_6 += m10 * k6
-        a10_7 += m10 * k7
-        a10_8 += m10 * k8
-        a10_9 += m10 * k9
-        a10_10 += m10 * k10
-        a11_0 += m11 * k0
-        a11_1 += m11 * k1
-        a11_2 += m11 * k2
-        a11_3 += m11 * k3
-        a11_4 += m11 * k4
-        a11_5 += m11 * k5
-        a11_6 += m11 * k6
-        a11_7 += m11 * k7
-        a11_8 += m11 * k8
-        a11_9 += m11 * k9
-        a11_10 += m11 * k10
-        a11_11 += m11 * k11
-        a12_0 += m12 * k0
-        a12_1 += m12 * k1
-        a12_2 += m12 * k2
-        a12_3 += m12 * k3
-        a12_4 += m12 * k4
-        a12_5 += m12 * k5
-        a12_6 += m12 * k6
-        a12_7 += m12 * k7
-        a12_8 += m12 * k8
-        a12_9 += m12 * k9
-        a12_10 += m12 * k10
-        a12_11 += m12 * k11
-        a12_12 += m12 * k12
-        a13_0 += m13 * k0
-        a13_1 += m13 * k1
-        a13_2 += m13 * k2
-        a13_3 += m13 * k3
-        a13_4 += m13 * k4
-        a13_5 += m13 * k5
-        a13_6 += m13 * k6
-        a13_7 += m13 * k7
-        a13_8 += m13 * k8
-        a13_9 += m13 * k9
-        a13_10 += m13 * k10
-        a13_11 += m13 * k11
-        a13_12 += m13 * k12
-        a13_13 += m13 * k13
-        a14_0 += m14 * k0
-        a14_1 += m14 * k1
-        a14_2 += m14 * k2
-        a14_3 += m14 * k3
-        a14_4 += m14 * k4
-        a14_5 += m14 * k5
-        a14_6 += m14 * k6
-        a14_7 += m14 * k7
-        a14_8 += m14 * k8
-        a14_9 += m14 * k9
-        a14_10 += m14 * k10
-        a14_11 += m14 * k11
-        a14_12 += m14 * k12
-        a14_13 += m14 * k13
-        a14_14 += m14 * k14
-        a15_0 += m15 * k0
-        a15_1 += m15 * k1
-        a15_2 += m15 * k2
-        a15_3 += m15 * k3
-        a15_4 += m15 * k4
-        a15_5 += m15 * k5
-        a15_6 += m15 * k6
-        a15_7 += m15 * k7
-        a15_8 += m15 * k8
-        a15_9 += m15 * k9
-        a15_10 += m15 * k10
-        a15_11 += m15 * k11
-        a15_12 += m15 * k12
-        a15_13 += m15 * k13
-        a15_14 += m15 * k14
-        a15_15 += m15 * k15
-    decay = tl.exp(acc)
-    hp = h0 + inst.to(tl.int64) * 256
-    e0, e1, e2, e3 = _ld4(hp + 0, live)
-    a0_0 += decay * e0
-    e0, e1, e2, e3 = _ld4(hp + 16, live)
-    a1_0 += decay * e0
-    a1_1 += decay * e1
-    e0, e1, e2, e3 = _ld4(hp + 32, live)
-    a2_0 += decay * e0
-    a2_1 += decay * e1
-    a2_2 += decay * e2
-    e0, e1, e2, e3 = _ld4(hp + 48, live)
-    a3_0 += decay * e0
-    a3_1 += decay * e1
-    a3_2 += decay * e2
-    a3_3 += decay * e3
-    e0, e1, e2, e3 = _ld4(hp + 64, live)
-    e4, e5, e6, e7 = _ld4(hp + 68, live)
-    a4_0 += decay * e0
-    a4_1 += decay * e1
-    a4_2 += decay * e2
-    a4_3 += decay * e3
-    a4_4 += decay * e4
-    e0, e1, e2, e3 = _ld4(hp + 80, live)
-    e4, e5, e6, e7 = _ld4(hp + 84, live)
-    a5_0 += decay * e0
-    a5_1 += decay * e1
-    a5_2 += decay * e2
-    a5_3 += decay * e3
-    a5_4 += decay * e4
-    a5_5 += decay * e5
-    e0, e1, e2, e3 = _ld4(hp + 96, live)
-    e4, e5, e6, e7 = _ld4(hp + 100, live)
-    a6_0 += decay * e0
-    a6_1 += decay * e1
-    a6_2 += decay * e2
-    a6_3 += decay * e3
-    a6_4 += decay * e4
-    a6_5 += decay * e5
-    a6_6 += decay * e6
-    e0, e1, e2, e3 = _ld4(hp + 112, live)
-    e4, e5, e6, e7 = _ld4(hp + 116, live)
-    a7_0 += decay * e0
-    a7_1 += decay * e1
-    a7_2 += decay * e2
-    a7_3 += decay * e3
-    a7_4 += decay * e4
-    a7_5 += decay * e5
-    a7_6 += decay * e6
-    a7_7 += decay * e7
-    e0, e1, e2, e3 = _ld4(hp + 128, live)
-    e4, e5, e6, e7 = _ld4(hp + 132, live)
-    e8, e9, e10, e11 = _ld4(hp + 136, live)
-    a8_0 += decay * e0
-    a8_1 += decay * e1
-    a8_2 += decay * e2
-    a8_3 += decay * e3
-    a8_4 += decay * e4
-    a8_5 += decay * e5
-    a8_6 += decay * e6
-    a8_7 += decay * e7
-    a8_8 += decay * e8
-    e0, e1, e2, e3 = _ld4(hp + 144, live)
-    e4, e5, e6, e7 = _ld4(hp + 148, live)
-    e8, e9, e10, e11 = _ld4(hp + 152, live)
-    a9_0 += decay * e0
-    a9_1 += decay * e1
-    a9_2 += decay * e2
-    a9_3 += decay * e3
-    a9_4 += decay * e4
-    a9_5 += decay * e5
-    a9_6 += decay * e6
-    a9_7 += decay * e7
-    a9_8 += decay * e8
-    a9_9 += decay * e9
-    e0, e1, e2, e3 = _ld4(hp + 160, live)
-    e4, e5, e6, e7 = _ld4(hp + 164, live)
-    e8, e9, e10, e11 = _ld4(hp + 168, live)
-    a10_0 += decay * e0
-    a10_1 += decay * e1
-    a10_2 += decay * e2
-    a10_3 += decay * e3
-    a10_4 += decay * e4
-    a10_5 += decay * e5
-    a10_6 += decay * e6
-    a10_7 += decay * e7
-    a10_8 += decay * e8
-    a10_9 += decay * e9
-    a10_10 += decay * e10
-    e0, e1, e2, e3 = _ld4(hp + 176, live)
-    e4, e5, e6, e7 = _ld4(hp + 180, live)
-    e8, e9, e10, e11 = _ld4(hp + 184, live)
-    a11_0 += decay * e0
-    a11_1 += decay * e1
-    a11_2 += decay * e2
-    a11_3 += decay * e3
-    a11_4 += decay * e4
-    a11_5 += decay * e5
-    a11_6 += decay * e6
-    a11_7 += decay * e7
-    a11_8 += decay * e8
-    a11_9 += decay * e9
-    a11_10 += decay * e10
-    a11_11 += decay * e11
-    e0, e1, e2, e3 = _ld4(hp + 192, live)
-    e4, e5, e6, e7 = _ld4(hp + 196, live)
-    e8, e9, e10, e11 = _ld4(hp + 200, live)
-    e12, e13, e14, e15 = _ld4(hp + 204, live)
-    a12_0 += decay * e0
-    a12_1 += decay * e1
-    a12_2 += decay * e2
-    a12_3 += decay * e3
-    a12_4 += decay * e4
-    a12_5 += decay * e5
-    a12_6 += decay * e6
-    a12_7 += decay * e7
-    a12_8 += decay * e8
-    a12_9 += decay * e9
-    a12_10 += decay * e10
-    a12_11 += decay * e11
-    a12_12 += decay * e12
-    e0, e1, e2, e3 = _ld4(hp + 208, live)
-    e4, e5, e6, e7 = _ld4(hp + 212, live)
-    e8, e9, e10, e11 = _ld4(hp + 216, live)
-    e12, e13, e14, e15 = _ld4(hp + 220, live)
-    a13_0 += decay * e0
-    a13_1 += decay * e1
-    a13_2 += decay * e2
-    a13_3 += decay * e3
-    a13_4 += decay * e4
-    a13_5 += decay * e5
-    a13_6 += decay * e6
-    a13_7 += decay * e7
-    a13_8 += decay * e8
-    a13_9 += decay * e9
-    a13_10 += decay * e10
-    a13_11 += decay * e11
-    a13_12 += decay * e12
-    a13_13 += decay * e13
-    e0, e1, e2, e3 = _ld4(hp + 224, live)
-    e4, e5, e6, e7 = _ld4(hp + 228, live)
-    e8, e9, e10, e11 = _ld4(hp + 232, live)
-    e12, e13, e14, e15 = _ld4(hp + 236, live)
-    a14_0 += decay * e0
-    a14_1 += decay * e1
-    a14_2 += decay * e2
-    a14_3 += decay * e3
-    a14_4 += decay * e4
-    a14_5 += decay * e5
-    a14_6 += decay * e6
-    a14_7 += decay * e7
-    a14_8 += decay * e8
-    a14_9 += decay * e9
-    a14_10 += decay * e10
-    a14_11 += decay * e11
-    a14_12 += decay * e12
-    a14_13 += decay * e13
-    a14_14 += decay * e14
-    e0, e1, e2, e3 = _ld4(hp + 240, live)
-    e4, e5, e6, e7 = _ld4(hp + 244, live)
-    e8, e9, e10, e11 = _ld4(hp + 248, live)
-    e12, e13, e14, e15 = _ld4(hp + 252, live)
-    a15_0 += decay * e0
-    a15_1 += decay * e1
-    a15_2 += decay * e2
-    a15_3 += decay * e3
-    a15_4 += decay * e4
-    a15_5 += decay * e5
-    a15_6 += decay * e6
-    a15_7 += decay * e7
-    a15_8 += decay * e8
-    a15_9 += decay * e9
-    a15_10 += decay * e10
-    a15_11 += decay * e11
-    a15_12 += decay * e12
-    a15_13 += decay * e13
-    a15_14 += decay * e14
-    a15_15 += decay * e15
-    fro2 = a0_0 * a0_0 + a1_1 * a1_1 + a2_2 * a2_2 + a3_3 * a3_3 + a4_4 * a4_4 + a5_5 * a5_5
-    fro2 += a6_6 * a6_6 + a7_7 * a7_7 + a8_8 * a8_8 + a9_9 * a9_9 + a10_10 * a10_10 + a11_11 * a11_11
-    fro2 += a12_12 * a12_12 + a13_13 * a13_13 + a14_14 * a14_14 + a15_15 * a15_15
-    off2 = a1_0 * a1_0 + a2_0 * a2_0 + a2_1 * a2_1 + a3_0 * a3_0 + a3_1 * a3_1 + a3_2 * a3_2
-    off2 += a4_0 * a4_0 + a4_1 * a4_1 + a4_2 * a4_2 + a4_3 * a4_3 + a5_0 * a5_0 + a5_1 * a5_1
-    off2 += a5_2 * a5_2 + a5_3 * a5_3 + a5_4 * a5_4 + a6_0 * a6_0 + a6_1 * a6_1 + a6_2 * a6_2
-    off2 += a6_3 * a6_3 + a6_4 * a6_4 + a6_5 * a6_5 + a7_0 * a7_0 + a7_1 * a7_1 + a7_2 * a7_2
-    off2 += a7_3 * a7_3 + a7_4 * a7_4 + a7_5 * a7_5 + a7_6 * a7_6 + a8_0 * a8_0 + a8_1 * a8_1
-    off2 += a8_2 * a8_2 + a8_3 * a8_3 + a8_4 * a8_4 + a8_5 * a8_5 + a8_6 * a8_6 + a8_7 * a8_7
-    off2 += a9_0 * a9_0 + a9_1 * a9_1 + a9_2 * a9_2 + a9_3 * a9_3 + a9_4 * a9_4 + a9_5 * a9_5
-    off2 += a9_6 * a9_6 + a9_7 * a9_7 + a9_8 * a9_8 + a10_0 * a10_0 + a10_1 * a10_1 + a10_2 * a10_2
-    off2 += a10_3 * a10_3 + a10_4 * a10_4 + a10_5 * a10_5 + a10_6 * a10_6 + a10_7 * a10_7 + a10_8 * a10_8
-    off2 += a10_9 * a10_9 + a11_0 * a11_0 + a11_1 * a11_1 + a11_2 * a11_2 + a11_3 * a11_3 + a11_4 * a11_4
-    off2 += a11_5 * a11_5 + a11_6 * a11_6 + a11_7 * a11_7 + a11_8 * a11_8 + a11_9 * a11_9 + a11_10 * a11_10
-    off2 += a12_0 * a12_0 + a12_1 * a12_1 + a12_2 * a12_2 + a12_3 * a12_3 + a12_4 * a12_4 + a12_5 * a12_5
-    off2 += a12_6 * a12_6 + a12_7 * a12_7 + a12_8 * a12_8 + a12_9 * a12_9 + a12_10 * a12_10 + a12_11 * a12_11
-    off2 += a13_0 * a13_0 + a13_1 * a13_1 + a13_2 * a13_2 + a13_3 * a13_3 + a13_4 * a13_4 + a13_5 * a13_5
-    off2 += a13_6 * a13_6 + a13_7 * a13_7 + a13_8 * a13_8 + a13_9 * a13_9 + a13_10 * a13_10 + a13_11 * a13_11
-    off2 += a13_12 * a13_12 + a14_0 * a14_0 + a14_1 * a14_1 + a14_2 * a14_2 + a14_3 * a14_3 + a14_4 * a14_4
-    off2 += a14_5 * a14_5 + a14_6 * a14_6 + a14_7 * a14_7 + a14_8 * a14_8 + a14_9 * a14_9 + a14_10 * a14_10
-    off2 += a14_11 * a14_11 + a14_12 * a14_12 + a14_13 * a14_13 + a15_0 * a15_0 + a15_1 * a15_1 + a15_2 * a15_2
-    off2 += a15_3 * a15_3 + a15_4 * a15_4 + a15_5 * a15_5 + a15_6 * a15_6 + a15_7 * a15_7 + a15_8 * a15_8
-    off2 += a15_9 * a15_9 + a15_10 * a15_10 + a15_11 * a15_11 + a15_12 * a15_12 + a15_13 * a15_13 + a15_14 * a15_14
-    fro = tl.sqrt(fro2 + 2.0 * off2)
-    lam = ridge * (fro + eps)
-    a0_0 += lam
-    a1_1 += lam
-    a2_2 += lam
-    a3_3 += lam
-    a4_4 += lam
-    a5_5 += lam
-    a6_6 += lam
-    a7_7 += lam
-    a8_8 += lam
-    a9_9 += lam
-    a10_10 += lam
-    a11_11 += lam
-    a12_12 += lam
-    a13_13 += lam
-    a14_14 += lam
-    a15_15 += lam
-    if HAS_ALPHA:
-        at = tl.load(alpha + row, mask=tok_ok, other=0.0).to(tl.float32)
-    else:
-        at = 1.0
-    v0, v1, v2, v3 = _ld4(dz + row * 16 + 0, tok_ok)
-    v4, v5, v6, v7 = _ld4(dz + row * 16 + 4, tok_ok)
-    v8, v9, v10, v11 = _ld4(dz + row * 16 + 8, tok_ok)
-    v12, v13, v14, v15 = _ld4(dz + row * 16 + 12, tok_ok)
-    v0 = at * v0
-    v1 = at * v1
-    v2 = at * v2
-    v3 = at * v3
-    v4 = at * v4
-    v5 = at * v5
-    v6 = at * v6
-    v7 = at * v7
-    v8 = at * v8
-    v9 = at * v9
-    v10 = at * v10
-    v11 = at * v11
-    v12 = at * v12
-    v13 = at * v13
-    v14 = at * v14
-    v15 = at * v15
-    if USE_PTX:
-        y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = tl.inline_asm_elementwise(
-            "{ .reg .f32 %f<1088>; .reg .f32 %n<256>; rsqrt.approx.f32 %f0, $16; mul.rn.f32 %f1, $17, %f0; "
-            "mul.rn.f32 %f2, $19, %f0; mul.rn.f32 %f3, $22, %f0; mul.rn.f32 %f4, $26, %f0; "
-            "mul.rn.f32 %f5, $31, %f0; mul.rn.f32 %f6, $37, %f0; mul.rn.f32 %f7, $44, %f0; "
-            "mul.rn.f32 %f8, $52, %f0; mul.rn.f32 %f9, $61, %f0; mul.rn.f32 %f10, $71, %f0; "
-            "mul.rn.f32 %f11, $82, %f0; mul.rn.f32 %f12, $94, %f0; mul.rn.f32 %f13, $107, %f0; "
-            "mul.rn.f32 %f14, $121, %f0; mul.rn.f32 %f15, $136, %f0; mul.rn.f32 %f16, $152, %f0; "
-            "neg.f32 %n0, %f1; fma.rn.f32 %f17, %n0, %f16, $153; neg.f32 %n1, %f2; "
-            "fma.rn.f32 %f18, %n1, %f16, $154; neg.f32 %n2, %f3; fma.rn.f32 %f19, %n2, %f16, $155; "
-            "neg.f32 %n3, %f4; fma.rn.f32 %f20, %n3, %f16, $156; neg.f32 %n4, %f5; "
-            "fma.rn.f32 %f21, %n4, %f16, $157; neg.f32 %n5, %f6; fma.rn.f32 %f22, %n5, %f16, $158; "
-            "neg.f32 %n6, %f7; fma.rn.f32 %f23, %n6, %f16, $159; neg.f32 %n7, %f8; "
-            "fma.rn.f32 %f24, %n7, %f16, $160; neg.f32 %n8, %f9; fma.rn.f32 %f25, %n8, %f16, $161; "
-            "neg.f32 %n9, %f10; fma.rn.f32 %f26, %n9, %f16, $162; neg.f32 %n10, %f11; "
-            "fma.rn.f32 %f27, %n10, %f16, $163; neg.f32 %n11, %f12; fma.rn.f32 %f28, %n11, %f16, $164; "
-            "neg.f32 %n12, %f13; fma.rn.f32 %f29, %n12, %f16, $165; neg.f32 %n13, %f14; "
-            "fma.rn.f32 %f30, %n13, %f16, $166; neg.f32 %n14, %f15; fma.rn.f32 %f31, %n14, %f16, $167; "
-            "fma.rn.f32 %f32, %n0, %f1, $18; fma.rn.f32 %f33, %n1, %f1, $20; fma.rn.f32 %f34, %n1, %f2, $21; "
-            "fma.rn.f32 %f35, %n2, %f1, $23; fma.rn.f32 %f36, %n2, %f2, $24; fma.rn.f32 %f37, %n2, %f3, $25; "
-            "fma.rn.f32 %f38, %n3, %f1, $27; fma.rn.f32 %f39, %n3, %f2, $28; fma.rn.f32 %f40, %n3, %f3, $29; "
-            "fma.rn.f32 %f41, %n3, %f4, $30; fma.rn.f32 %f42, %n4, %f1, $32; fma.rn.f32 %f43, %n4, %f2, $33; "
-            "fma.rn.f32 %f44, %n4, %f3, $34; fma.rn.f32 %f45, %n4, %f4, $35; fma.rn.f32 %f46, %n4, %f5, $36; "
-            "fma.rn.f32 %f47, %n5, %f1, $38; fma.rn.f32 %f48, %n5, %f2, $39; fma.rn.f32 %f49, %n5, %f3, $40; "
-            "fma.rn.f32 %f50, %n5, %f4, $41; fma.rn.f32 %f51, %n5, %f5, $42; fma.rn.f32 %f52, %n5, %f6, $43; "
-            "fma.rn.f32 %f53, %n6, %f1, $45; fma.rn.f32 %f54, %n6, %f2, $46; fma.rn.f32 %f55, %n6, %f3, $47; "
-            "fma.rn.f32 %f56, %n6, %f4, $48; fma.rn.f32 %f57, %n6, %f5, $49; fma.rn.f32 %f58, %n6, %f6, $50; "
-            "fma.rn.f32 %f59, %n6, %f7, $51; fma.rn.f32 %f60, %n7, %f1, $53; fma.rn.f32 %f61, %n7, %f2, $54; "
-            "fma.rn.f32 %f62, %n7, %f3, $55; fma.rn.f32 %f63, %n7, %f4, $56; fma.rn.f32 %f64, %n7, %f5, $57; "
-            "fma.rn.f32 %f65, %n7, %f6, $58; fma.rn.f32 %f66, %n7, %f7, $59; fma.rn.f32 %f67, %n7, %f8, $60; "
-            "fma.rn.f32 %f68, %n8, %f1, $62; fma.rn.f32 %f69, %n8, %f2, $63; fma.rn.f32 %f70, %n8, %f3, $64; "
-            "fma.rn.f32 %f71, %n8, %f4, $65; fma.rn.f32 %f72, %n8, %f5, $66; fma.rn.f32 %f73, %n8, %f6, $67; "
-            "fma.rn.f32 %f74, %n8, %f7, $68; fma.rn.f32 %f75, %n8, %f8, $69; fma.rn.f32 %f76, %n8, %f9, $70; "
-            "fma.rn.f32 %f77, %n9, %f1, $72; fma.rn.f32 %f78, %n9, %f2, $73; fma.rn.f32 %f79, %n9, %f3, $74; "
-            "fma.rn.f32 %f80, %n9, %f4, $75; fma.rn.f32 %f81, %n9, %f5, $76; fma.rn.f32 %f82, %n9, %f6, $77; "
-            "fma.rn.f32 %f83, %n9, %f7, $78; fma.rn.f32 %f84, %n9, %f8, $79; fma.rn.f32 %f85, %n9, %f9, $80; "
-            "fma.rn.f32 %f86, %n9, %f10, $81; fma.rn.f32 %f87, %n10, %f1, $83; "
-            "fma.rn.f32 %f88, %n10, %f2, $84; fma.rn.f32 %f89, %n10, %f3, $85; "
-            "fma.rn.f32 %f90, %n10, %f4, $86; fma.rn.f32 %f91, %n10, %f5, $87; "
-            "fma.rn.f32 %f92, %n10, %f6, $88; fma.rn.f32 %f93, %n10, %f7, $89; "
-            "fma.rn.f32 %f94, %n10, %f8, $90; fma.rn.f32 %f95, %n10, %f9, $91; "
-            "fma.rn.f32 %f96, %n10, %f10, $92; fma.rn.f32 %f97, %n10, %f11, $93; "
-            "fma.rn.f32 %f98, %n11, %f1, $95; fma.rn.f32 %f99, %n11, %f2, $96; "
-            "fma.rn.f32 %f100, %n11, %f3, $97; fma.rn.f32 %f101, %n11, %f4, $98; "
-            "fma.rn.f32 %f102, %n11, %f5, $99; fma.rn.f32 %f103, %n11, %f6, $100; "
-            "fma.rn.f32 %f104, %n11, %f7, $101; fma.rn.f32 %f105, %n11, %f8, $102; "
-            "fma.rn.f32 %f106, %n11, %f9, $103; fma.rn.f32 %f107, %n11, %f10, $104; "
-            "fma.rn.f32 %f108, %n11, %f11, $105; fma.rn.f32 %f109, %n11, %f12, $106; "
-            "fma.rn.f32 %f110, %n12, %f1, $108; fma.rn.f32 %f111, %n12, %f2, $109; "
-            "fma.rn.f32 %f112, %n12, %f3, $110; fma.rn.f32 %f113, %n12, %f4, $111; "
-            "fma.rn.f32 %f114, %n12, %f5, $112; fma.rn.f32 %f115, %n12, %f6, $113; "
-            "fma.rn.f32 %f116, %n12, %f7, $114; fma.rn.f32 %f117, %n12, %f8, $115; "
-            "fma.rn.f32 %f118, %n12, %f9, $116; fma.rn.f32 %f119, %n12, %f10, $117; "
-            "fma.rn.f32 %f120, %n12, %f11, $118; fma.rn.f32 %f121, %n12, %f12, $119; "
-            "fma.rn.f32 %f122, %n12, %f13, $120; fma.rn.f32 %f123, %n13, %f1, $122; "
-            "fma.rn.f32 %f124, %n13, %f2, $123; fma.rn.f32 %f125, %n13, %f3, $124; "
-            "fma.rn.f32 %f126, %n13, %f4, $125; fma.rn.f32 %f127, %n13, %f5, $126; "
-            "fma.rn.f32 %f128, %n13, %f6, $127; fma.rn.f32 %f129, %n13, %f7, $128; "
-            "fma.rn.f32 %f130, %n13, %f8, $129; fma.rn.f32 %f131, %n13, %f9, $130; "
-            "fma.rn.f32 %f132, %n13, %f10, $131; fma.rn.f32 %f133, %n13, %f11, $132; "
-            "fma.rn.f32 %f134, %n13, %f12, $133; fma.rn.f32 %f135, %n13, %f13, $134; "
-            "fma.rn.f32 %f136, %n13, %f14, $135; fma.rn.f32 %f137, %n14, %f1, $137; "
-            "fma.rn.f32 %f138, %n14, %f2, $138; fma.rn.f32 %f139, %n14, %f3, $139; "
-            "fma.rn.f32 %f140, %n14, %f4, $140; fma.rn.f32 %f141, %n14, %f5, $141; "
-            "fma.rn.f32 %f142, %n14, %f6, $142; fma.rn.f32 %f143, %n14, %f7, $143; "
-            "fma.rn.f32 %f144, %n14, %f8, $144; fma.rn.f32 %f145, %n14, %f9, $145; "
-            "fma.rn.f32 %f146, %n14, %f10, $146; fma.rn.f32 %f147, %n14, %f11, $147; "
-            "fma.rn.f32 %f148, %n14, %f12, $148; fma.rn.f32 %f149, %n14, %f13, $149; "
-            "fma.rn.f32 %f150, %n14, %f14, $150; fma.rn.f32 %f151, %n14, %f15, $151; "
-            "rsqrt.approx.f32 %f152, %f32; mul.rn.f32 %f153, %f33, %f152; mul.rn.f32 %f154, %f35, %f152; "
-            "mul.rn.f32 %f155, %f38, %f152; mul.rn.f32 %f156, %f42, %f152; mul.rn.f32 %f157, %f47, %f152; "
-            "mul.rn.f32 %f158, %f53, %f152; mul.rn.f32 %f159, %f60, %f152; mul.rn.f32 %f160, %f68, %f152; "
-            "mul.rn.f32 %f161, %f77, %f152; mul.rn.f32 %f162, %f87, %f152; mul.rn.f32 %f163, %f98, %f152; "
-            "mul.rn.f32 %f164, %f110, %f152; mul.rn.f32 %f165, %f123, %f152; mul.rn.f32 %f166, %f137, %f152; "
-            "mul.rn.f32 %f167, %f17, %f152; neg.f32 %n15, %f153; fma.rn.f32 %f168, %n15, %f167, %f18; "
-            "neg.f32 %n16, %f154; fma.rn.f32 %f169, %n16, %f167, %f19; neg.f32 %n17, %f155; "
-            "fma.rn.f32 %f170, %n17, %f167, %f20; neg.f32 %n18, %f156; fma.rn.f32 %f171, %n18, %f167, %f21; "
-            "neg.f32 %n19, %f157; fma.rn.f32 %f172, %n19, %f167, %f22; neg.f32 %n20, %f158; "
-            "fma.rn.f32 %f173, %n20, %f167, %f23; neg.f32 %n21, %f159; fma.rn.f32 %f174, %n21, %f167, %f24; "
-            "neg.f32 %n22, %f160; fma.rn.f32 %f175, %n22, %f167, %f25; neg.f32 %n23, %f161; "
-            "fma.rn.f32 %f176, %n23, %f167, %f26; neg.f32 %n24, %f162; fma.rn.f32 %f177, %n24, %f167, %f27; "
-            "neg.f32 %n25, %f163; fma.rn.f32 %f178, %n25, %f167, %f28; neg.f32 %n26, %f164; "
-            "fma.rn.f32 %f179, %n26, %f167, %f29; neg.f32 %n27, %f165; fma.rn.f32 %f180, %n27, %f167, %f30; "
-            "neg.f32 %n28, %f166; fma.rn.f32 %f181, %n28, %f167, %f31; fma.rn.f32 %f182, %n15, %f153, %f34; "
-            "fma.rn.f32 %f183, %n16, %f153, %f36; fma.rn.f32 %f184, %n16, %f154, %f37; "
-            "fma.rn.f32 %f185, %n17, %f153, %f39; fma.rn.f32 %f186, %n17, %f154, %f40; "
-            "fma.rn.f32 %f187, %n17, %f155, %f41; fma.rn.f32 %f188, %n18, %f153, %f43; "
-            "fma.rn.f32 %f189, %n18, %f154, %f44; fma.rn.f32 %f190, %n18, %f155, %f45; "
-            "fma.rn.f32 %f191, %n18, %f156, %f46; fma.rn.f32 %f192, %n19, %f153, %f48; "
-            "fma.rn.f32 %f193, %n19, %f154, %f49; fma.rn.f32 %f194, %n19, %f155, %f50; "
-            "fma.rn.f32 %f195, %n19, %f156, %f51; fma.rn.f32 %f196, %n19, %f157, %f52; "
-            "fma.rn.f32 %f197, %n20, %f153, %f54; fma.rn.f32 %f198, %n20, %f154, %f55; "
-            "fma.rn.f32 %f199, %n20, %f155, %f56; fma.rn.f32 %f200, %n20, %f156, %f57; "
-            "fma.rn.f32 %f201, %n20, %f157, %f58; fma.rn.f32 %f202, %n20, %f158, %f59; "
-            "fma.rn.f32 %f203, %n21, %f153, %f61; fma.rn.f32 %f204, %n21, %f154, %f62; "
-            "fma.rn.f32 %f205, %n21, %f155, %f63; fma.rn.f32 %f206, %n21, %f156, %f64; "
-            "fma.rn.f32 %f207, %n21, %f157, %f65; fma.rn.f32 %f208, %n21, %f158, %f66; "
-            "fma.rn.f32 %f209, %n21, %f159, %f67; fma.rn.f32 %f210, %n22, %f153, %f69; "
-            "fma.rn.f32 %f211, %n22, %f154, %f70; fma.rn.f32 %f212, %n22, %f155, %f71; "
-            "fma.rn.f32 %f213, %n22, %f156, %f72; fma.rn.f32 %f214, %n22, %f157, %f73; "
-            "fma.rn.f32 %f215, %n22, %f158, %f74; fma.rn.f32 %f216, %n22, %f159, %f75; "
-            "fma.rn.f32 %f217, %n22, %f160, %f76; fma.rn.f32 %f218, %n23, %f153, %f78; "
-            "fma.rn.f32 %f219, %n23, %f154, %f79; fma.rn.f32 %f220, %n23, %f155, %f80; "
-            "fma.rn.f32 %f221, %n23, %f156, %f81; fma.rn.f32 %f222, %n23, %f157, %f82; "
-            "fma.rn.f32 %f223, %n23, %f158, %f83; fma.rn.f32 %f224, %n23, %f159, %f84; "
-            "fma.rn.f32 %f225, %n23, %f160, %f85; fma.rn.f32 %f226, %n23, %f161, %f86; "
-            "fma.rn.f32 %f227, %n24, %f153, %f88; fma.rn.f32 %f228, %n24, %f154, %f89; "
-            "fma.rn.f32 %f229, %n24, %f155, %f90; fma.rn.f32 %f230, %n24, %f156, %f91; "
-            "fma.rn.f32 %f231, %n24, %f157, %f92; fma.rn.f32 %f232, %n24, %f158, %f93; "
-            "fma.rn.f32 %f233, %n24, %f159, %f94; fma.rn.f32 %f234, %n24, %f160, %f95; "
-            "fma.rn.f32 %f235, %n24, %f161, %f96; fma.rn.f32 %f236, %n24, %f162, %f97; "
-            "fma.rn.f32 %f237, %n25, %f153, %f99; fma.rn.f32 %f238, %n25, %f154, %f100; "
-            "fma.rn.f32 %f239, %n25, %f155, %f101; fma.rn.f32 %f240, %n25, %f156, %f102; "
-            "fma.rn.f32 %f241, %n25, %f157, %f103; fma.rn.f32 %f242, %n25, %f158, %f104; "
-            "fma.rn.f32 %f243, %n25, %f159, %f105; fma.rn.f32 %f244, %n25, %f160, %f106; "
-            "fma.rn.f32 %f245, %n25, %f161, %f107; fma.rn.f32 %f246, %n25, %f162, %f108; "
-            "fma.rn.f32 %f247, %n25, %f163, %f109; fma.rn.f32 %f248, %n26, %f153, %f111; "
-            "fma.rn.f32 %f249, %n26, %f154, %f112; fma.rn.f32 %f250, %n26, %f155, %f113; "
-            "fma.rn.f32 %f251, %n26, %f156, %f114; fma.rn.f32 %f252, %n26, %f157, %f115; "
-            "fma.rn.f32 %f253, %n26, %f158, %f116; fma.rn.f32 %f254, %n26, %f159, %f117; "
-            "fma.rn.f32 %f255, %n26, %f160, %f118; fma.rn.f32 %f256, %n26, %f161, %f119; "
-            "fma.rn.f32 %f257, %n26, %f162, %f120; fma.rn.f32 %f258, %n26, %f163, %f121; "
-            "fma.rn.f32 %f259, %n26, %f164, %f122; fma.rn.f32 %f260, %n27, %f153, %f124; "
-            "fma.rn.f32 %f261, %n27, %f154, %f125; fma.rn.f32 %f262, %n27, %f155, %f126; "
-            "fma.rn.f32 %f263, %n27, %f156, %f127; fma.rn.f32 %f264, %n27, %f157, %f128; "
-            "fma.rn.f32 %f265, %n27, %f158, %f129; fma.rn.f32 %f266, %n27, %f159, %f130; "
-            "fma.rn.f32 %f267, %n27, %f160, %f131; fma.rn.f32 %f268, %n27, %f161, %f132; "
-            "fma.rn.f32 %f269, %n27, %f162, %f133; fma.rn.f32 %f270, %n27, %f163, %f134; "
-            "fma.rn.f32 %f271, %n27, %f164, %f135; fma.rn.f32 %f272, %n27, %f165, %f136; "
-            "fma.rn.f32 %f273, %n28, %f153, %f138; fma.rn.f32 %f274, %n28, %f154, %f139; "
-            "fma.rn.f32 %f275, %n28, %f155, %f140; fma.rn.f32 %f276, %n28, %f156, %f141; "
-            "fma.rn.f32 %f277, %n28, %f157, %f142; fma.rn.f32 %f278, %n28, %f158, %f143; "
-            "fma.rn.f32 %f279, %n28, %f159, %f144; fma.rn.f32 %f280, %n28, %f160, %f145; "
-            "fma.rn.f32 %f281, %n28, %f161, %f146; fma.rn.f32 %f282, %n28, %f162, %f147; "
-            "fma.rn.f32 %f283, %n28, %f163, %f148; fma.rn.f32 %f284, %n28, %f164, %f149; "
-            "fma.rn.f32 %f285, %n28, %f165, %f150; fma.rn.f32 %f286, %n28, %f166, %f151; "
-            "rsqrt.approx.f32 %f287, %f182; mul.rn.f32 %f288, %f183, %f287; mul.rn.f32 %f289, %f185, %f287; "
-            "mul.rn.f32 %f290, %f188, %f287; mul.rn.f32 %f291, %f192, %f287; mul.rn.f32 %f292, %f197, %f287; "
-            "mul.rn.f32 %f293, %f203, %f287; mul.rn.f32 %f294, %f210, %f287; mul.rn.f32 %f295, %f218, %f287; "
-            "mul.rn.f32 %f296, %f227, %f287; mul.rn.f32 %f297, %f237, %f287; mul.rn.f32 %f298, %f248, %f287; "
-            "mul.rn.f32 %f299, %f260, %f287; mul.rn.f32 %f300, %f273, %f287; mul.rn.f32 %f301, %f168, %f287; "
-            "neg.f32 %n29, %f288; fma.rn.f32 %f302, %n29, %f301, %f169; neg.f32 %n30, %f289; "
-            "fma.rn.f32 %f303, %n30, %f301, %f170; neg.f32 %n31, %f290; "
-            "fma.rn.f32 %f304, %n31, %f301, %f171; neg.f32 %n32, %f291; "
-            "fma.rn.f32 %f305, %n32, %f301, %f172; neg.f32 %n33, %f292; "
-            "fma.rn.f32 %f306, %n33, %f301, %f173; neg.f32 %n34, %f293; "
-            "fma.rn.f32 %f307, %n34, %f301, %f174; neg.f32 %n35, %f294; "
-            "fma.rn.f32 %f308, %n35, %f301, %f175; neg.f32 %n36, %f295; "
-            "fma.rn.f32 %f309, %n36, %f301, %f176; neg.f32 %n37, %f296; "
-            "fma.rn.f32 %f310, %n37, %f301, %f177; neg.f32 %n38, %f297; "
-            "fma.rn.f32 %f311, %n38, %f301, %f178; neg.f32 %n39, %f298; "
-            "fma.rn.f32 %f312, %n39, %f301, %f179; neg.f32 %n40, %f299; "
-            "fma.rn.f32 %f313, %n40, %f301, %f180; neg.f32 %n41, %f300; "
-            "fma.rn.f32 %f314, %n41, %f301, %f181; fma.rn.f32 %f315, %n29, %f288, %f184; "
-            "fma.rn.f32 %f316, %n30, %f288, %f186; fma.rn.f32 %f317, %n30, %f289, %f187; "
-            "fma.rn.f32 %f318, %n31, %f288, %f189; fma.rn.f32 %f319, %n31, %f289, %f190; "
-            "fma.rn.f32 %f320, %n31, %f290, %f191; fma.rn.f32 %f321, %n32, %f288, %f193; "
-            "fma.rn.f32 %f322, %n32, %f289, %f194; fma.rn.f32 %f323, %n32, %f290, %f195; "
-            "fma.rn.f32 %f324, %n32, %f291, %f196; fma.rn.f32 %f325, %n33, %f288, %f198; "
-            "fma.rn.f32 %f326, %n33, %f289, %f199; fma.rn.f32 %f327, %n33, %f290, %f200; "
-            "fma.rn.f32 %f328, %n33, %f291, %f201; fma.rn.f32 %f329, %n33, %f292, %f202; "
-            "fma.rn.f32 %f330, %n34, %f288, %f204; fma.rn.f32 %f331, %n34, %f289, %f205; "
-            "fma.rn.f32 %f332, %n34, %f290, %f206; fma.rn.f32 %f333, %n34, %f291, %f207; "
-            "fma.rn.f32 %f334, %n34, %f292, %f208; fma.rn.f32 %f335, %n34, %f293, %f209; "
-            "fma.rn.f32 %f336, %n35, %f288, %f211; fma.rn.f32 %f337, %n35, %f289, %f212; "
-            "fma.rn.f32 %f338, %n35, %f290, %f213; fma.rn.f32 %f339, %n35, %f291, %f214; "
-            "fma.rn.f32 %f340, %n35, %f292, %f215; fma.rn.f32 %f341, %n35, %f293, %f216; "
-            "fma.rn.f32 %f342, %n35, %f294, %f217; fma.rn.f32 %f343, %n36, %f288, %f219; "
-            "fma.rn.f32 %f344, %n36, %f289, %f220; fma.rn.f32 %f345, %n36, %f290, %f221; "
-            "fma.rn.f32 %f346, %n36, %f291, %f222; fma.rn.f32 %f347, %n36, %f292, %f223; "
-            "fma.rn.f32 %f348, %n36, %f293, %f224; fma.rn.f32 %f349, %n36, %f294, %f225; "
-            "fma.rn.f32 %f350, %n36, %f295, %f226; fma.rn.f32 %f351, %n37, %f288, %f228; "
-            "fma.rn.f32 %f352, %n37, %f289, %f229; fma.rn.f32 %f353, %n37, %f290, %f230; "
-            "fma.rn.f32 %f354, %n37, %f291, %f231; fma.rn.f32 %f355, %n37, %f292, %f232; "
-            "fma.rn.f32 %f356, %n37, %f293, %f233; fma.rn.f32 %f357, %n37, %f294, %f234; "
-            "fma.rn.f32 %f358, %n37, %f295, %f235; fma.rn.f32 %f359, %n37, %f296, %f236; "
-            "fma.rn.f32 %f360, %n38, %f288, %f238; fma.rn.f32 %f361, %n38, %f289, %f239; "
-            "fma.rn.f32 %f362, %n38, %f290, %f240; fma.rn.f32 %f363, %n38, %f291, %f241; "
-            "fma.rn.f32 %f364, %n38, %f292, %f242; fma.rn.f32 %f365, %n38, %f293, %f243; "
-            "fma.rn.f32 %f366, %n38, %f294, %f244; fma.rn.f32 %f367, %n38, %f295, %f245; "
-            "fma.rn.f32 %f368, %n38, %f296, %f246; fma.rn.f32 %f369, %n38, %f297, %f247; "
-            "fma.rn.f32 %f370, %n39, %f288, %f249; fma.rn.f32 %f371, %n39, %f289, %f250; "
-            "fma.rn.f32 %f372, %n39, %f290, %f251; fma.rn.f32 %f373, %n39, %f291, %f252; "
-            "fma.rn.f32 %f374, %n39, %f292, %f253; fma.rn.f32 %f375, %n39, %f293, %f254; "
-            "fma.rn.f32 %f376, %n39, %f294, %f255; fma.rn.f32 %f377, %n39, %f295, %f256; "
-            "fma.rn.f32 %f378, %n39, %f296, %f257; fma.rn.f32 %f379, %n39, %f297, %f258; "
-            "fma.rn.f32 %f380, %n39, %f298, %f259; fma.rn.f32 %f381, %n40, %f288, %f261; "
-            "fma.rn.f32 %f382, %n40, %f289, %f262; fma.rn.f32 %f383, %n40, %f290, %f263; "
-            "fma.rn.f32 %f384, %n40, %f291, %f264; fma.rn.f32 %f385, %n40, %f292, %f265; "
-            "fma.rn.f32 %f386, %n40, %f293, %f266; fma.rn.f32 %f387, %n40, %f294, %f267; "
-            "fma.rn.f32 %f388, %n40, %f295, %f268; fma.rn.f32 %f389, %n40, %f296, %f269; "
-            "fma.rn.f32 %f390, %n40, %f297, %f270; fma.rn.f32 %f391, %n40, %f298, %f271; "
-            "fma.rn.f32 %f392, %n40, %f299, %f272; fma.rn.f32 %f393, %n41, %f288, %f274; "
-            "fma.rn.f32 %f394, %n41, %f289, %f275; fma.rn.f32 %f395, %n41, %f290, %f276; "
-            "fma.rn.f32 %f396, %n41, %f291, %f277; fma.rn.f32 %f397, %n41, %f292, %f278; "
-            "fma.rn.f32 %f398, %n41, %f293, %f279; fma.rn.f32 %f399, %n41, %f294, %f280; "
-            "fma.rn.f32 %f400, %n41, %f295, %f281; fma.rn.f32 %f401, %n41, %f296, %f282; "
-            "fma.rn.f32 %f402, %n41, %f297, %f283; fma.rn.f32 %f403, %n41, %f298, %f284; "
-            "fma.rn.f32 %f404, %n41, %f299, %f285; fma.rn.f32 %f405, %n41, %f300, %f286; "
-            "rsqrt.approx.f32 %f406, %f315; mul.rn.f32 %f407, %f316, %f406; mul.rn.f32 %f408, %f318, %f406; "
-            "mul.rn.f32 %f409, %f321, %f406; mul.rn.f32 %f410, %f325, %f406; mul.rn.f32 %f411, %f330, %f406; "
-            "mul.rn.f32 %f412, %f336, %f406; mul.rn.f32 %f413, %f343, %f406; mul.rn.f32 %f414, %f351, %f406; "
-            "mul.rn.f32 %f415, %f360, %f406; mul.rn.f32 %f416, %f370, %f406; mul.rn.f32 %f417, %f381, %f406; "
-            "mul.rn.f32 %f418, %f393, %f406; mul.rn.f32 %f419, %f302, %f406; neg.f32 %n42, %f407; "
-            "fma.rn.f32 %f420, %n42, %f419, %f303; neg.f32 %n43, %f408; "
-            "fma.rn.f32 %f421, %n43, %f419, %f304; neg.f32 %n44, %f409; "
-            "fma.rn.f32 %f422, %n44, %f419, %f305; neg.f32 %n45, %f410; "
-            "fma.rn.f32 %f423, %n45, %f419, %f306; neg.f32 %n46, %f411; "
-            "fma.rn.f32 %f424, %n46, %f419, %f307; neg.f32 %n47, %f412; "
-            "fma.rn.f32 %f425, %n47, %f419, %f308; neg.f32 %n48, %f413; "
-            "fma.rn.f32 %f426, %n48, %f419, %f309; neg.f32 %n49, %f414; "
-            "fma.rn.f32 %f427, %n49, %f419, %f310; neg.f32 %n50, %f415; "
-            "fma.rn.f32 %f428, %n50, %f419, %f311; neg.f32 %n51, %f416; "
-            "fma.rn.f32 %f429, %n51, %f419, %f312; neg.f32 %n52, %f417; "
-            "fma.rn.f32 %f430, %n52, %f419, %f313; neg.f32 %n53, %f418; "
-            "fma.rn.f32 %f431, %n53, %f419, %f314; fma.rn.f32 %f432, %n42, %f407, %f317; "
-            "fma.rn.f32 %f433, %n43, %f407, %f319; fma.rn.f32 %f434, %n43, %f408, %f320; "
-            "fma.rn.f32 %f435, %n44, %f407, %f322; fma.rn.f32 %f436, %n44, %f408, %f323; "
-            "fma.rn.f32 %f437, %n44, %f409, %f324; fma.rn.f32 %f438, %n45, %f407, %f326; "
-            "fma.rn.f32 %f439, %n45, %f408, %f327; fma.rn.f32 %f440, %n45, %f409, %f328; "
-            "fma.rn.f32 %f441, %n45, %f410, %f329; fma.rn.f32 %f442, %n46, %f407, %f331; "
-            "fma.rn.f32 %f443, %n46, %f408, %f332; fma.rn.f32 %f444, %n46, %f409, %f333; "
-            "fma.rn.f32 %f445, %n46, %f410, %f334; fma.rn.f32 %f446, %n46, %f411, %f335; "
-            "fma.rn.f32 %f447, %n47, %f407, %f337; fma.rn.f32 %f448, %n47, %f408, %f338; "
-            "fma.rn.f32 %f449, %n47, %f409, %f339; fma.rn.f32 %f450, %n47, %f410, %f340; "
-            "fma.rn.f32 %f451, %n47, %f411, %f341; fma.rn.f32 %f452, %n47, %f412, %f342; "
-            "fma.rn.f32 %f453, %n48, %f407, %f344; fma.rn.f32 %f454, %n48, %f408, %f345; "
-            "fma.rn.f32 %f455, %n48, %f409, %f346; fma.rn.f32 %f456, %n48, %f410, %f347; "
-            "fma.rn.f32 %f457, %n48, %f411, %f348; fma.rn.f32 %f458, %n48, %f412, %f349; "
-            "fma.rn.f32 %f459, %n48, %f413, %f350; fma.rn.f32 %f460, %n49, %f407, %f352; "
-            "fma.rn.f32 %f461, %n49, %f408, %f353; fma.rn.f32 %f462, %n49, %f409, %f354; "
-            "fma.rn.f32 %f463, %n49, %f410, %f355; fma.rn.f32 %f464, %n49, %f411, %f356; "
-            "fma.rn.f32 %f465, %n49, %f412, %f357; fma.rn.f32 %f466, %n49, %f413, %f358; "
-            "fma.rn.f32 %f467, %n49, %f414, %f359; fma.rn.f32 %f468, %n50, %f407, %f361; "
-            "fma.rn.f32 %f469, %n50, %f408, %f362; fma.rn.f32 %f470, %n50, %f409, %f363; "
-            "fma.rn.f32 %f471, %n50, %f410, %f364; fma.rn.f32 %f472, %n50, %f411, %f365; "
-            "fma.rn.f32 %f473, %n50, %f412, %f366; fma.rn.f32 %f474, %n50, %f413, %f367; "
-            "fma.rn.f32 %f475, %n50, %f414, %f368; fma.rn.f32 %f476, %n50, %f415, %f369; "
-            "fma.rn.f32 %f477, %n51, %f407, %f371; fma.rn.f32 %f478, %n51, %f408, %f372; "
-            "fma.rn.f32 %f479, %n51, %f409, %f373; fma.rn.f32 %f480, %n51, %f410, %f374; "
-            "fma.rn.f32 %f481, %n51, %f411, %f375; fma.rn.f32 %f482, %n51, %f412, %f376; "
-            "fma.rn.f32 %f483, %n51, %f413, %f377; fma.rn.f32 %f484, %n51, %f414, %f378; "
-            "fma.rn.f32 %f485, %n51, %f415, %f379; fma.rn.f32 %f486, %n51, %f416, %f380; "
-            "fma.rn.f32 %f487, %n52, %f407, %f382; fma.rn.f32 %f488, %n52, %f408, %f383; "
-            "fma.rn.f32 %f489, %n52, %f409, %f384; fma.rn.f32 %f490, %n52, %f410, %f385; "
-            "fma.rn.f32 %f491, %n52, %f411, %f386; fma.rn.f32 %f492, %n52, %f412, %f387; "
-            "fma.rn.f32 %f493, %n52, %f413, %f388; fma.rn.f32 %f494, %n52, %f414, %f389; "
-            "fma.rn.f32 %f495, %n52, %f415, %f390; fma.rn.f32 %f496, %n52, %f416, %f391; "
-            "fma.rn.f32 %f497, %n52, %f417, %f392; fma.rn.f32 %f498, %n53, %f407, %f394; "
-            "fma.rn.f32 %f499, %n53, %f408, %f395; fma.rn.f32 %f500, %n53, %f409, %f396; "
-            "fma.rn.f32 %f501, %n53, %f410, %f397; fma.rn.f32 %f502, %n53, %f411, %f398; "
-            "fma.rn.f32 %f503, %n53, %f412, %f399; fma.rn.f32 %f504, %n53, %f413, %f400; "
-            "fma.rn.f32 %f505, %n53, %f414, %f401; fma.rn.f32 %f506, %n53, %f415, %f402; "
-            "fma.rn.f32 %f507, %n53, %f416, %f403; fma.rn.f32 %f508, %n53, %f417, %f404; "
-            "fma.rn.f32 %f509, %n53, %f418, %f405; rsqrt.approx.f32 %f510, %f432; "
-            "mul.rn.f32 %f511, %f433, %f510; mul.rn.f32 %f512, %f435, %f510; mul.rn.f32 %f513, %f438, %f510; "
-            "mul.rn.f32 %f514, %f442, %f510; mul.rn.f32 %f515, %f447, %f510; mul.rn.f32 %f516, %f453, %f510; "
-            "mul.rn.f32 %f517, %f460, %f510; mul.rn.f32 %f518, %f468, %f510; mul.rn.f32 %f519, %f477, %f510; "
-            "mul.rn.f32 %f520, %f487, %f510; mul.rn.f32 %f521, %f498, %f510; mul.rn.f32 %f522, %f420, %f510; "
-            "neg.f32 %n54, %f511; fma.rn.f32 %f523, %n54, %f522, %f421; neg.f32 %n55, %f512; "
-            "fma.rn.f32 %f524, %n55, %f522, %f422; neg.f32 %n56, %f513; "
-            "fma.rn.f32 %f525, %n56, %f522, %f423; neg.f32 %n57, %f514; "
-            "fma.rn.f32 %f526, %n57, %f522, %f424; neg.f32 %n58, %f515; "
-            "fma.rn.f32 %f527, %n58, %f522, %f425; neg.f32 %n59, %f516; "
-            "fma.rn.f32 %f528, %n59, %f522, %f426; neg.f32 %n60, %f517; "
-            "fma.rn.f32 %f529, %n60, %f522, %f427; neg.f32 %n61, %f518; "
-            "fma.rn.f32 %f530, %n61, %f522, %f428; neg.f32 %n62, %f519; "
-            "fma.rn.f32 %f531, %n62, %f522, %f429; neg.f32 %n63, %f520; "
-            "fma.rn.f32 %f532, %n63, %f522, %f430; neg.f32 %n64, %f521; "
-            "fma.rn.f32 %f533, %n64, %f522, %f431; fma.rn.f32 %f534, %n54, %f511, %f434; "
-            "fma.rn.f32 %f535, %n55, %f511, %f436; fma.rn.f32 %f536, %n55, %f512, %f437; "
-            "fma.rn.f32 %f537, %n56, %f511, %f439; fma.rn.f32 %f538, %n56, %f512, %f440; "
-            "fma.rn.f32 %f539, %n56, %f513, %f441; fma.rn.f32 %f540, %n57, %f511, %f443; "
-            "fma.rn.f32 %f541, %n57, %f512, %f444; fma.rn.f32 %f542, %n57, %f513, %f445; "
-            "fma.rn.f32 %f543, %n57, %f514, %f446; fma.rn.f32 %f544, %n58, %f511, %f448; "
-            "fma.rn.f32 %f545, %n58, %f512, %f449; fma.rn.f32 %f546, %n58, %f513, %f450; "
-            "fma.rn.f32 %f547, %n58, %f514, %f451; fma.rn.f32 %f548, %n58, %f515, %f452; "
-            "fma.rn.f32 %f549, %n59, %f511, %f454; fma.rn.f32 %f550, %n59, %f512, %f455; "
-            "fma.rn.f32 %f551, %n59, %f513, %f456; fma.rn.f32 %f552, %n59, %f514, %f457; "
-            "fma.rn.f32 %f553, %n59, %f515, %f458; fma.rn.f32 %f554, %n59, %f516, %f459; "
-            "fma.rn.f32 %f555, %n60, %f511, %f461; fma.rn.f32 %f556, %n60, %f512, %f462; "
-            "fma.rn.f32 %f557, %n60, %f513, %f463; fma.rn.f32 %f558, %n60, %f514, %f464; "
-            "fma.rn.f32 %f559, %n60, %f515, %f465; fma.rn.f32 %f560, %n60, %f516, %f466; "
-            "fma.rn.f32 %f561, %n60, %f517, %f467; fma.rn.f32 %f562, %n61, %f511, %f469; "
-            "fma.rn.f32 %f563, %n61, %f512, %f470; fma.rn.f32 %f564, %n61, %f513, %f471; "
-            "fma.rn.f32 %f565, %n61, %f514, %f472; fma.rn.f32 %f566, %n61, %f515, %f473; "
-            "fma.rn.f32 %f567, %n61, %f516, %f474; fma.rn.f32 %f568, %n61, %f517, %f475; "
-            "fma.rn.f32 %f569, %n61, %f518, %f476; fma.rn.f32 %f570, %n62, %f511, %f478; "
-            "fma.rn.f32 %f571, %n62, %f512, %f479; fma.rn.f32 %f572, %n62, %f513, %f480; "
-            "fma.rn.f32 %f573, %n62, %f514, %f481; fma.rn.f32 %f574, %n62, %f515, %f482; "
-            "fma.rn.f32 %f575, %n62, %f516, %f483; fma.rn.f32 %f576, %n62, %f517, %f484; "
-            "fma.rn.f32 %f577, %n62, %f518, %f485; fma.rn.f32 %f578, %n62, %f519, %f486; "
-            "fma.rn.f32 %f579, %n63, %f511, %f488; fma.rn.f32 %f580, %n63, %f512, %f489; "
-            "fma.rn.f32 %f581, %n63, %f513, %f490; fma.rn.f32 %f582, %n63, %f514, %f491; "
-            "fma.rn.f32 %f583, %n63, %f515, %f492; fma.rn.f32 %f584, %n63, %f516, %f493; "
-            "fma.rn.f32 %f585, %n63, %f517, %f494; fma.rn.f32 %f586, %n63, %f518, %f495; "
-            "fma.rn.f32 %f587, %n63, %f519, %f496; fma.rn.f32 %f588, %n63, %f520, %f497; "
-            "fma.rn.f32 %f589, %n64, %f511, %f499; fma.rn.f32 %f590, %n64, %f512, %f500; "
-            "fma.rn.f32 %f591, %n64, %f513, %f501; fma.rn.f32 %f592, %n64, %f514, %f502; "
-            "fma.rn.f32 %f593, %n64, %f515, %f503; fma.rn.f32 %f594, %n64, %f516, %f504; "
-            "fma.rn.f32 %f595, %n64, %f517, %f505; fma.rn.f32 %f596, %n64, %f518, %f506; "
-            "fma.rn.f32 %f597, %n64, %f519, %f507; fma.rn.f32 %f598, %n64, %f520, %f508; "
-            "fma.rn.f32 %f599, %n64, %f521, %f509; rsqrt.approx.f32 %f600, %f534; "
-            "mul.rn.f32 %f601, %f535, %f600; mul.rn.f32 %f602, %f537, %f600; mul.rn.f32 %f603, %f540, %f600; "
-            "mul.rn.f32 %f604, %f544, %f600; mul.rn.f32 %f605, %f549, %f600; mul.rn.f32 %f606, %f555, %f600; "
-            "mul.rn.f32 %f607, %f562, %f600; mul.rn.f32 %f608, %f570, %f600; mul.rn.f32 %f609, %f579, %f600; "
-            "mul.rn.f32 %f610, %f589, %f600; mul.rn.f32 %f611, %f523, %f600; neg.f32 %n65, %f601; "
-            "fma.rn.f32 %f612, %n65, %f611, %f524; neg.f32 %n66, %f602; "
-            "fma.rn.f32 %f613, %n66, %f611, %f525; neg.f32 %n67, %f603; "
-            "fma.rn.f32 %f614, %n67, %f611, %f526; neg.f32 %n68, %f604; "
-            "fma.rn.f32 %f615, %n68, %f611, %f527; neg.f32 %n69, %f605; "
-            "fma.rn.f32 %f616, %n69, %f611, %f528; neg.f32 %n70, %f606; "
-            "fma.rn.f32 %f617, %n70, %f611, %f529; neg.f32 %n71, %f607; "
-            "fma.rn.f32 %f618, %n71, %f611, %f530; neg.f32 %n72, %f608; "
-            "fma.rn.f32 %f619, %n72, %f611, %f531; neg.f32 %n73, %f609; "
-            "fma.rn.f32 %f620, %n73, %f611, %f532; neg.f32 %n74, %f610; "
-            "fma.rn.f32 %f621, %n74, %f611, %f533; fma.rn.f32 %f622, %n65, %f601, %f536; "
-            "fma.rn.f32 %f623, %n66, %f601, %f538; fma.rn.f32 %f624, %n66, %f602, %f539; "
-            "fma.rn.f32 %f625, %n67, %f601, %f541; fma.rn.f32 %f626, %n67, %f602, %f542; "
-            "fma.rn.f32 %f627, %n67, %f603, %f543; fma.rn.f32 %f628, %n68, %f601, %f545; "
-            "fma.rn.f32 %f629, %n68, %f602, %f546; fma.rn.f32 %f630, %n68, %f603, %f547; "
-            "fma.rn.f32 %f631, %n68, %f604, %f548; fma.rn.f32 %f632, %n69, %f601, %f550; "
-            "fma.rn.f32 %f633, %n69, %f602, %f551; fma.rn.f32 %f634, %n69, %f603, %f552; "
-            "fma.rn.f32 %f635, %n69, %f604, %f553; fma.rn.f32 %f636, %n69, %f605, %f554; "
-            "fma.rn.f32 %f637, %n70, %f601, %f556; fma.rn.f32 %f638, %n70, %f602, %f557; "
-            "fma.rn.f32 %f639, %n70, %f603, %f558; fma.rn.f32 %f640, %n70, %f604, %f559; "
-            "fma.rn.f32 %f641, %n70, %f605, %f560; fma.rn.f32 %f642, %n70, %f606, %f561; "
-            "fma.rn.f32 %f643, %n71, %f601, %f563; fma.rn.f32 %f644, %n71, %f602, %f564; "
-            "fma.rn.f32 %f645, %n71, %f603, %f565; fma.rn.f32 %f646, %n71, %f604, %f566; "
-            "fma.rn.f32 %f647, %n71, %f605, %f567; fma.rn.f32 %f648, %n71, %f606, %f568; "
-            "fma.rn.f32 %f649, %n71, %f607, %f569; fma.rn.f32 %f650, %n72, %f601, %f571; "
-            "fma.rn.f32 %f651, %n72, %f602, %f572; fma.rn.f32 %f652, %n72, %f603, %f573; "
-            "fma.rn.f32 %f653, %n72, %f604, %f574; fma.rn.f32 %f654, %n72, %f605, %f575; "
-            "fma.rn.f32 %f655, %n72, %f606, %f576; fma.rn.f32 %f656, %n72, %f607, %f577; "
-            "fma.rn.f32 %f657, %n72, %f608, %f578; fma.rn.f32 %f658, %n73, %f601, %f580; "
-            "fma.rn.f32 %f659, %n73, %f602, %f581; fma.rn.f32 %f660, %n73, %f603, %f582; "
-            "fma.rn.f32 %f661, %n73, %f604, %f583; fma.rn.f32 %f662, %n73, %f605, %f584; "
-            "fma.rn.f32 %f663, %n73, %f606, %f585; fma.rn.f32 %f664, %n73, %f607, %f586; "
-            "fma.rn.f32 %f665, %n73, %f608, %f587; fma.rn.f32 %f666, %n73, %f609, %f588; "
-            "fma.rn.f32 %f667, %n74, %f601, %f590; fma.rn.f32 %f668, %n74, %f602, %f591; "
-            "fma.rn.f32 %f669, %n74, %f603, %f592; fma.rn.f32 %f670, %n74, %f604, %f593; "
-            "fma.rn.f32 %f671, %n74, %f605, %f594; fma.rn.f32 %f672, %n74, %f606, %f595; "
-            "fma.rn.f32 %f673, %n74, %f607, %f596; fma.rn.f32 %f674, %n74, %f608, %f597; "
-            "fma.rn.f32 %f675, %n74, %f609, %f598; fma.rn.f32 %f676, %n74, %f610, %f599; "
-            "rsqrt.approx.f32 %f677, %f622; mul.rn.f32 %f678, %f623, %f677; mul.rn.f32 %f679, %f625, %f677; "
-            "mul.rn.f32 %f680, %f628, %f677; mul.rn.f32 %f681, %f632, %f677; mul.rn.f32 %f682, %f637, %f677; "
-            "mul.rn.f32 %f683, %f643, %f677; mul.rn.f32 %f684, %f650, %f677; mul.rn.f32 %f685, %f658, %f677; "
-            "mul.rn.f32 %f686, %f667, %f677; mul.rn.f32 %f687, %f612, %f677; neg.f32 %n75, %f678; "
-            "fma.rn.f32 %f688, %n75, %f687, %f613; neg.f32 %n76, %f679; "
-            "fma.rn.f32 %f689, %n76, %f687, %f614; neg.f32 %n77, %f680; "
-            "fma.rn.f32 %f690, %n77, %f687, %f615; neg.f32 %n78, %f681; "
-            "fma.rn.f32 %f691, %n78, %f687, %f616; neg.f32 %n79, %f682; "
-            "fma.rn.f32 %f692, %n79, %f687, %f617; neg.f32 %n80, %f683; "
-            "fma.rn.f32 %f693, %n80, %f687, %f618; neg.f32 %n81, %f684; "
-            "fma.rn.f32 %f694, %n81, %f687, %f619; neg.f32 %n82, %f685; "
-            "fma.rn.f32 %f695, %n82, %f687, %f620; neg.f32 %n83, %f686; "
-            "fma.rn.f32 %f696, %n83, %f687, %f621; fma.rn.f32 %f697, %n75, %f678, %f624; "
-            "fma.rn.f32 %f698, %n76, %f678, %f626; fma.rn.f32 %f699, %n76, %f679, %f627; "
-            "fma.rn.f32 %f700, %n77, %f678, %f629; fma.rn.f32 %f701, %n77, %f679, %f630; "
-            "fma.rn.f32 %f702, %n77, %f680, %f631; fma.rn.f32 %f703, %n78, %f678, %f633; "
-            "fma.rn.f32 %f704, %n78, %f679, %f634; fma.rn.f32 %f705, %n78, %f680, %f635; "
-            "fma.rn.f32 %f706, %n78, %f681, %f636; fma.rn.f32 %f707, %n79, %f678, %f638; "
-            "fma.rn.f32 %f708, %n79, %f679, %f639; fma.rn.f32 %f709, %n79, %f680, %f640; "
-            "fma.rn.f32 %f710, %n79, %f681, %f641; fma.rn.f32 %f711, %n79, %f682, %f642; "
-            "fma.rn.f32 %f712, %n80, %f678, %f644; fma.rn.f32 %f713, %n80, %f679, %f645; "
-            "fma.rn.f32 %f714, %n80, %f680, %f646; fma.rn.f32 %f715, %n80, %f681, %f647; "
-            "fma.rn.f32 %f716, %n80, %f682, %f648; fma.rn.f32 %f717, %n80, %f683, %f649; "
-            "fma.rn.f32 %f718, %n81, %f678, %f651; fma.rn.f32 %f719, %n81, %f679, %f652; "
-            "fma.rn.f32 %f720, %n81, %f680, %f653; fma.rn.f32 %f721, %n81, %f681, %f654; "
-            "fma.rn.f32 %f722, %n81, %f682, %f655; fma.rn.f32 %f723, %n81, %f683, %f656; "
-            "fma.rn.f32 %f724, %n81, %f684, %f657; fma.rn.f32 %f725, %n82, %f678, %f659; "
-            "fma.rn.f32 %f726, %n82, %f679, %f660; fma.rn.f32 %f727, %n82, %f680, %f661; "
-            "fma.rn.f32 %f728, %n82, %f681, %f662; fma.rn.f32 %f729, %n82, %f682, %f663; "
-            "fma.rn.f32 %f730, %n82, %f683, %f664; fma.rn.f32 %f731, %n82, %f684, %f665; "
-            "fma.rn.f32 %f732, %n82, %f685, %f666; fma.rn.f32 %f733, %n83, %f678, %f668; "
-            "fma.rn.f32 %f734, %n83, %f679, %f669; fma.rn.f32 %f735, %n83, %f680, %f670; "
-            "fma.rn.f32 %f736, %n83, %f681, %f671; fma.rn.f32 %f737, %n83, %f682, %f672; "
-            "fma.rn.f32 %f738, %n83, %f683, %f673; fma.rn.f32 %f739, %n83, %f684, %f674; "
-            "fma.rn.f32 %f740, %n83, %f685, %f675; fma.rn.f32 %f741, %n83, %f686, %f676; "
-            "rsqrt.approx.f32 %f742, %f697; mul.rn.f32 %f743, %f698, %f742; mul.rn.f32 %f744, %f700, %f742; "
-            "mul.rn.f32 %f745, %f703, %f742; mul.rn.f32 %f746, %f707, %f742; mul.rn.f32 %f747, %f712, %f742; "
-            "mul.rn.f32 %f748, %f718, %f742; mul.rn.f32 %f749, %f725, %f742; mul.rn.f32 %f750, %f733, %f742; "
-            "mul.rn.f32 %f751, %f688, %f742; neg.f32 %n84, %f743; fma.rn.f32 %f752, %n84, %f751, %f689; "
-            "neg.f32 %n85, %f744; fma.rn.f32 %f753, %n85, %f751, %f690; neg.f32 %n86, %f745; "
-            "fma.rn.f32 %f754, %n86, %f751, %f691; neg.f32 %n87, %f746; "
-            "fma.rn.f32 %f755, %n87, %f751, %f692; neg.f32 %n88, %f747; "
-            "fma.rn.f32 %f756, %n88, %f751, %f693; neg.f32 %n89, %f748; "
-            "fma.rn.f32 %f757, %n89, %f751, %f694; neg.f32 %n90, %f749; "
-            "fma.rn.f32 %f758, %n90, %f751, %f695; neg.f32 %n91, %f750; "
-            "fma.rn.f32 %f759, %n91, %f751, %f696; fma.rn.f32 %f760, %n84, %f743, %f699; "
-            "fma.rn.f32 %f761, %n85, %f743, %f701; fma.rn.f32 %f762, %n85, %f744, %f702; "
-            "fma.rn.f32 %f763, %n86, %f743, %f704; fma.rn.f32 %f764, %n86, %f744, %f705; "
-            "fma.rn.f32 %f765, %n86, %f745, %f706; fma.rn.f32 %f766, %n87, %f743, %f708; "
-            "fma.rn.f32 %f767, %n87, %f744, %f709; fma.rn.f32 %f768, %n87, %f745, %f710; "
-            "fma.rn.f32 %f769, %n87, %f746, %f711; fma.rn.f32 %f770, %n88, %f743, %f713; "
-            "fma.rn.f32 %f771, %n88, %f744, %f714; fma.rn.f32 %f772, %n88, %f745, %f715; "
-            "fma.rn.f32 %f773, %n88, %f746, %f716; fma.rn.f32 %f774, %n88, %f747, %f717; "
-            "fma.rn.f32 %f775, %n89, %f743, %f719; fma.rn.f32 %f776, %n89, %f744, %f720; "
-            "fma.rn.f32 %f777, %n89, %f745, %f721; fma.rn.f32 %f778, %n89, %f746, %f722; "
-            "fma.rn.f32 %f779, %n89, %f747, %f723; fma.rn.f32 %f780, %n89, %f748, %f724; "
-            "fma.rn.f32 %f781, %n90, %f743, %f726; fma.rn.f32 %f782, %n90, %f744, %f727; "
-            "fma.rn.f32 %f783, %n90, %f745, %f728; fma.rn.f32 %f784, %n90, %f746, %f729; "
-            "fma.rn.f32 %f785, %n90, %f747, %f730; fma.rn.f32 %f786, %n90, %f748, %f731; "
-            "fma.rn.f32 %f787, %n90, %f749, %f732; fma.rn.f32 %f788, %n91, %f743, %f734; "
-            "fma.rn.f32 %f789, %n91, %f744, %f735; fma.rn.f32 %f790, %n91, %f745, %f736; "
-            "fma.rn.f32 %f791, %n91, %f746, %f737; fma.rn.f32 %f792, %n91, %f747, %f738; "
-            "fma.rn.f32 %f793, %n91, %f748, %f739; fma.rn.f32 %f794, %n91, %f749, %f740; "
-            "fma.rn.f32 %f795, %n91, %f750, %f741; rsqrt.approx.f32 %f796, %f760; "
-            "mul.rn.f32 %f797, %f761, %f796; mul.rn.f32 %f798, %f763, %f796; mul.rn.f32 %f799, %f766, %f796; "
-            "mul.rn.f32 %f800, %f770, %f796; mul.rn.f32 %f801, %f775, %f796; mul.rn.f32 %f802, %f781, %f796; "
-            "mul.rn.f32 %f803, %f788, %f796; mul.rn.f32 %f804, %f752, %f796; neg.f32 %n92, %f797; "
-            "fma.rn.f32 %f805, %n92, %f804, %f753; neg.f32 %n93, %f798; "
-            "fma.rn.f32 %f806, %n93, %f804, %f754; neg.f32 %n94, %f799; "
-            "fma.rn.f32 %f807, %n94, %f804, %f755; neg.f32 %n95, %f800; "
-            "fma.rn.f32 %f808, %n95, %f804, %f756; neg.f32 %n96, %f801; "
-            "fma.rn.f32 %f809, %n96, %f804, %f757; neg.f32 %n97, %f802; "
-            "fma.rn.f32 %f810, %n97, %f804, %f758; neg.f32 %n98, %f803; "
-            "fma.rn.f32 %f811, %n98, %f804, %f759; fma.rn.f32 %f812, %n92, %f797, %f762; "
-            "fma.rn.f32 %f813, %n93, %f797, %f764; fma.rn.f32 %f814, %n93, %f798, %f765; "
-            "fma.rn.f32 %f815, %n94, %f797, %f767; fma.rn.f32 %f816, %n94, %f798, %f768; "
-            "fma.rn.f32 %f817, %n94, %f799, %f769; fma.rn.f32 %f818, %n95, %f797, %f771; "
-            "fma.rn.f32 %f819, %n95, %f798, %f772; fma.rn.f32 %f820, %n95, %f799, %f773; "
-            "fma.rn.f32 %f821, %n95, %f800, %f774; fma.rn.f32 %f822, %n96, %f797, %f776; "
-            "fma.rn.f32 %f823, %n96, %f798, %f777; fma.rn.f32 %f824, %n96, %f799, %f778; "
-            "fma.rn.f32 %f825, %n96, %f800, %f779; fma.rn.f32 %f826, %n96, %f801, %f780; "
-            "fma.rn.f32 %f827, %n97, %f797, %f782; fma.rn.f32 %f828, %n97, %f798, %f783; "
-            "fma.rn.f32 %f829, %n97, %f799, %f784; fma.rn.f32 %f830, %n97, %f800, %f785; "
-            "fma.rn.f32 %f831, %n97, %f801, %f786; fma.rn.f32 %f832, %n97, %f802, %f787; "
-            "fma.rn.f32 %f833, %n98, %f797, %f789; fma.rn.f32 %f834, %n98, %f798, %f790; "
-            "fma.rn.f32 %f835, %n98, %f799, %f791; fma.rn.f32 %f836, %n98, %f800, %f792; "
-            "fma.rn.f32 %f837, %n98, %f801, %f793; fma.rn.f32 %f838, %n98, %f802, %f794; "
-            "fma.rn.f32 %f839, %n98, %f803, %f795; rsqrt.approx.f32 %f840, %f812; "
-            "mul.rn.f32 %f841, %f813, %f840; mul.rn.f32 %f842, %f815, %f840; mul.rn.f32 %f843, %f818, %f840; "
-            "mul.rn.f32 %f844, %f822, %f840; mul.rn.f32 %f845, %f827, %f840; mul.rn.f32 %f846, %f833, %f840; "
-            "mul.rn.f32 %f847, %f805, %f840; neg.f32 %n99, %f841; fma.rn.f32 %f848, %n99, %f847, %f806; "
-            "neg.f32 %n100, %f842; fma.rn.f32 %f849, %n100, %f847, %f807; neg.f32 %n101, %f843; "
-            "fma.rn.f32 %f850, %n101, %f847, %f808; neg.f32 %n102, %f844; "
-            "fma.rn.f32 %f851, %n102, %f847, %f809; neg.f32 %n103, %f845; "
-            "fma.rn.f32 %f852, %n103, %f847, %f810; neg.f32 %n104, %f846; "
-            "fma.rn.f32 %f853, %n104, %f847, %f811; fma.rn.f32 %f854, %n99, %f841, %f814; "
-            "fma.rn.f32 %f855, %n100, %f841, %f816; fma.rn.f32 %f856, %n100, %f842, %f817; "
-            "fma.rn.f32 %f857, %n101, %f841, %f819; fma.rn.f32 %f858, %n101, %f842, %f820; "
-            "fma.rn.f32 %f859, %n101, %f843, %f821; fma.rn.f32 %f860, %n102, %f841, %f823; "
-            "fma.rn.f32 %f861, %n102, %f842, %f824; fma.rn.f32 %f862, %n102, %f843, %f825; "
-            "fma.rn.f32 %f863, %n102, %f844, %f826; fma.rn.f32 %f864, %n103, %f841, %f828; "
-            "fma.rn.f32 %f865, %n103, %f842, %f829; fma.rn.f32 %f866, %n103, %f843, %f830; "
-            "fma.rn.f32 %f867, %n103, %f844, %f831; fma.rn.f32 %f868, %n103, %f845, %f832; "
-            "fma.rn.f32 %f869, %n104, %f841, %f834; fma.rn.f32 %f870, %n104, %f842, %f835; "
-            "fma.rn.f32 %f871, %n104, %f843, %f836; fma.rn.f32 %f872, %n104, %f844, %f837; "
-            "fma.rn.f32 %f873, %n104, %f845, %f838; fma.rn.f32 %f874, %n104, %f846, %f839; "
-            "rsqrt.approx.f32 %f875, %f854; mul.rn.f32 %f876, %f855, %f875; mul.rn.f32 %f877, %f857, %f875; "
-            "mul.rn.f32 %f878, %f860, %f875; mul.rn.f32 %f879, %f864, %f875; mul.rn.f32 %f880, %f869, %f875; "
-            "mul.rn.f32 %f881, %f848, %f875; neg.f32 %n105, %f876; fma.rn.f32 %f882, %n105, %f881, %f849; "
-            "neg.f32 %n106, %f877; fma.rn.f32 %f883, %n106, %f881, %f850; neg.f32 %n107, %f878; "
-            "fma.rn.f32 %f884, %n107, %f881, %f851; neg.f32 %n108, %f879; "
-            "fma.rn.f32 %f885, %n108, %f881, %f852; neg.f32 %n109, %f880; "
-            "fma.rn.f32 %f886, %n109, %f881, %f853; fma.rn.f32 %f887, %n105, %f876, %f856; "
-            "fma.rn.f32 %f888, %n106, %f876, %f858; fma.rn.f32 %f889, %n106, %f877, %f859; "
-            "fma.rn.f32 %f890, %n107, %f876, %f861; fma.rn.f32 %f891, %n107, %f877, %f862; "
-            "fma.rn.f32 %f892, %n107, %f878, %f863; fma.rn.f32 %f893, %n108, %f876, %f865; "
-            "fma.rn.f32 %f894, %n108, %f877, %f866; fma.rn.f32 %f895, %n108, %f878, %f867; "
-            "fma.rn.f32 %f896, %n108, %f879, %f868; fma.rn.f32 %f897, %n109, %f876, %f870; "
-            "fma.rn.f32 %f898, %n109, %f877, %f871; fma.rn.f32 %f899, %n109, %f878, %f872; "
-            "fma.rn.f32 %f900, %n109, %f879, %f873; fma.rn.f32 %f901, %n109, %f880, %f874; "
-            "rsqrt.approx.f32 %f902, %f887; mul.rn.f32 %f903, %f888, %f902; mul.rn.f32 %f904, %f890, %f902; "
-            "mul.rn.f32 %f905, %f893, %f902; mul.rn.f32 %f906, %f897, %f902; mul.rn.f32 %f907, %f882, %f902; "
-            "neg.f32 %n110, %f903; fma.rn.f32 %f908, %n110, %f907, %f883; neg.f32 %n111, %f904; "
-            "fma.rn.f32 %f909, %n111, %f907, %f884; neg.f32 %n112, %f905; "
-            "fma.rn.f32 %f910, %n112, %f907, %f885; neg.f32 %n113, %f906; "
-            "fma.rn.f32 %f911, %n113, %f907, %f886; fma.rn.f32 %f912, %n110, %f903, %f889; "
-            "fma.rn.f32 %f913, %n111, %f903, %f891; fma.rn.f32 %f914, %n111, %f904, %f892; "
-            "fma.rn.f32 %f915, %n112, %f903, %f894; fma.rn.f32 %f916, %n112, %f904, %f895; "
-            "fma.rn.f32 %f917, %n112, %f905, %f896; fma.rn.f32 %f918, %n113, %f903, %f898; "
-            "fma.rn.f32 %f919, %n113, %f904, %f899; fma.rn.f32 %f920, %n113, %f905, %f900; "
-            "fma.rn.f32 %f921, %n113, %f906, %f901; rsqrt.approx.f32 %f922, %f912; "
-            "mul.rn.f32 %f923, %f913, %f922; mul.rn.f32 %f924, %f915, %f922; mul.rn.f32 %f925, %f918, %f922; "
-            "mul.rn.f32 %f926, %f908, %f922; neg.f32 %n114, %f923; fma.rn.f32 %f927, %n114, %f926, %f909; "
-            "neg.f32 %n115, %f924; fma.rn.f32 %f928, %n115, %f926, %f910; neg.f32 %n116, %f925; "
-            "fma.rn.f32 %f929, %n116, %f926, %f911; fma.rn.f32 %f930, %n114, %f923, %f914; "
-            "fma.rn.f32 %f931, %n115, %f923, %f916; fma.rn.f32 %f932, %n115, %f924, %f917; "
-            "fma.rn.f32 %f933, %n116, %f923, %f919; fma.rn.f32 %f934, %n116, %f924, %f920; "
-            "fma.rn.f32 %f935, %n116, %f925, %f921; rsqrt.approx.f32 %f936, %f930; "
-            "mul.rn.f32 %f937, %f931, %f936; mul.rn.f32 %f938, %f933, %f936; mul.rn.f32 %f939, %f927, %f936; "
-            "neg.f32 %n117, %f937; fma.rn.f32 %f940, %n117, %f939, %f928; neg.f32 %n118, %f938; "
-            "fma.rn.f32 %f941, %n118, %f939, %f929; fma.rn.f32 %f942, %n117, %f937, %f932; "
-            "fma.rn.f32 %f943, %n118, %f937, %f934; fma.rn.f32 %f944, %n118, %f938, %f935; "
-            "rsqrt.approx.f32 %f945, %f942; mul.rn.f32 %f946, %f943, %f945; mul.rn.f32 %f947, %f940, %f945; "
-            "neg.f32 %n119, %f946; fma.rn.f32 %f948, %n119, %f947, %f941; "
-            "fma.rn.f32 %f949, %n119, %f946, %f944; rsqrt.approx.f32 %f950, %f949; "
-            "mul.rn.f32 %f951, %f948, %f950; mul.rn.f32 %f952, %f951, %f950; "
-            "fma.rn.f32 %f953, %n119, %f952, %f947; mul.rn.f32 %f954, %f953, %f945; "
-            "fma.rn.f32 %f955, %n117, %f954, %f939; fma.rn.f32 %f956, %n118, %f952, %f955; "
-            "mul.rn.f32 %f957, %f956, %f936; fma.rn.f32 %f958, %n114, %f957, %f926; "
-            "fma.rn.f32 %f959, %n115, %f954, %f958; fma.rn.f32 %f960, %n116, %f952, %f959; "
-            "mul.rn.f32 %f961, %f960, %f922; fma.rn.f32 %f962, %n110, %f961, %f907; "
-            "fma.rn.f32 %f963, %n111, %f957, %f962; fma.rn.f32 %f964, %n112, %f954, %f963; "
-            "fma.rn.f32 %f965, %n113, %f952, %f964; mul.rn.f32 %f966, %f965, %f902; "
-            "fma.rn.f32 %f967, %n105, %f966, %f881; fma.rn.f32 %f968, %n106, %f961, %f967; "
-            "fma.rn.f32 %f969, %n107, %f957, %f968; fma.rn.f32 %f970, %n108, %f954, %f969; "
-            "fma.rn.f32 %f971, %n109, %f952, %f970; mul.rn.f32 %f972, %f971, %f875; "
-            "fma.rn.f32 %f973, %n99, %f972, %f847; fma.rn.f32 %f974, %n100, %f966, %f973; "
-            "fma.rn.f32 %f975, %n101, %f961, %f974; fma.rn.f32 %f976, %n102, %f957, %f975; "
-            "fma.rn.f32 %f977, %n103, %f954, %f976; fma.rn.f32 %f978, %n104, %f952, %f977; "
-            "mul.rn.f32 %f979, %f978, %f840; fma.rn.f32 %f980, %n92, %f979, %f804; "
-            "fma.rn.f32 %f981, %n93, %f972, %f980; fma.rn.f32 %f982, %n94, %f966, %f981; "
-            "fma.rn.f32 %f983, %n95, %f961, %f982; fma.rn.f32 %f984, %n96, %f957, %f983; "
-            "fma.rn.f32 %f985, %n97, %f954, %f984; fma.rn.f32 %f986, %n98, %f952, %f985; "
-            "mul.rn.f32 %f987, %f986, %f796; fma.rn.f32 %f988, %n84, %f987, %f751; "
-            "fma.rn.f32 %f989, %n85, %f979, %f988; fma.rn.f32 %f990, %n86, %f972, %f989; "
-            "fma.rn.f32 %f991, %n87, %f966, %f990; fma.rn.f32 %f992, %n88, %f961, %f991; "
-            "fma.rn.f32 %f993, %n89, %f957, %f992; fma.rn.f32 %f994, %n90, %f954, %f993; "
-            "fma.rn.f32 %f995, %n91, %f952, %f994; mul.rn.f32 %f996, %f995, %f742; "
-            "fma.rn.f32 %f997, %n75, %f996, %f687; fma.rn.f32 %f998, %n76, %f987, %f997; "
-            "fma.rn.f32 %f999, %n77, %f979, %f998; fma.rn.f32 %f1000, %n78, %f972, %f999; "
-            "fma.rn.f32 %f1001, %n79, %f966, %f1000; fma.rn.f32 %f1002, %n80, %f961, %f1001; "
-            "fma.rn.f32 %f1003, %n81, %f957, %f1002; fma.rn.f32 %f1004, %n82, %f954, %f1003; "
-            "fma.rn.f32 %f1005, %n83, %f952, %f1004; mul.rn.f32 %f1006, %f1005, %f677; "
-            "fma.rn.f32 %f1007, %n65, %f1006, %f611; fma.rn.f32 %f1008, %n66, %f996, %f1007; "
-            "fma.rn.f32 %f1009, %n67, %f987, %f1008; fma.rn.f32 %f1010, %n68, %f979, %f1009; "
-            "fma.rn.f32 %f1011, %n69, %f972, %f1010; fma.rn.f32 %f1012, %n70, %f966, %f1011; "
-            "fma.rn.f32 %f1013, %n71, %f961, %f1012; fma.rn.f32 %f1014, %n72, %f957, %f1013; "
-            "fma.rn.f32 %f1015, %n73, %f954, %f1014; fma.rn.f32 %f1016, %n74, %f952, %f1015; "
-            "mul.rn.f32 %f1017, %f1016, %f600; fma.rn.f32 %f1018, %n54, %f1017, %f522; "
-            "fma.rn.f32 %f1019, %n55, %f1006, %f1018; fma.rn.f32 %f1020, %n56, %f996, %f1019; "
-            "fma.rn.f32 %f1021, %n57, %f987, %f1020; fma.rn.f32 %f1022, %n58, %f979, %f1021; "
-            "fma.rn.f32 %f1023, %n59, %f972, %f1022; fma.rn.f32 %f1024, %n60, %f966, %f1023; "
-            "fma.rn.f32 %f1025, %n61, %f961, %f1024; fma.rn.f32 %f1026, %n62, %f957, %f1025; "
-            "fma.rn.f32 %f1027, %n63, %f954, %f1026; fma.rn.f32 %f1028, %n64, %f952, %f1027; "
-            "mul.rn.f32 %f1029, %f1028, %f510; fma.rn.f32 %f1030, %n42, %f1029, %f419; "
-            "fma.rn.f32 %f1031, %n43, %f1017, %f1030; fma.rn.f32 %f1032, %n44, %f1006, %f1031; "
-            "fma.rn.f32 %f1033, %n45, %f996, %f1032; fma.rn.f32 %f1034, %n46, %f987, %f1033; "
-            "fma.rn.f32 %f1035, %n47, %f979, %f1034; fma.rn.f32 %f1036, %n48, %f972, %f1035; "
-            "fma.rn.f32 %f1037, %n49, %f966, %f1036; fma.rn.f32 %f1038, %n50, %f961, %f1037; "
-            "fma.rn.f32 %f1039, %n51, %f957, %f1038; fma.rn.f32 %f1040, %n52, %f954, %f1039; "
-            "fma.rn.f32 %f1041, %n53, %f952, %f1040; mul.rn.f32 %f1042, %f1041, %f406; "
-            "fma.rn.f32 %f1043, %n29, %f1042, %f301; fma.rn.f32 %f1044, %n30, %f1029, %f1043; "
-            "fma.rn.f32 %f1045, %n31, %f1017, %f1044; fma.rn.f32 %f1046, %n32, %f1006, %f1045; "
-            "fma.rn.f32 %f1047, %n33, %f996, %f1046; fma.rn.f32 %f1048, %n34, %f987, %f1047; "
-            "fma.rn.f32 %f1049, %n35, %f979, %f1048; fma.rn.f32 %f1050, %n36, %f972, %f1049; "
-            "fma.rn.f32 %f1051, %n37, %f966, %f1050; fma.rn.f32 %f1052, %n38, %f961, %f1051; "
-            "fma.rn.f32 %f1053, %n39, %f957, %f1052; fma.rn.f32 %f1054, %n40, %f954, %f1053; "
-            "fma.rn.f32 %f1055, %n41, %f952, %f1054; mul.rn.f32 %f1056, %f1055, %f287; "
-            "fma.rn.f32 %f1057, %n15, %f1056, %f167; fma.rn.f32 %f1058, %n16, %f1042, %f1057; "
-            "fma.rn.f32 %f1059, %n17, %f1029, %f1058; fma.rn.f32 %f1060, %n18, %f1017, %f1059; "
-            "fma.rn.f32 %f1061, %n19, %f1006, %f1060; fma.rn.f32 %f1062, %n20, %f996, %f1061; "
-            "fma.rn.f32 %f1063, %n21, %f987, %f1062; fma.rn.f32 %f1064, %n22, %f979, %f1063; "
-            "fma.rn.f32 %f1065, %n23, %f972, %f1064; fma.rn.f32 %f1066, %n24, %f966, %f1065; "
-            "fma.rn.f32 %f1067, %n25, %f961, %f1066; fma.rn.f32 %f1068, %n26, %f957, %f1067; "
-            "fma.rn.f32 %f1069, %n27, %f954, %f1068; fma.rn.f32 %f1070, %n28, %f952, %f1069; "
-            "mul.rn.f32 %f1071, %f1070, %f152; fma.rn.f32 %f1072, %n0, %f1071, %f16; "
-            "fma.rn.f32 %f1073, %n1, %f1056, %f1072; fma.rn.f32 %f1074, %n2, %f1042, %f1073; "
-            "fma.rn.f32 %f1075, %n3, %f1029, %f1074; fma.rn.f32 %f1076, %n4, %f1017, %f1075; "
-            "fma.rn.f32 %f1077, %n5, %f1006, %f1076; fma.rn.f32 %f1078, %n6, %f996, %f1077; "
-            "fma.rn.f32 %f1079, %n7, %f987, %f1078; fma.rn.f32 %f1080, %n8, %f979, %f1079; "
-            "fma.rn.f32 %f1081, %n9, %f972, %f1080; fma.rn.f32 %f1082, %n10, %f966, %f1081; "
-            "fma.rn.f32 %f1083, %n11, %f961, %f1082; fma.rn.f32 %f1084, %n12, %f957, %f1083; "
-            "fma.rn.f32 %f1085, %n13, %f954, %f1084; fma.rn.f32 %f1086, %n14, %f952, %f1085; "
-            "mul.rn.f32 %f1087, %f1086, %f0; mov.f32 $0, %f1087; mov.f32 $1, %f1071; mov.f32 $2, %f1056; "
-            "mov.f32 $3, %f1042; mov.f32 $4, %f1029; mov.f32 $5, %f1017; mov.f32 $6, %f1006; "
-            "mov.f32 $7, %f996; mov.f32 $8, %f987; mov.f32 $9, %f979; mov.f32 $10, %f972; "
-            "mov.f32 $11, %f966; mov.f32 $12, %f961; mov.f32 $13, %f957; mov.f32 $14, %f954; "
-            "mov.f32 $15, %f952; } "
-            ,
-            "=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-            "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f"
-            , [
-                a0_0, a1_0, a1_1, a2_0, a2_1, a2_2, a3_0, a3_1, a3_2, a3_3, a4_0, a4_1, a4_2, a4_3, a4_4, a5_0,
-                a5_1, a5_2, a5_3, a5_4, a5_5, a6_0, a6_1, a6_2, a6_3, a6_4, a6_5, a6_6, a7_0, a7_1, a7_2, a7_3,
-                a7_4, a7_5, a7_6, a7_7, a8_0, a8_1, a8_2, a8_3, a8_4, a8_5, a8_6, a8_7, a8_8, a9_0, a9_1, a9_2,
-                a9_3, a9_4, a9_5, a9_6, a9_7, a9_8, a9_9, a10_0, a10_1, a10_2, a10_3, a10_4, a10_5, a10_6, a10_7,
-                a10_8, a10_9, a10_10, a11_0, a11_1, a11_2, a11_3, a11_4, a11_5, a11_6, a11_7, a11_8, a11_9, a11_10,
-                a11_11, a12_0, a12_1, a12_2, a12_3, a12_4, a12_5, a12_6, a12_7, a12_8, a12_9, a12_10, a12_11,
-                a12_12, a13_0, a13_1, a13_2, a13_3, a13_4, a13_5, a13_6, a13_7, a13_8, a13_9, a13_10, a13_11,
-                a13_12, a13_13, a14_0, a14_1, a14_2, a14_3, a14_4, a14_5, a14_6, a14_7, a14_8, a14_9, a14_10,
-                a14_11, a14_12, a14_13, a14_14, a15_0, a15_1, a15_2, a15_3, a15_4, a15_5, a15_6, a15_7, a15_8,
-                a15_9, a15_10, a15_11, a15_12, a15_13, a15_14, a15_15, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10,
-                v11, v12, v13, v14, v15,
-            ], dtype=(
-                tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
-                tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
-            ), is_pure=True, pack=1)
-    else:
-        t1 = tl.math.rsqrt(a0_0)
-        t2 = a1_0 * t1
-        t3 = a2_0 * t1
-        t4 = a3_0 * t1
-        t5 = a4_0 * t1
-        t6 = a5_0 * t1
-        t7 = a6_0 * t1
-        t8 = a7_0 * t1
-        t9 = a8_0 * t1
-        t10 = a9_0 * t1
-        t11 = a10_0 * t1
-        t12 = a11_0 * t1
-        t13 = a12_0 * t1
-        t14 = a13_0 * t1
-        t15 = a14_0 * t1
-        t16 = a15_0 * t1
-        t17 = v0 * t1
-        t18 = v1 - t2 * t17
-        t19 = v2 - t3 * t17
-        t20 = v3 - t4 * t17
-        t21 = v4 - t5 * t17
-        t22 = v5 - t6 * t17
-        t23 = v6 - t7 * t17
-        t24 = v7 - t8 * t17
-        t25 = v8 - t9 * t17
-        t26 = v9 - t10 * t17
-        t27 = v10 - t11 * t17
-        t28 = v11 - t12 * t17
-        t29 = v12 - t13 * t17
-        t30 = v13 - t14 * t17
-        t31 = v14 - t15 * t17
-        t32 = v15 - t16 * t17
-        t33 = a1_1 - t2 * t2
-        t34 = a2_1 - t3 * t2
-        t35 = a2_2 - t3 * t3
-        t36 = a3_1 - t4 * t2
-        t37 = a3_2 - t4 * t3
-        t38 = a3_3 - t4 * t4
-        t39 = a4_1 - t5 * t2
-        t40 = a4_2 - t5 * t3
-        t41 = a4_3 - t5 * t4
-        t42 = a4_4 - t5 * t5
-        t43 = a5_1 - t6 * t2
-        t44 = a5_2 - t6 * t3
-        t45 = a5_3 - t6 * t4
-        t46 = a5_4 - t6 * t5
-        t47 = a5_5 - t6 * t6
-        t48 = a6_1 - t7 * t2
-        t49 = a6_2 - t7 * t3
-        t50 = a6_3 - t7 * t4
-        t51 = a6_4 - t7 * t5
-        t52 = a6_5 - t7 * t6
-        t53 = a6_6 - t7 * t7
-        t54 = a7_1 - t8 * t2
-        t55 = a7_2 - t8 * t3
-        t56 = a7_3 - t8 * t4
-        t57 = a7_4 - t8 * t5
-        t58 = a7_5 - t8 * t6
-        t59 = a7_6 - t8 * t7
-        t60 = a7_7 - t8 * t8
-        t61 = a8_1 - t9 * t2
-        t62 = a8_2 - t9 * t3
-        t63 = a8_3 - t9 * t4
-        t64 = a8_4 - t9 * t5
-        t65 = a8_5 - t9 * t6
-        t66 = a8_6 - t9 * t7
-        t67 = a8_7 - t9 * t8
-        t68 = a8_8 - t9 * t9
-        t69 = a9_1 - t10 * t2
-        t70 = a9_2 - t10 * t3
-        t71 = a9_3 - t10 * t4
-        t72 = a9_4 - t10 * t5
-        t73 = a9_5 - t10 * t6
-        t74 = a9_6 - t10 * t7
-        t75 = a9_7 - t10 * t8
-        t76 = a9_8 - t10 * t9
-        t77 = a9_9 - t10 * t10
-        t78 = a10_1 - t11 * t2
-        t79 = a10_2 - t11 * t3
-        t80 = a10_3 - t11 * t4
-        t81 = a10_4 - t11 * t5
-        t82 = a10_5 - t11 * t6
-        t83 = a10_6 - t11 * t7
-        t84 = a10_7 - t11 * t8
-        t85 = a10_8 - t11 * t9
-        t86 = a10_9 - t11 * t10
-        t87 = a10_10 - t11 * t11
-        t88 = a11_1 - t12 * t2
-        t89 = a11_2 - t12 * t3
-        t90 = a11_3 - t12 * t4
-        t91 = a11_4 - t12 * t5
-        t92 = a11_5 - t12 * t6
-        t93 = a11_6 - t12 * t7
-        t94 = a11_7 - t12 * t8
-        t95 = a11_8 - t12 * t9
-        t96 = a11_9 - t12 * t10
-        t97 = a11_10 - t12 * t11
-        t98 = a11_11 - t12 * t12
-        t99 = a12_1 - t13 * t2
-        t100 = a12_2 - t13 * t3
-        t101 = a12_3 - t13 * t4
-        t102 = a12_4 - t13 * t5
-        t103 = a12_5 - t13 * t6
-        t104 = a12_6 - t13 * t7
-        t105 = a12_7 - t13 * t8
-        t106 = a12_8 - t13 * t9
-        t107 = a12_9 - t13 * t10
-        t108 = a12_10 - t13 * t11
-        t109 = a12_11 - t13 * t12
-        t110 = a12_12 - t13 * t13
-        t111 = a13_1 - t14 * t2
-        t112 = a13_2 - t14 * t3
-        t113 = a13_3 - t14 * t4
-        t114 = a13_4 - t14 * t5
-        t115 = a13_5 - t14 * t6
-        t116 = a13_6 - t14 * t7
-        t117 = a13_7 - t14 * t8
-        t118 = a13_8 - t14 * t9
-        t119 = a13_9 - t14 * t10
-        t120 = a13_10 - t14 * t11
-        t121 = a13_11 - t14 * t12
-        t122 = a13_12 - t14 * t13
-        t123 = a13_13 - t14 * t14
-        t124 = a14_1 - t15 * t2
-        t125 = a14_2 - t15 * t3
-        t126 = a14_3 - t15 * t4
-        t127 = a14_4 - t15 * t5
-        t128 = a14_5 - t15 * t6
-        t129 = a14_6 - t15 * t7
-        t130 = a14_7 - t15 * t8
-        t131 = a14_8 - t15 * t9
-        t132 = a14_9 - t15 * t10
-        t133 = a14_10 - t15 * t11
-        t134 = a14_11 - t15 * t12
-        t135 = a14_12 - t15 * t13
-        t136 = a14_13 - t15 * t14
-        t137 = a14_14 - t15 * t15
-        t138 = a15_1 - t16 * t2
-        t139 = a15_2 - t16 * t3
-        t140 = a15_3 - t16 * t4
-        t141 = a15_4 - t16 * t5
-        t142 = a15_5 - t16 * t6
-        t143 = a15_6 - t16 * t7
-        t144 = a15_7 - t16 * t8
-        t145 = a15_8 - t16 * t9
-        t146 = a15_9 - t16 * t10
-        t147 = a15_10 - t16 * t11
-        t148 = a15_11 - t16 * t12
-        t149 = a15_12 - t16 * t13
-        t150 = a15_13 - t16 * t14
-        t151 = a15_14 - t16 * t15
-        t152 = a15_15 - t16 * t16
-        t153 = tl.math.rsqrt(t33)
-        t154 = t34 * t153
-        t155 = t36 * t153
-        t156 = t39 * t153
-        t157 = t43 * t153
-        t158 = t48 * t153
-        t159 = t54 * t153
-        t160 = t61 * t153
-        t161 = t69 * t153
-        t162 = t78 * t153
-        t163 = t88 * t153
-        t164 = t99 * t153
-        t165 = t111 * t153
-        t166 = t124 * t153
-        t167 = t138 * t153
-        t168 = t18 * t153
-        t169 = t19 - t154 * t168
-        t170 = t20 - t155 * t168
-        t171 = t21 - t156 * t168
-        t172 = t22 - t157 * t168
-        t173 = t23 - t158 * t168
-        t174 = t24 - t159 * t168
-        t175 = t25 - t160 * t168
-        t176 = t26 - t161 * t168
-        t177 = t27 - t162 * t168
-        t178 = t28 - t163 * t168
-        t179 = t29 - t164 * t168
-        t180 = t30 - t165 * t168
-        t181 = t31 - t166 * t168
-        t182 = t32 - t167 * t168
-        t183 = t35 - t154 * t154
-        t184 = t37 - t155 * t154
-        t185 = t38 - t155 * t155
-        t186 = t40 - t156 * t154
-        t187 = t41 - t156 * t155
-        t188 = t42 - t156 * t156
-        t189 = t44 - t157 * t154
-        t190 = t45 - t157 * t155
-        t191 = t46 - t157 * t156
-        t192 = t47 - t157 * t157
-        t193 = t49 - t158 * t154
-        t194 = t50 - t158 * t155
-        t195 = t51 - t158 * t156
-        t196 = t52 - t158 * t157
-        t197 = t53 - t158 * t158
-        t198 = t55 - t159 * t154
-        t199 = t56 - t159 * t155
-        t200 = t57 - t159 * t156
-        t201 = t58 - t159 * t157
-        t202 = t59 - t159 * t158
-        t203 = t60 - t159 * t159
-        t204 = t62 - t160 * t154
-        t205 = t63 - t160 * t155
-        t206 = t64 - t160 * t156
-        t207 = t65 - t160 * t157
-        t208 = t66 - t160 * t158
-        t209 = t67 - t160 * t159
-        t210 = t68 - t160 * t160
-        t211 = t70 - t161 * t154
-        t212 = t71 - t161 * t155
-        t213 = t72 - t161 * t156
-        t214 = t73 - t161 * t157
-        t215 = t74 - t161 * t158
-        t216 = t75 - t161 * t159
-        t217 = t76 - t161 * t160
-        t218 = t77 - t161 * t161
-        t219 = t79 - t162 * t154
-        t220 = t80 - t162 * t155
-        t221 = t81 - t162 * t156
-        t222 = t82 - t162 * t157
-        t223 = t83 - t162 * t158
-        t224 = t84 - t162 * t159
-        t225 = t85 - t162 * t160
-        t226 = t86 - t162 * t161
-        t227 = t87 - t162 * t162
-        t228 = t89 - t163 * t154
-        t229 = t90 - t163 * t155
-        t230 = t91 - t163 * t156
-        t231 = t92 - t163 * t157
-        t232 = t93 - t163 * t158
-        t233 = t94 - t163 * t159
-        t234 = t95 - t163 * t160
-        t235 = t96 - t163 * t161
-        t236 = t97 - t163 * t162
-        t237 = t98 - t163 * t163
-        t238 = t100 - t164 * t154
-        t239 = t101 - t164 * t155
-        t240 = t102 - t164 * t156
-        t241 = t103 - t164 * t157
-        t242 = t104 - t164 * t158
-        t243 = t105 - t164 * t159
-        t244 = t106 - t164 * t160
-        t245 = t107 - t164 * t161
-        t246 = t108 - t164 * t162
-        t247 = t109 - t164 * t163
-        t248 = t110 - t164 * t164
-        t249 = t112 - t165 * t154
-        t250 = t113 - t165 * t155
-        t251 = t114 - t165 * t156
-        t252 = t115 - t165 * t157
-        t253 = t116 - t165 * t158
-        t254 = t117 - t165 * t159
-        t255 = t118 - t165 * t160
-        t256 = t119 - t165 * t161
-        t257 = t120 - t165 * t162
-        t258 = t121 - t165 * t163
-        t259 = t122 - t165 * t164
-        t260 = t123 - t165 * t165
-        t261 = t125 - t166 * t154
-        t262 = t126 - t166 * t155
-        t263 = t127 - t166 * t156
-        t264 = t128 - t166 * t157
-        t265 = t129 - t166 * t158
-        t266 = t130 - t166 * t159
-        t267 = t131 - t166 * t160
-        t268 = t132 - t166 * t161
-        t269 = t133 - t166 * t162
-        t270 = t134 - t166 * t163
-        t271 = t135 - t166 * t164
-        t272 = t136 - t166 * t165
-        t273 = t137 - t166 * t166
-        t274 = t139 - t167 * t154
-        t275 = t140 - t167 * t155
-        t276 = t141 - t167 * t156
-        t277 = t142 - t167 * t157
-        t278 = t143 - t167 * t158
-        t279 = t144 - t167 * t159
-        t280 = t145 - t167 * t160
-        t281 = t146 - t167 * t161
-        t282 = t147 - t167 * t162
-        t283 = t148 - t167 * t163
-        t284 = t149 - t167 * t164
-        t285 = t150 - t167 * t165
-        t286 = t151 - t167 * t166
-        t287 = t152 - t167 * t167
-        t288 = tl.math.rsqrt(t183)
-        t289 = t184 * t288
-        t290 = t186 * t288
-        t291 = t189 * t288
-        t292 = t193 * t288
-        t293 = t198 * t288
-        t294 = t204 * t288
-        t295 = t211 * t288
-        t296 = t219 * t288
-        t297 = t228 * t288
-        t298 = t238 * t288
-        t299 = t249 * t288
-        t300 = t261 * t288
-        t301 = t274 * t288
-        t302 = t169 * t288
-        t303 = t170 - t289 * t302
-        t304 = t171 - t290 * t302
-        t305 = t172 - t291 * t302
-        t306 = t173 - t292 * t302
-        t307 = t174 - t293 * t302
-        t308 = t175 - t294 * t302
-        t309 = t176 - t295 * t302
-        t310 = t177 - t296 * t302
-        t311 = t178 - t297 * t302
-        t312 = t179 - t298 * t302
-        t313 = t180 - t299 * t302
-        t314 = t181 - t300 * t302
-        t315 = t182 - t301 * t302
-        t316 = t185 - t289 * t289
-        t317 = t187 - t290 * t289
-        t318 = t188 - t290 * t290
-        t319 = t190 - t291 * t289
-        t320 = t191 - t291 * t290
-        t321 = t192 - t291 * t291
-        t322 = t194 - t292 * t289
-        t323 = t195 - t292 * t290
-        t324 = t196 - t292 * t291
-        t325 = t197 - t292 * t292
-        t326 = t199 - t293 * t289
-        t327 = t200 - t293 * t290
-        t328 = t201 - t293 * t291
-        t329 = t202 - t293 * t292
-        t330 = t203 - t293 * t293
-        t331 = t205 - t294 * t289
-        t332 = t206 - t294 * t290
-        t333 = t207 - t294 * t291
-        t334 = t208 - t294 * t292
-        t335 = t209 - t294 * t293
-        t336 = t210 - t294 * t294
-        t337 = t212 - t295 * t289
-        t338 = t213 - t295 * t290
-        t339 = t214 - t295 * t291
-        t340 = t215 - t295 * t292
-        t341 = t216 - t295 * t293
-        t342 = t217 - t295 * t294
-        t343 = t218 - t295 * t295
-        t344 = t220 - t296 * t289
-        t345 = t221 - t296 * t290
-        t346 = t222 - t296 * t291
-        t347 = t223 - t296 * t292
-        t348 = t224 - t296 * t293
-        t349 = t225 - t296 * t294
-        t350 = t226 - t296 * t295
-        t351 = t227 - t296 * t296
-        t352 = t229 - t297 * t289
-        t353 = t230 - t297 * t290
-        t354 = t231 - t297 * t291
-        t355 = t232 - t297 * t292
-        t356 = t233 - t297 * t293
-        t357 = t234 - t297 * t294
-        t358 = t235 - t297 * t295
-        t359 = t236 - t297 * t296
-        t360 = t237 - t297 * t297
-        t361 = t239 - t298 * t289
-        t362 = t240 - t298 * t290
-        t363 = t241 - t298 * t291
-        t364 = t242 - t298 * t292
-        t365 = t243 - t298 * t293
-        t366 = t244 - t298 * t294
-        t367 = t245 - t298 * t295
-        t368 = t246 - t298 * t296
-        t369 = t247 - t298 * t297
-        t370 = t248 - t298 * t298
-        t371 = t250 - t299 * t289
-        t372 = t251 - t299 * t290
-        t373 = t252 - t299 * t291
-        t374 = t253 - t299 * t292
-        t375 = t254 - t299 * t293
-        t376 = t255 - t299 * t294
-        t377 = t256 - t299 * t295
-        t378 = t257 - t299 * t296
-        t379 = t258 - t299 * t297
-        t380 = t259 - t299 * t298
-        t381 = t260 - t299 * t299
-        t382 = t262 - t300 * t289
-        t383 = t263 - t300 * t290
-        t384 = t264 - t300 * t291
-        t385 = t265 - t300 * t292
-        t386 = t266 - t300 * t293
-        t387 = t267 - t300 * t294
-        t388 = t268 - t300 * t295
-        t389 = t269 - t300 * t296
-        t390 = t270 - t300 * t297
-        t391 = t271 - t300 * t298
-        t392 = t272 - t300 * t299
-        t393 = t273 - t300 * t300
-        t394 = t275 - t301 * t289
-        t395 = t276 - t301 * t290
-        t396 = t277 - t301 * t291
-        t397 = t278 - t301 * t292
-        t398 = t279 - t301 * t293
-        t399 = t280 - t301 * t294
-        t400 = t281 - t301 * t295
-        t401 = t282 - t301 * t296
-        t402 = t283 - t301 * t297
-        t403 = t284 - t301 * t298
-        t404 = t285 - t301 * t299
-        t405 = t286 - t301 * t300
-        t406 = t287 - t301 * t301
-        t407 = tl.math.rsqrt(t316)
-        t408 = t317 * t407
-        t409 = t319 * t407
-        t410 = t322 * t407
-        t411 = t326 * t407
-        t412 = t331 * t407
-        t413 = t337 * t407
-        t414 = t344 * t407
-        t415 = t352 * t407
-        t416 = t361 * t407
-        t417 = t371 * t407
-        t418 = t382 * t407
-        t419 = t394 * t407
-        t420 = t303 * t407
-        t421 = t304 - t408 * t420
-        t422 = t305 - t409 * t420
-        t423 = t306 - t410 * t420
-        t424 = t307 - t411 * t420
-        t425 = t308 - t412 * t420
-        t426 = t309 - t413 * t420
-        t427 = t310 - t414 * t420
-        t428 = t311 - t415 * t420
-        t429 = t312 - t416 * t420
-        t430 = t313 - t417 * t420
-        t431 = t314 - t418 * t420
-        t432 = t315 - t419 * t420
-        t433 = t318 - t408 * t408
-        t434 = t320 - t409 * t408
-        t435 = t321 - t409 * t409
-        t436 = t323 - t410 * t408
-        t437 = t324 - t410 * t409
-        t438 = t325 - t410 * t410
-        t439 = t327 - t411 * t408
-        t440 = t328 - t411 * t409
-        t441 = t329 - t411 * t410
-        t442 = t330 - t411 * t411
-        t443 = t332 - t412 * t408
-        t444 = t333 - t412 * t409
-        t445 = t334 - t412 * t410
-        t446 = t335 - t412 * t411
-        t447 = t336 - t412 * t412
-        t448 = t338 - t413 * t408
-        t449 = t339 - t413 * t409
-        t450 = t340 - t413 * t410
-        t451 = t341 - t413 * t411
-        t452 = t342 - t413 * t412
-        t453 = t343 - t413 * t413
-        t454 = t345 - t414 * t408
-        t455 = t346 - t414 * t409
-        t456 = t347 - t414 * t410
-        t457 = t348 - t414 * t411
-        t458 = t349 - t414 * t412
-        t459 = t350 - t414 * t413
-        t460 = t351 - t414 * t414
-        t461 = t353 - t415 * t408
-        t462 = t354 - t415 * t409
-        t463 = t355 - t415 * t410
-        t464 = t356 - t415 * t411
-        t465 = t357 - t415 * t412
-        t466 = t358 - t415 * t413
-        t467 = t359 - t415 * t414
-        t468 = t360 - t415 * t415
-        t469 = t362 - t416 * t408
-        t470 = t363 - t416 * t409
-        t471 = t364 - t416 * t410
-        t472 = t365 - t416 * t411
-        t473 = t366 - t416 * t412
-        t474 = t367 - t416 * t413
-        t475 = t368 - t416 * t414
-        t476 = t369 - t416 * t415
-        t477 = t370 - t416 * t416
-        t478 = t372 - t417 * t408
-        t479 = t373 - t417 * t409
-        t480 = t374 - t417 * t410
-        t481 = t375 - t417 * t411
-        t482 = t376 - t417 * t412
-        t483 = t377 - t417 * t413
-        t484 = t378 - t417 * t414
-        t485 = t379 - t417 * t415
-        t486 = t380 - t417 * t416
-        t487 = t381 - t417 * t417
-        t488 = t383 - t418 * t408
-        t489 = t384 - t418 * t409
-        t490 = t385 - t418 * t410
-        t491 = t386 - t418 * t411
-        t492 = t387 - t418 * t412
-        t493 = t388 - t418 * t413
-        t494 = t389 - t418 * t414
-        t495 = t390 - t418 * t415
-        t496 = t391 - t418 * t416
-        t497 = t392 - t418 * t417
-        t498 = t393 - t418 * t418
-        t499 = t395 - t419 * t408
-        t500 = t396 - t419 * t409
-        t501 = t397 - t419 * t410
-        t502 = t398 - t419 * t411
-        t503 = t399 - t419 * t412
-        t504 = t400 - t419 * t413
-        t505 = t401 - t419 * t414
-        t506 = t402 - t419 * t415
-        t507 = t403 - t419 * t416
-        t508 = t404 - t419 * t417
-        t509 = t405 - t419 * t418
-        t510 = t406 - t419 * t419
-        t511 = tl.math.rsqrt(t433)
-        t512 = t434 * t511
-        t513 = t436 * t511
-        t514 = t439 * t511
-        t515 = t443 * t511
-        t516 = t448 * t511
-        t517 = t454 * t511
-        t518 = t461 * t511
-        t519 = t469 * t511
-        t520 = t478 * t511
-        t521 = t488 * t511
-        t522 = t499 * t511
-        t523 = t421 * t511
-        t524 = t422 - t512 * t523
-        t525 = t423 - t513 * t523
-        t526 = t424 - t514 * t523
-        t527 = t425 - t515 * t523
-        t528 = t426 - t516 * t523
-        t529 = t427 - t517 * t523
-        t530 = t428 - t518 * t523
-        t531 = t429 - t519 * t523
-        t532 = t430 - t520 * t523
-        t533 = t431 - t521 * t523
-        t534 = t432 - t522 * t523
-        t535 = t435 - t512 * t512
-        t536 = t437 - t513 * t512
-        t537 = t438 - t513 * t513
-        t538 = t440 - t514 * t512
-        t539 = t441 - t514 * t513
-        t540 = t442 - t514 * t514
-        t541 = t444 - t515 * t512
-        t542 = t445 - t515 * t513
-        t543 = t446 - t515 * t514
-        t544 = t447 - t515 * t515
-        t545 = t449 - t516 * t512
-        t546 = t450 - t516 * t513
-        t547 = t451 - t516 * t514
-        t548 = t452 - t516 * t515
-        t549 = t453 - t516 * t516
-        t550 = t455 - t517 * t512
-        t551 = t456 - t517 * t513
-        t552 = t457 - t517 * t514
-        t553 = t458 - t517 * t515
-        t554 = t459 - t517 * t516
-        t555 = t460 - t517 * t517
-        t556 = t462 - t518 * t512
-        t557 = t463 - t518 * t513
-        t558 = t464 - t518 * t514
-        t559 = t465 - t518 * t515
-        t560 = t466 - t518 * t516
-        t561 = t467 - t518 * t517
-        t562 = t468 - t518 * t518
-        t563 = t470 - t519 * t512
-        t564 = t471 - t519 * t513
-        t565 = t472 - t519 * t514
-        t566 = t473 - t519 * t515
-        t567 = t474 - t519 * t516
-        t568 = t475 - t519 * t517
-        t569 = t476 - t519 * t518
-        t570 = t477 - t519 * t519
-        t571 = t479 - t520 * t512
-        t572 = t480 - t520 * t513
-        t573 = t481 - t520 * t514
-        t574 = t482 - t520 * t515
-        t575 = t483 - t520 * t516
-        t576 = t484 - t520 * t517
-        t577 = t485 - t520 * t518
-        t578 = t486 - t520 * t519
-        t579 = t487 - t520 * t520
-        t580 = t489 - t521 * t512
-        t581 = t490 - t521 * t513
-        t582 = t491 - t521 * t514
-        t583 = t492 - t521 * t515
-        t584 = t493 - t521 * t516
-        t585 = t494 - t521 * t517
-        t586 = t495 - t521 * t518
-        t587 = t496 - t521 * t519
-        t588 = t497 - t521 * t520
-        t589 = t498 - t521 * t521
-        t590 = t500 - t522 * t512
-        t591 = t501 - t522 * t513
-        t592 = t502 - t522 * t514
-        t593 = t503 - t522 * t515
-        t594 = t504 - t522 * t516
-        t595 = t505 - t522 * t517
-        t596 = t506 - t522 * t518
-        t597 = t507 - t522 * t519
-        t598 = t508 - t522 * t520
-        t599 = t509 - t522 * t521
-        t600 = t510 - t522 * t522
-        t601 = tl.math.rsqrt(t535)
-        t602 = t536 * t601
-        t603 = t538 * t601
-        t604 = t541 * t601
-        t605 = t545 * t601
-        t606 = t550 * t601
-        t607 = t556 * t601
-        t608 = t563 * t601
-        t609 = t571 * t601
-        t610 = t580 * t601
-        t611 = t590 * t601
-        t612 = t524 * t601
-        t613 = t525 - t602 * t612
-        t614 = t526 - t603 * t612
-        t615 = t527 - t604 * t612
-        t616 = t528 - t605 * t612
-        t617 = t529 - t606 * t612
-        t618 = t530 - t607 * t612
-        t619 = t531 - t608 * t612
-        t620 = t532 - t609 * t612
-        t621 = t533 - t610 * t612
-        t622 = t534 - t611 * t612
-        t623 = t537 - t602 * t602
-        t624 = t539 - t603 * t602
-        t625 = t540 - t603 * t603
-        t626 = t542 - t604 * t602
-        t627 = t543 - t604 * t603
-        t628 = t544 - t604 * t604
-        t629 = t546 - t605 * t602
-        t630 = t547 - t605 * t603
-        t631 = t548 - t605 * t604
-        t632 = t549 - t605 * t605
-        t633 = t551 - t606 * t602
-        t634 = t552 - t606 * t603
-        t635 = t553 - t606 * t604
-        t636 = t554 - t606 * t605
-        t637 = t555 - t606 * t606
-        t638 = t557 - t607 * t602
-        t639 = t558 - t607 * t603
-        t640 = t559 - t607 * t604
-        t641 = t560 - t607 * t605
-        t642 = t561 - t607 * t606
-        t643 = t562 - t607 * t607
-        t644 = t564 - t608 * t602
-        t645 = t565 - t608 * t603
-        t646 = t566 - t608 * t604
-        t647 = t567 - t608 * t605
-        t648 = t568 - t608 * t606
-        t649 = t569 - t608 * t607
-        t650 = t570 - t608 * t608
-        t651 = t572 - t609 * t602
-        t652 = t573 - t609 * t603
-        t653 = t574 - t609 * t604
-        t654 = t575 - t609 * t605
-        t655 = t576 - t609 * t606
-        t656 = t577 - t609 * t607
-        t657 = t578 - t609 * t608
-        t658 = t579 - t609 * t609
-        t659 = t581 - t610 * t602
-        t660 = t582 - t610 * t603
-        t661 = t583 - t610 * t604
-        t662 = t584 - t610 * t605
-        t663 = t585 - t610 * t606
-        t664 = t586 - t610 * t607
-        t665 = t587 - t610 * t608
-        t666 = t588 - t610 * t609
-        t667 = t589 - t610 * t610
-        t668 = t591 - t611 * t602
-        t669 = t592 - t611 * t603
-        t670 = t593 - t611 * t604
-        t671 = t594 - t611 * t605
-        t672 = t595 - t611 * t606
-        t673 = t596 - t611 * t607
-        t674 = t597 - t611 * t608
-        t675 = t598 - t611 * t609
-        t676 = t599 - t611 * t610
-        t677 = t600 - t611 * t611
-        t678 = tl.math.rsqrt(t623)
-        t679 = t624 * t678
-        t680 = t626 * t678
-        t681 = t629 * t678
-        t682 = t633 * t678
-        t683 = t638 * t678
-        t684 = t644 * t678
-        t685 = t651 * t678
-        t686 = t659 * t678
-        t687 = t668 * t678
-        t688 = t613 * t678
-        t689 = t614 - t679 * t688
-        t690 = t615 - t680 * t688
-        t691 = t616 - t681 * t688
-        t692 = t617 - t682 * t688
-        t693 = t618 - t683 * t688
-        t694 = t619 - t684 * t688
-        t695 = t620 - t685 * t688
-        t696 = t621 - t686 * t688
-        t697 = t622 - t687 * t688
-        t698 = t625 - t679 * t679
-        t699 = t627 - t680 * t679
-        t700 = t628 - t680 * t680
-        t701 = t630 - t681 * t679
-        t702 = t631 - t681 * t680
-        t703 = t632 - t681 * t681
-        t704 = t634 - t682 * t679
-        t705 = t635 - t682 * t680
-        t706 = t636 - t682 * t681
-        t707 = t637 - t682 * t682
-        t708 = t639 - t683 * t679
-        t709 = t640 - t683 * t680
-        t710 = t641 - t683 * t681
-        t711 = t642 - t683 * t682
-        t712 = t643 - t683 * t683
-        t713 = t645 - t684 * t679
-        t714 = t646 - t684 * t680
-        t715 = t647 - t684 * t681
-        t716 = t648 - t684 * t682
-        t717 = t649 - t684 * t683
-        t718 = t650 - t684 * t684
-        t719 = t652 - t685 * t679
-        t720 = t653 - t685 * t680
-        t721 = t654 - t685 * t681
-        t722 = t655 - t685 * t682
-        t723 = t656 - t685 * t683
-        t724 = t657 - t685 * t684
-        t725 = t658 - t685 * t685
-        t726 = t660 - t686 * t679
-        t727 = t661 - t686 * t680
-        t728 = t662 - t686 * t681
-        t729 = t663 - t686 * t682
-        t730 = t664 - t686 * t683
-        t731 = t665 - t686 * t684
-        t732 = t666 - t686 * t685
-        t733 = t667 - t686 * t686
-        t734 = t669 - t687 * t679
-        t735 = t670 - t687 * t680
-        t736 = t671 - t687 * t681
-        t737 = t672 - t687 * t682
-        t738 = t673 - t687 * t683
-        t739 = t674 - t687 * t684
-        t740 = t675 - t687 * t685
-        t741 = t676 - t687 * t686
-        t742 = t677 - t687 * t687
-        t743 = tl.math.rsqrt(t698)
-        t744 = t699 * t743
-        t745 = t701 * t743
-        t746 = t704 * t743
-        t747 = t708 * t743
-        t748 = t713 * t743
-        t749 = t719 * t743
-        t750 = t726 * t743
-        t751 = t734 * t743
-        t752 = t689 * t743
-        t753 = t690 - t744 * t752
-        t754 = t691 - t745 * t752
-        t755 = t692 - t746 * t752
-        t756 = t693 - t747 * t752
-        t757 = t694 - t748 * t752
-        t758 = t695 - t749 * t752
-        t759 = t696 - t750 * t752
-        t760 = t697 - t751 * t752
-        t761 = t700 - t744 * t744
-        t762 = t702 - t745 * t744
-        t763 = t703 - t745 * t745
-        t764 = t705 - t746 * t744
-        t765 = t706 - t746 * t745
-        t766 = t707 - t746 * t746
-        t767 = t709 - t747 * t744
-        t768 = t710 - t747 * t745
-        t769 = t711 - t747 * t746
-        t770 = t712 - t747 * t747
-        t771 = t714 - t748 * t744
-        t772 = t715 - t748 * t745
-        t773 = t716 - t748 * t746
-        t774 = t717 - t748 * t747
-        t775 = t718 - t748 * t748
-        t776 = t720 - t749 * t744
-        t777 = t721 - t749 * t745
-        t778 = t722 - t749 * t746
-        t779 = t723 - t749 * t747
-        t780 = t724 - t749 * t748
-        t781 = t725 - t749 * t749
-        t782 = t727 - t750 * t744
-        t783 = t728 - t750 * t745
-        t784 = t729 - t750 * t746
-        t785 = t730 - t750 * t747
-        t786 = t731 - t750 * t748
-        t787 = t732 - t750 * t749
-        t788 = t733 - t750 * t750
-        t789 = t735 - t751 * t744
-        t790 = t736 - t751 * t745
-        t791 = t737 - t751 * t746
-        t792 = t738 - t751 * t747
-        t793 = t739 - t751 * t748
-        t794 = t740 - t751 * t749
-        t795 = t741 - t751 * t750
-        t796 = t742 - t751 * t751
-        t797 = tl.math.rsqrt(t761)
-        t798 = t762 * t797
-        t799 = t764 * t797
-        t800 = t767 * t797
-        t801 = t771 * t797
-        t802 = t776 * t797
-        t803 = t782 * t797
-        t804 = t789 * t797
-        t805 = t753 * t797
-        t806 = t754 - t798 * t805
-        t807 = t755 - t799 * t805
-        t808 = t756 - t800 * t805
-        t809 = t757 - t801 * t805
-        t810 = t758 - t802 * t805
-        t811 = t759 - t803 * t805
-        t812 = t760 - t804 * t805
-        t813 = t763 - t798 * t798
-        t814 = t765 - t799 * t798
-        t815 = t766 - t799 * t799
-        t816 = t768 - t800 * t798
-        t817 = t769 - t800 * t799
-        t818 = t770 - t800 * t800
-        t819 = t772 - t801 * t798
-        t820 = t773 - t801 * t799
-        t821 = t774 - t801 * t800
-        t822 = t775 - t801 * t801
-        t823 = t777 - t802 * t798
-        t824 = t778 - t802 * t799
-        t825 = t779 - t802 * t800
-        t826 = t780 - t802 * t801
-        t827 = t781 - t802 * t802
-        t828 = t783 - t803 * t798
-        t829 = t784 - t803 * t799
-        t830 = t785 - t803 * t800
-        t831 = t786 - t803 * t801
-        t832 = t787 - t803 * t802
-        t833 = t788 - t803 * t803
-        t834 = t790 - t804 * t798
-        t835 = t791 - t804 * t799
-        t836 = t792 - t804 * t800
-        t837 = t793 - t804 * t801
-        t838 = t794 - t804 * t802
-        t839 = t795 - t804 * t803
-        t840 = t796 - t804 * t804
-        t841 = tl.math.rsqrt(t813)
-        t842 = t814 * t841
-        t843 = t816 * t841
-        t844 = t819 * t841
-        t845 = t823 * t841
-        t846 = t828 * t841
-        t847 = t834 * t841
-        t848 = t806 * t841
-        t849 = t807 - t842 * t848
-        t850 = t808 - t843 * t848
-        t851 = t809 - t844 * t848
-        t852 = t810 - t845 * t848
-        t853 = t811 - t846 * t848
-        t854 = t812 - t847 * t848
-        t855 = t815 - t842 * t842
-        t856 = t817 - t843 * t842
-        t857 = t818 - t843 * t843
-        t858 = t820 - t844 * t842
-        t859 = t821 - t844 * t843
-        t860 = t822 - t844 * t844
-        t861 = t824 - t845 * t842
-        t862 = t825 - t845 * t843
-        t863 = t826 - t845 * t844
-        t864 = t827 - t845 * t845
-        t865 = t829 - t846 * t842
-        t866 = t830 - t846 * t843
-        t867 = t831 - t846 * t844
-        t868 = t832 - t846 * t845
-        t869 = t833 - t846 * t846
-        t870 = t835 - t847 * t842
-        t871 = t836 - t847 * t843
-        t872 = t837 - t847 * t844
-        t873 = t838 - t847 * t845
-        t874 = t839 - t847 * t846
-        t875 = t840 - t847 * t847
-        t876 = tl.math.rsqrt(t855)
-        t877 = t856 * t876
-        t878 = t858 * t876
-        t879 = t861 * t876
-        t880 = t865 * t876
-        t881 = t870 * t876
-        t882 = t849 * t876
-        t883 = t850 - t877 * t882
-        t884 = t851 - t878 * t882
-        t885 = t852 - t879 * t882
-        t886 = t853 - t880 * t882
-        t887 = t854 - t881 * t882
-        t888 = t857 - t877 * t877
-        t889 = t859 - t878 * t877
-        t890 = t860 - t878 * t878
-        t891 = t862 - t879 * t877
-        t892 = t863 - t879 * t878
-        t893 = t864 - t879 * t879
-        t894 = t866 - t880 * t877
-        t895 = t867 - t880 * t878
-        t896 = t868 - t880 * t879
-        t897 = t869 - t880 * t880
-        t898 = t871 - t881 * t877
-        t899 = t872 - t881 * t878
-        t900 = t873 - t881 * t879
-        t901 = t874 - t881 * t880
-        t902 = t875 - t881 * t881
-        t903 = tl.math.rsqrt(t888)
-        t904 = t889 * t903
-        t905 = t891 * t903
-        t906 = t894 * t903
-        t907 = t898 * t903
-        t908 = t883 * t903
-        t909 = t884 - t904 * t908
-        t910 = t885 - t905 * t908
-        t911 = t886 - t906 * t908
-        t912 = t887 - t907 * t908
-        t913 = t890 - t904 * t904
-        t914 = t892 - t905 * t904
-        t915 = t893 - t905 * t905
-        t916 = t895 - t906 * t904
-        t917 = t896 - t906 * t905
-        t918 = t897 - t906 * t906
-        t919 = t899 - t907 * t904
-        t920 = t900 - t907 * t905
-        t921 = t901 - t907 * t906
-        t922 = t902 - t907 * t907
-        t923 = tl.math.rsqrt(t913)
-        t924 = t914 * t923
-        t925 = t916 * t923
-        t926 = t919 * t923
-        t927 = t909 * t923
-        t928 = t910 - t924 * t927
-        t929 = t911 - t925 * t927
-        t930 = t912 - t926 * t927
-        t931 = t915 - t924 * t924
-        t932 = t917 - t925 * t924
-        t933 = t918 - t925 * t925
-        t934 = t920 - t926 * t924
-        t935 = t921 - t926 * t925
-        t936 = t922 - t926 * t926
-        t937 = tl.math.rsqrt(t931)
-        t938 = t932 * t937
-        t939 = t934 * t937
-        t940 = t928 * t937
-        t941 = t929 - t938 * t940
-        t942 = t930 - t939 * t940
-        t943 = t933 - t938 * t938
-        t944 = t935 - t939 * t938
-        t945 = t936 - t939 * t939
-        t946 = tl.math.rsqrt(t943)
-        t947 = t944 * t946
-        t948 = t941 * t946
-        t949 = t942 - t947 * t948
-        t950 = t945 - t947 * t947
-        t951 = tl.math.rsqrt(t950)
-        t952 = t949 * t951
-        t953 = t952 * t951
-        t954 = t948 - t947 * t953
-        t955 = t954 * t946
-        t956 = t940 - t938 * t955
-        t957 = t956 - t939 * t953
-        t958 = t957 * t937
-        t959 = t927 - t924 * t958
-        t960 = t959 - t925 * t955
-        t961 = t960 - t926 * t953
-        t962 = t961 * t923
-        t963 = t908 - t904 * t962
-        t964 = t963 - t905 * t958
-        t965 = t964 - t906 * t955
-        t966 = t965 - t907 * t953
-        t967 = t966 * t903
-        t968 = t882 - t877 * t967
-        t969 = t968 - t878 * t962
-        t970 = t969 - t879 * t958
-        t971 = t970 - t880 * t955
-        t972 = t971 - t881 * t953
-        t973 = t972 * t876
-        t974 = t848 - t842 * t973
-        t975 = t974 - t843 * t967
-        t976 = t975 - t844 * t962
-        t977 = t976 - t845 * t958
-        t978 = t977 - t846 * t955
-        t979 = t978 - t847 * t953
-        t980 = t979 * t841
-        t981 = t805 - t798 * t980
-        t982 = t981 - t799 * t973
-        t983 = t982 - t800 * t967
-        t984 = t983 - t801 * t962
-        t985 = t984 - t802 * t958
-        t986 = t985 - t803 * t955
-        t987 = t986 - t804 * t953
-        t988 = t987 * t797
-        t989 = t752 - t744 * t988
-        t990 = t989 - t745 * t980
-        t991 = t990 - t746 * t973
-        t992 = t991 - t747 * t967
-        t993 = t992 - t748 * t962
-        t994 = t993 - t749 * t958
-        t995 = t994 - t750 * t955
-        t996 = t995 - t751 * t953
-        t997 = t996 * t743
-        t998 = t688 - t679 * t997
-        t999 = t998 - t680 * t988
-        t1000 = t999 - t681 * t980
-        t1001 = t1000 - t682 * t973
-        t1002 = t1001 - t683 * t967
-        t1003 = t1002 - t684 * t962
-        t1004 = t1003 - t685 * t958
-        t1005 = t1004 - t686 * t955
-        t1006 = t1005 - t687 * t953
-        t1007 = t1006 * t678
-        t1008 = t612 - t602 * t1007
-        t1009 = t1008 - t603 * t997
-        t1010 = t1009 - t604 * t988
-        t1011 = t1010 - t605 * t980
-        t1012 = t1011 - t606 * t973
-        t1013 = t1012 - t607 * t967
-        t1014 = t1013 - t608 * t962
-        t1015 = t1014 - t609 * t958
-        t1016 = t1015 - t610 * t955
-        t1017 = t1016 - t611 * t953
-        t1018 = t1017 * t601
-        t1019 = t523 - t512 * t1018
-        t1020 = t1019 - t513 * t1007
-        t1021 = t1020 - t514 * t997
-        t1022 = t1021 - t515 * t988
-        t1023 = t1022 - t516 * t980
-        t1024 = t1023 - t517 * t973
-        t1025 = t1024 - t518 * t967
-        t1026 = t1025 - t519 * t962
-        t1027 = t1026 - t520 * t958
-        t1028 = t1027 - t521 * t955
-        t1029 = t1028 - t522 * t953
-        t1030 = t1029 * t511
-        t1031 = t420 - t408 * t1030
-        t1032 = t1031 - t409 * t1018
-        t1033 = t1032 - t410 * t1007
-        t1034 = t1033 - t411 * t997
-        t1035 = t1034 - t412 * t988
-        t1036 = t1035 - t413 * t980
-        t1037 = t1036 - t414 * t973
-        t1038 = t1037 - t415 * t967
-        t1039 = t1038 - t416 * t962
-        t1040 = t1039 - t417 * t958
-        t1041 = t1040 - t418 * t955
-        t1042 = t1041 - t419 * t953
-        t1043 = t1042 * t407
-        t1044 = t302 - t289 * t1043
-        t1045 = t1044 - t290 * t1030
-        t1046 = t1045 - t291 * t1018
-        t1047 = t1046 - t292 * t1007
-        t1048 = t1047 - t293 * t997
-        t1049 = t1048 - t294 * t988
-        t1050 = t1049 - t295 * t980
-        t1051 = t1050 - t296 * t973
-        t1052 = t1051 - t297 * t967
-        t1053 = t1052 - t298 * t962
-        t1054 = t1053 - t299 * t958
-        t1055 = t1054 - t300 * t955
-        t1056 = t1055 - t301 * t953
-        t1057 = t1056 * t288
-        t1058 = t168 - t154 * t1057
-        t1059 = t1058 - t155 * t1043
-        t1060 = t1059 - t156 * t1030
-        t1061 = t1060 - t157 * t1018
-        t1062 = t1061 - t158 * t1007
-        t1063 = t1062 - t159 * t997
-        t1064 = t1063 - t160 * t988
-        t1065 = t1064 - t161 * t980
-        t1066 = t1065 - t162 * t973
-        t1067 = t1066 - t163 * t967
-        t1068 = t1067 - t164 * t962
-        t1069 = t1068 - t165 * t958
-        t1070 = t1069 - t166 * t955
-        t1071 = t1070 - t167 * t953
-        t1072 = t1071 * t153
-        t1073 = t17 - t2 * t1072
-        t1074 = t1073 - t3 * t1057
-        t1075 = t1074 - t4 * t1043
-        t1076 = t1075 - t5 * t1030
-        t1077 = t1076 - t6 * t1018
-        t1078 = t1077 - t7 * t1007
-        t1079 = t1078 - t8 * t997
-        t1080 = t1079 - t9 * t988
-        t1081 = t1080 - t10 * t980
-        t1082 = t1081 - t11 * t973
-        t1083 = t1082 - t12 * t967
-        t1084 = t1083 - t13 * t962
-        t1085 = t1084 - t14 * t958
-        t1086 = t1085 - t15 * t955
-        t1087 = t1086 - t16 * t953
-        t1088 = t1087 * t1
-        y0 = t1088
-        y1 = t1072
-        y2 = t1057
-        y3 = t1043
-        y4 = t1030
-        y5 = t1018
-        y6 = t1007
-        y7 = t997
-        y8 = t988
-        y9 = t980
-        y10 = t973
-        y11 = t967
-        y12 = t962
-        y13 = t958
-        y14 = t955
-        y15 = t953
-    d0, d1, d2, d3 = _ld4_again(dz + row * 16 + 0, tok_ok)
-    d4, d5, d6, d7 = _ld4_again(dz + row * 16 + 4, tok_ok)
-    d8, d9, d10, d11 = _ld4_again(dz + row * 16 + 8, tok_ok)
-    d12, d13, d14, d15 = _ld4_again(dz + row * 16 + 12, tok_ok)
-    x0, x1, x2, x3 = _ld4(x_in + row * 16 + 0, tok_ok)
-    x4, x5, x6, x7 = _ld4(x_in + row * 16 + 4, tok_ok)
-    x8, x9, x10, x11 = _ld4(x_in + row * 16 + 8, tok_ok)
-    x12, x13, x14, x15 = _ld4(x_in + row * 16 + 12, tok_ok)
-    q0, q1, q2, q3 = _ld4(q + row * 16 + 0, tok_ok)
-    q4, q5, q6, q7 = _ld4(q + row * 16 + 4, tok_ok)
-    q8, q9, q10, q11 = _ld4(q + row * 16 + 8, tok_ok)
-    q12, q13, q14, q15 = _ld4(q + row * 16 + 12, tok_ok)
-    xy = x0 * y0 + x1 * y1 + x2 * y2 + x3 * y3 + x4 * y4 + x5 * y5
-    xy += x6 * y6 + x7 * y7 + x8 * y8 + x9 * y9 + x10 * y10 + x11 * y11
-    xy += x12 * y12 + x13 * y13 + x14 * y14 + x15 * y15
-    yq = y0 * q0 + y1 * q1 + y2 * q2 + y3 * q3 + y4 * q4 + y5 * q5
-    yq += y6 * q6 + y7 * q7 + y8 * q8 + y9 * q9 + y10 * q10 + y11 * q11
-    yq += y12 * q12 + y13 * q13 + y14 * q14 + y15 * q15
-    dx = d0 * x0 + d1 * x1 + d2 * x2 + d3 * x3 + d4 * x4 + d5 * x5
-    dx += d6 * x6 + d7 * x7 + d8 * x8 + d9 * x9 + d10 * x10 + d11 * x11
-    dx += d12 * x12 + d13 * x13 + d14 * x14 + d15 * x15
-    dq_ = d0 * q0 + d1 * q1 + d2 * q2 + d3 * q3 + d4 * q4 + d5 * q5
-    dq_ += d6 * q6 + d7 * q7 + d8 * q8 + d9 * q9 + d10 * q10 + d11 * q11
-    dq_ += d12 * q12 + d13 * q13 + d14 * q14 + d15 * q15
-    c = tl.where(fro > 0, -ridge * xy / tl.where(fro > 0, fro, 1.0), 0.0)
-    tl.store(dgp + row, at * dx + (1.0 - at) * dq_ - yq + ridge * eps * xy, mask=tok_ok)
-    tl.store(c_out + row, c, mask=tok_ok)
-    if HAS_ALPHA:
-        tl.store(dalpha + row, dx - dq_, mask=tok_ok)
-    _st4(y_out + row * 16 + 0, y0, y1, y2, y3, tok_ok)
-    _st4(y_out + row * 16 + 4, y4, y5, y6, y7, tok_ok)
-    _st4(y_out + row * 16 + 8, y8, y9, y10, y11, tok_ok)
-    _st4(y_out + row * 16 + 12, y12, y13, y14, y15, tok_ok)
-    d0 = d0 * (1.0 - at) + y0
-    d1 = d1 * (1.0 - at) + y1
-    d2 = d2 * (1.0 - at) + y2
-    d3 = d3 * (1.0 - at) + y3
-    d4 = d4 * (1.0 - at) + y4
-    d5 = d5 * (1.0 - at) + y5
-    d6 = d6 * (1.0 - at) + y6
-    d7 = d7 * (1.0 - at) + y7
-    d8 = d8 * (1.0 - at) + y8
-    d9 = d9 * (1.0 - at) + y9
-    d10 = d10 * (1.0 - at) + y10
-    d11 = d11 * (1.0 - at) + y11
-    d12 = d12 * (1.0 - at) + y12
-    d13 = d13 * (1.0 - at) + y13
-    d14 = d14 * (1.0 - at) + y14
-    d15 = d15 * (1.0 - at) + y15
-    _st4(dq + row * 16 + 0, d0, d1, d2, d3, tok_ok)
-    _st4(dq + row * 16 + 4, d4, d5, d6, d7, tok_ok)
-    _st4(dq + row * 16 + 8, d8, d9, d10, d11, tok_ok)
-    _st4(dq + row * 16 + 12, d12, d13, d14, d15, tok_ok)
+            at = 1.0
+        v0, v1, v2, v3 = _ld4(dz + row * 16 + 0, tok_ok)
+        v4, v5, v6, v7 = _ld4(dz + row * 16 + 4, tok_ok)
+        v8, v9, v10, v11 = _ld4(dz + row * 16 + 8, tok_ok)
+        v12, v13, v14, v15 = _ld4(dz + row * 16 + 12, tok_ok)
+        v0 = at * v0
+        v1 = at * v1
+        v2 = at * v2
+        v3 = at * v3
+        v4 = at * v4
+        v5 = at * v5
+        v6 = at * v6
+        v7 = at * v7
+        v8 = at * v8
+        v9 = at * v9
+        v10 = at * v10
+        v11 = at * v11
+        v12 = at * v12
+        v13 = at * v13
+        v14 = at * v14
+        v15 = at * v15
+        if USE_PTX:
+            y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = tl.inline_asm_elementwise(
+                "{ .reg .f32 %f<1088>; .reg .f32 %n<256>; rsqrt.approx.f32 %f0, $16; mul.rn.f32 %f1, $17, %f0; "
+                "mul.rn.f32 %f2, $19, %f0; mul.rn.f32 %f3, $22, %f0; mul.rn.f32 %f4, $26, %f0; "
+                "mul.rn.f32 %f5, $31, %f0; mul.rn.f32 %f6, $37, %f0; mul.rn.f32 %f7, $44, %f0; "
+                "mul.rn.f32 %f8, $52, %f0; mul.rn.f32 %f9, $61, %f0; mul.rn.f32 %f10, $71, %f0; "
+                "mul.rn.f32 %f11, $82, %f0; mul.rn.f32 %f12, $94, %f0; mul.rn.f32 %f13, $107, %f0; "
+                "mul.rn.f32 %f14, $121, %f0; mul.rn.f32 %f15, $136, %f0; mul.rn.f32 %f16, $152, %f0; "
+                "neg.f32 %n0, %f1; fma.rn.f32 %f17, %n0, %f16, $153; neg.f32 %n1, %f2; "
+                "fma.rn.f32 %f18, %n1, %f16, $154; neg.f32 %n2, %f3; fma.rn.f32 %f19, %n2, %f16, $155; "
+                "neg.f32 %n3, %f4; fma.rn.f32 %f20, %n3, %f16, $156; neg.f32 %n4, %f5; "
+                "fma.rn.f32 %f21, %n4, %f16, $157; neg.f32 %n5, %f6; fma.rn.f32 %f22, %n5, %f16, $158; "
+                "neg.f32 %n6, %f7; fma.rn.f32 %f23, %n6, %f16, $159; neg.f32 %n7, %f8; "
+                "fma.rn.f32 %f24, %n7, %f16, $160; neg.f32 %n8, %f9; fma.rn.f32 %f25, %n8, %f16, $161; "
+                "neg.f32 %n9, %f10; fma.rn.f32 %f26, %n9, %f16, $162; neg.f32 %n10, %f11; "
+                "fma.rn.f32 %f27, %n10, %f16, $163; neg.f32 %n11, %f12; fma.rn.f32 %f28, %n11, %f16, $164; "
+                "neg.f32 %n12, %f13; fma.rn.f32 %f29, %n12, %f16, $165; neg.f32 %n13, %f14; "
+                "fma.rn.f32 %f30, %n13, %f16, $166; neg.f32 %n14, %f15; fma.rn.f32 %f31, %n14, %f16, $167; "
+                "fma.rn.f32 %f32, %n0, %f1, $18; fma.rn.f32 %f33, %n1, %f1, $20; fma.rn.f32 %f34, %n1, %f2, $21; "
+                "fma.rn.f32 %f35, %n2, %f1, $23; fma.rn.f32 %f36, %n2, %f2, $24; fma.rn.f32 %f37, %n2, %f3, $25; "
+                "fma.rn.f32 %f38, %n3, %f1, $27; fma.rn.f32 %f39, %n3, %f2, $28; fma.rn.f32 %f40, %n3, %f3, $29; "
+                "fma.rn.f32 %f41, %n3, %f4, $30; fma.rn.f32 %f42, %n4, %f1, $32; fma.rn.f32 %f43, %n4, %f2, $33; "
+                "fma.rn.f32 %f44, %n4, %f3, $34; fma.rn.f32 %f45, %n4, %f4, $35; fma.rn.f32 %f46, %n4, %f5, $36; "
+                "fma.rn.f32 %f47, %n5, %f1, $38; fma.rn.f32 %f48, %n5, %f2, $39; fma.rn.f32 %f49, %n5, %f3, $40; "
+                "fma.rn.f32 %f50, %n5, %f4, $41; fma.rn.f32 %f51, %n5, %f5, $42; fma.rn.f32 %f52, %n5, %f6, $43; "
+                "fma.rn.f32 %f53, %n6, %f1, $45; fma.rn.f32 %f54, %n6, %f2, $46; fma.rn.f32 %f55, %n6, %f3, $47; "
+                "fma.rn.f32 %f56, %n6, %f4, $48; fma.rn.f32 %f57, %n6, %f5, $49; fma.rn.f32 %f58, %n6, %f6, $50; "
+                "fma.rn.f32 %f59, %n6, %f7, $51; fma.rn.f32 %f60, %n7, %f1, $53; fma.rn.f32 %f61, %n7, %f2, $54; "
+                "fma.rn.f32 %f62, %n7, %f3, $55; fma.rn.f32 %f63, %n7, %f4, $56; fma.rn.f32 %f64, %n7, %f5, $57; "
+                "fma.rn.f32 %f65, %n7, %f6, $58; fma.rn.f32 %f66, %n7, %f7, $59; fma.rn.f32 %f67, %n7, %f8, $60; "
+                "fma.rn.f32 %f68, %n8, %f1, $62; fma.rn.f32 %f69, %n8, %f2, $63; fma.rn.f32 %f70, %n8, %f3, $64; "
+                "fma.rn.f32 %f71, %n8, %f4, $65; fma.rn.f32 %f72, %n8, %f5, $66; fma.rn.f32 %f73, %n8, %f6, $67; "
+                "fma.rn.f32 %f74, %n8, %f7, $68; fma.rn.f32 %f75, %n8, %f8, $69; fma.rn.f32 %f76, %n8, %f9, $70; "
+                "fma.rn.f32 %f77, %n9, %f1, $72; fma.rn.f32 %f78, %n9, %f2, $73; fma.rn.f32 %f79, %n9, %f3, $74; "
+                "fma.rn.f32 %f80, %n9, %f4, $75; fma.rn.f32 %f81, %n9, %f5, $76; fma.rn.f32 %f82, %n9, %f6, $77; "
+                "fma.rn.f32 %f83, %n9, %f7, $78; fma.rn.f32 %f84, %n9, %f8, $79; fma.rn.f32 %f85, %n9, %f9, $80; "
+                "fma.rn.f32 %f86, %n9, %f10, $81; fma.rn.f32 %f87, %n10, %f1, $83; "
+                "fma.rn.f32 %f88, %n10, %f2, $84; fma.rn.f32 %f89, %n10, %f3, $85; "
+                "fma.rn.f32 %f90, %n10, %f4, $86; fma.rn.f32 %f91, %n10, %f5, $87; "
+                "fma.rn.f32 %f92, %n10, %f6, $88; fma.rn.f32 %f93, %n10, %f7, $89; "
+                "fma.rn.f32 %f94, %n10, %f8, $90; fma.rn.f32 %f95, %n10, %f9, $91; "
+                "fma.rn.f32 %f96, %n10, %f10, $92; fma.rn.f32 %f97, %n10, %f11, $93; "
+                "fma.rn.f32 %f98, %n11, %f1, $95; fma.rn.f32 %f99, %n11, %f2, $96; "
+                "fma.rn.f32 %f100, %n11, %f3, $97; fma.rn.f32 %f101, %n11, %f4, $98; "
+                "fma.rn.f32 %f102, %n11, %f5, $99; fma.rn.f32 %f103, %n11, %f6, $100; "
+                "fma.rn.f32 %f104, %n11, %f7, $101; fma.rn.f32 %f105, %n11, %f8, $102; "
+                "fma.rn.f32 %f106, %n11, %f9, $103; fma.rn.f32 %f107, %n11, %f10, $104; "
+                "fma.rn.f32 %f108, %n11, %f11, $105; fma.rn.f32 %f109, %n11, %f12, $106; "
+                "fma.rn.f32 %f110, %n12, %f1, $108; fma.rn.f32 %f111, %n12, %f2, $109; "
+                "fma.rn.f32 %f112, %n12, %f3, $110; fma.rn.f32 %f113, %n12, %f4, $111; "
+                "fma.rn.f32 %f114, %n12, %f5, $112; fma.rn.f32 %f115, %n12, %f6, $113; "
+                "fma.rn.f32 %f116, %n12, %f7, $114; fma.rn.f32 %f117, %n12, %f8, $115; "
+                "fma.rn.f32 %f118, %n12, %f9, $116; fma.rn.f32 %f119, %n12, %f10, $117; "
+                "fma.rn.f32 %f120, %n12, %f11, $118; fma.rn.f32 %f121, %n12, %f12, $119; "
+                "fma.rn.f32 %f122, %n12, %f13, $120; fma.rn.f32 %f123, %n13, %f1, $122; "
+                "fma.rn.f32 %f124, %n13, %f2, $123; fma.rn.f32 %f125, %n13, %f3, $124; "
+                "fma.rn.f32 %f126, %n13, %f4, $125; fma.rn.f32 %f127, %n13, %f5, $126; "
+                "fma.rn.f32 %f128, %n13, %f6, $127; fma.rn.f32 %f129, %n13, %f7, $128; "
+                "fma.rn.f32 %f130, %n13, %f8, $129; fma.rn.f32 %f131, %n13, %f9, $130; "
+                "fma.rn.f32 %f132, %n13, %f10, $131; fma.rn.f32 %f133, %n13, %f11, $132; "
+                "fma.rn.f32 %f134, %n13, %f12, $133; fma.rn.f32 %f135, %n13, %f13, $134; "
+                "fma.rn.f32 %f136, %n13, %f14, $135; fma.rn.f32 %f137, %n14, %f1, $137; "
+                "fma.rn.f32 %f138, %n14, %f2, $138; fma.rn.f32 %f139, %n14, %f3, $139; "
+                "fma.rn.f32 %f140, %n14, %f4, $140; fma.rn.f32 %f141, %n14, %f5, $141; "
+                "fma.rn.f32 %f142, %n14, %f6, $142; fma.rn.f32 %f143, %n14, %f7, $143; "
+                "fma.rn.f32 %f144, %n14, %f8, $144; fma.rn.f32 %f145, %n14, %f9, $145; "
+                "fma.rn.f32 %f146, %n14, %f10, $146; fma.rn.f32 %f147, %n14, %f11, $147; "
+                "fma.rn.f32 %f148, %n14, %f12, $148; fma.rn.f32 %f149, %n14, %f13, $149; "
+                "fma.rn.f32 %f150, %n14, %f14, $150; fma.rn.f32 %f151, %n14, %f15, $151; "
+                "rsqrt.approx.f32 %f152, %f32; mul.rn.f32 %f153, %f33, %f152; mul.rn.f32 %f154, %f35, %f152; "
+                "mul.rn.f32 %f155, %f38, %f152; mul.rn.f32 %f156, %f42, %f152; mul.rn.f32 %f157, %f47, %f152; "
+                "mul.rn.f32 %f158, %f53, %f152; mul.rn.f32 %f159, %f60, %f152; mul.rn.f32 %f160, %f68, %f152; "
+                "mul.rn.f32 %f161, %f77, %f152; mul.rn.f32 %f162, %f87, %f152; mul.rn.f32 %f163, %f98, %f152; "
+                "mul.rn.f32 %f164, %f110, %f152; mul.rn.f32 %f165, %f123, %f152; mul.rn.f32 %f166, %f137, %f152; "
+                "mul.rn.f32 %f167, %f17, %f152; neg.f32 %n15, %f153; fma.rn.f32 %f168, %n15, %f167, %f18; "
+                "neg.f32 %n16, %f154; fma.rn.f32 %f169, %n16, %f167, %f19; neg.f32 %n17, %f155; "
+                "fma.rn.f32 %f170, %n17, %f167, %f20; neg.f32 %n18, %f156; fma.rn.f32 %f171, %n18, %f167, %f21; "
+                "neg.f32 %n19, %f157; fma.rn.f32 %f172, %n19, %f167, %f22; neg.f32 %n20, %f158; "
+                "fma.rn.f32 %f173, %n20, %f167, %f23; neg.f32 %n21, %f159; fma.rn.f32 %f174, %n21, %f167, %f24; "
+                "neg.f32 %n22, %f160; fma.rn.f32 %f175, %n22, %f167, %f25; neg.f32 %n23, %f161; "
+                "fma.rn.f32 %f176, %n23, %f167, %f26; neg.f32 %n24, %f162; fma.rn.f32 %f177, %n24, %f167, %f27; "
+                "neg.f32 %n25, %f163; fma.rn.f32 %f178, %n25, %f167, %f28; neg.f32 %n26, %f164; "
+                "fma.rn.f32 %f179, %n26, %f167, %f29; neg.f32 %n27, %f165; fma.rn.f32 %f180, %n27, %f167, %f30; "
+                "neg.f32 %n28, %f166; fma.rn.f32 %f181, %n28, %f167, %f31; fma.rn.f32 %f182, %n15, %f153, %f34; "
+                "fma.rn.f32 %f183, %n16, %f153, %f36; fma.rn.f32 %f184, %n16, %f154, %f37; "
+                "fma.rn.f32 %f185, %n17, %f153, %f39; fma.rn.f32 %f186, %n17, %f154, %f40; "
+                "fma.rn.f32 %f187, %n17, %f155, %f41; fma.rn.f32 %f188, %n18, %f153, %f43; "
+                "fma.rn.f32 %f189, %n18, %f154, %f44; fma.rn.f32 %f190, %n18, %f155, %f45; "
+                "fma.rn.f32 %f191, %n18, %f156, %f46; fma.rn.f32 %f192, %n19, %f153, %f48; "
+                "fma.rn.f32 %f193, %n19, %f154, %f49; fma.rn.f32 %f194, %n19, %f155, %f50; "
+                "fma.rn.f32 %f195, %n19, %f156, %f51; fma.rn.f32 %f196, %n19, %f157, %f52; "
+                "fma.rn.f32 %f197, %n20, %f153, %f54; fma.rn.f32 %f198, %n20, %f154, %f55; "
+                "fma.rn.f32 %f199, %n20, %f155, %f56; fma.rn.f32 %f200, %n20, %f156, %f57; "
+                "fma.rn.f32 %f201, %n20, %f157, %f58; fma.rn.f32 %f202, %n20, %f158, %f59; "
+                "fma.rn.f32 %f203, %n21, %f153, %f61; fma.rn.f32 %f204, %n21, %f154, %f62; "
+                "fma.rn.f32 %f205, %n21, %f155, %f63; fma.rn.f32 %f206, %n21, %f156, %f64; "
+                "fma.rn.f32 %f207, %n21, %f157, %f65; fma.rn.f32 %f208, %n21, %f158, %f66; "
+                "fma.rn.f32 %f209, %n21, %f159, %f67; fma.rn.f32 %f210, %n22, %f153, %f69; "
+                "fma.rn.f32 %f211, %n22, %f154, %f70; fma.rn.f32 %f212, %n22, %f155, %f71; "
+                "fma.rn.f32 %f213, %n22, %f156, %f72; fma.rn.f32 %f214, %n22, %f157, %f73; "
+                "fma.rn.f32 %f215, %n22, %f158, %f74; fma.rn.f32 %f216, %n22, %f159, %f75; "
+                "fma.rn.f32 %f217, %n22, %f160, %f76; fma.rn.f32 %f218, %n23, %f153, %f78; "
+                "fma.rn.f32 %f219, %n23, %f154, %f79; fma.rn.f32 %f220, %n23, %f155, %f80; "
+                "fma.rn.f32 %f221, %n23, %f156, %f81; fma.rn.f32 %f222, %n23, %f157, %f82; "
+                "fma.rn.f32 %f223, %n23, %f158, %f83; fma.rn.f32 %f224, %n23, %f159, %f84; "
+                "fma.rn.f32 %f225, %n23, %f160, %f85; fma.rn.f32 %f226, %n23, %f161, %f86; "
+                "fma.rn.f32 %f227, %n24, %f153, %f88; fma.rn.f32 %f228, %n24, %f154, %f89; "
+                "fma.rn.f32 %f229, %n24, %f155, %f90; fma.rn.f32 %f230, %n24, %f156, %f91; "
+                "fma.rn.f32 %f231, %n24, %f157, %f92; fma.rn.f32 %f232, %n24, %f158, %f93; "
+                "fma.rn.f32 %f233, %n24, %f159, %f94; fma.rn.f32 %f234, %n24, %f160, %f95; "
+                "fma.rn.f32 %f235, %n24, %f161, %f96; fma.rn.f32 %f236, %n24, %f162, %f97; "
+                "fma.rn.f32 %f237, %n25, %f153, %f99; fma.rn.f32 %f238, %n25, %f154, %f100; "
+                "fma.rn.f32 %f239, %n25, %f155, %f101; fma.rn.f32 %f240, %n25, %f156, %f102; "
+                "fma.rn.f32 %f241, %n25, %f157, %f103; fma.rn.f32 %f242, %n25, %f158, %f104; "
+                "fma.rn.f32 %f243, %n25, %f159, %f105; fma.rn.f32 %f244, %n25, %f160, %f106; "
+                "fma.rn.f32 %f245, %n25, %f161, %f107; fma.rn.f32 %f246, %n25, %f162, %f108; "
+                "fma.rn.f32 %f247, %n25, %f163, %f109; fma.rn.f32 %f248, %n26, %f153, %f111; "
+                "fma.rn.f32 %f249, %n26, %f154, %f112; fma.rn.f32 %f250, %n26, %f155, %f113; "
+                "fma.rn.f32 %f251, %n26, %f156, %f114; fma.rn.f32 %f252, %n26, %f157, %f115; "
+                "fma.rn.f32 %f253, %n26, %f158, %f116; fma.rn.f32 %f254, %n26, %f159, %f117; "
+                "fma.rn.f32 %f255, %n26, %f160, %f118; fma.rn.f32 %f256, %n26, %f161, %f119; "
+                "fma.rn.f32 %f257, %n26, %f162, %f120; fma.rn.f32 %f258, %n26, %f163, %f121; "
+                "fma.rn.f32 %f259, %n26, %f164, %f122; fma.rn.f32 %f260, %n27, %f153, %f124; "
+                "fma.rn.f32 %f261, %n27, %f154, %f125; fma.rn.f32 %f262, %n27, %f155, %f126; "
+                "fma.rn.f32 %f263, %n27, %f156, %f127; fma.rn.f32 %f264, %n27, %f157, %f128; "
+                "fma.rn.f32 %f265, %n27, %f158, %f129; fma.rn.f32 %f266, %n27, %f159, %f130; "
+                "fma.rn.f32 %f267, %n27, %f160, %f131; fma.rn.f32 %f268, %n27, %f161, %f132; "
+                "fma.rn.f32 %f269, %n27, %f162, %f133; fma.rn.f32 %f270, %n27, %f163, %f134; "
+                "fma.rn.f32 %f271, %n27, %f164, %f135; fma.rn.f32 %f272, %n27, %f165, %f136; "
+                "fma.rn.f32 %f273, %n28, %f153, %f138; fma.rn.f32 %f274, %n28, %f154, %f139; "
+                "fma.rn.f32 %f275, %n28, %f155, %f140; fma.rn.f32 %f276, %n28, %f156, %f141; "
+                "fma.rn.f32 %f277, %n28, %f157, %f142; fma.rn.f32 %f278, %n28, %f158, %f143; "
+                "fma.rn.f32 %f279, %n28, %f159, %f144; fma.rn.f32 %f280, %n28, %f160, %f145; "
+                "fma.rn.f32 %f281, %n28, %f161, %f146; fma.rn.f32 %f282, %n28, %f162, %f147; "
+                "fma.rn.f32 %f283, %n28, %f163, %f148; fma.rn.f32 %f284, %n28, %f164, %f149; "
+                "fma.rn.f32 %f285, %n28, %f165, %f150; fma.rn.f32 %f286, %n28, %f166, %f151; "
+                "rsqrt.approx.f32 %f287, %f182; mul.rn.f32 %f288, %f183, %f287; mul.rn.f32 %f289, %f185, %f287; "
+                "mul.rn.f32 %f290, %f188, %f287; mul.rn.f32 %f291, %f192, %f287; mul.rn.f32 %f292, %f197, %f287; "
+                "mul.rn.f32 %f293, %f203, %f287; mul.rn.f32 %f294, %f210, %f287; mul.rn.f32 %f295, %f218, %f287; "
+                "mul.rn.f32 %f296, %f227, %f287; mul.rn.f32 %f297, %f237, %f287; mul.rn.f32 %f298, %f248, %f287; "
+                "mul.rn.f32 %f299, %f260, %f287; mul.rn.f32 %f300, %f273, %f287; mul.rn.f32 %f301, %f168, %f287; "
+                "neg.f32 %n29, %f288; fma.rn.f32 %f302, %n29, %f301, %f169; neg.f32 %n30, %f289; "
+                "fma.rn.f32 %f303, %n30, %f301, %f170; neg.f32 %n31, %f290; "
+                "fma.rn.f32 %f304, %n31, %f301, %f171; neg.f32 %n32, %f291; "
+                "fma.rn.f32 %f305, %n32, %f301, %f172; neg.f32 %n33, %f292; "
+                "fma.rn.f32 %f306, %n33, %f301, %f173; neg.f32 %n34, %f293; "
+                "fma.rn.f32 %f307, %n34, %f301, %f174; neg.f32 %n35, %f294; "
+                "fma.rn.f32 %f308, %n35, %f301, %f175; neg.f32 %n36, %f295; "
+                "fma.rn.f32 %f309, %n36, %f301, %f176; neg.f32 %n37, %f296; "
+                "fma.rn.f32 %f310, %n37, %f301, %f177; neg.f32 %n38, %f297; "
+                "fma.rn.f32 %f311, %n38, %f301, %f178; neg.f32 %n39, %f298; "
+                "fma.rn.f32 %f312, %n39, %f301, %f179; neg.f32 %n40, %f299; "
+                "fma.rn.f32 %f313, %n40, %f301, %f180; neg.f32 %n41, %f300; "
+                "fma.rn.f32 %f314, %n41, %f301, %f181; fma.rn.f32 %f315, %n29, %f288, %f184; "
+                "fma.rn.f32 %f316, %n30, %f288, %f186; fma.rn.f32 %f317, %n30, %f289, %f187; "
+                "fma.rn.f32 %f318, %n31, %f288, %f189; fma.rn.f32 %f319, %n31, %f289, %f190; "
+                "fma.rn.f32 %f320, %n31, %f290, %f191; fma.rn.f32 %f321, %n32, %f288, %f193; "
+                "fma.rn.f32 %f322, %n32, %f289, %f194; fma.rn.f32 %f323, %n32, %f290, %f195; "
+                "fma.rn.f32 %f324, %n32, %f291, %f196; fma.rn.f32 %f325, %n33, %f288, %f198; "
+                "fma.rn.f32 %f326, %n33, %f289, %f199; fma.rn.f32 %f327, %n33, %f290, %f200; "
+                "fma.rn.f32 %f328, %n33, %f291, %f201; fma.rn.f32 %f329, %n33, %f292, %f202; "
+                "fma.rn.f32 %f330, %n34, %f288, %f204; fma.rn.f32 %f331, %n34, %f289, %f205; "
+                "fma.rn.f32 %f332, %n34, %f290, %f206; fma.rn.f32 %f333, %n34, %f291, %f207; "
+                "fma.rn.f32 %f334, %n34, %f292, %f208; fma.rn.f32 %f335, %n34, %f293, %f209; "
+                "fma.rn.f32 %f336, %n35, %f288, %f211; fma.rn.f32 %f337, %n35, %f289, %f212; "
+                "fma.rn.f32 %f338, %n35, %f290, %f213; fma.rn.f32 %f339, %n35, %f291, %f214; "
+                "fma.rn.f32 %f340, %n35, %f292, %f215; fma.rn.f32 %f341, %n35, %f293, %f216; "
+                "fma.rn.f32 %f342, %n35, %f294, %f217; fma.rn.f32 %f343, %n36, %f288, %f219; "
+                "fma.rn.f32 %f344, %n36, %f289, %f220; fma.rn.f32 %f345, %n36, %f290, %f221; "
+                "fma.rn.f32 %f346, %n36, %f291, %f222; fma.rn.f32 %f347, %n36, %f292, %f223; "
+                "fma.rn.f32 %f348, %n36, %f293, %f224; fma.rn.f32 %f349, %n36, %f294, %f225; "
+                "fma.rn.f32 %f350, %n36, %f295, %f226; fma.rn.f32 %f351, %n37, %f288, %f228; "
+                "fma.rn.f32 %f352, %n37, %f289, %f229; fma.rn.f32 %f353, %n37, %f290, %f230; "
+                "fma.rn.f32 %f354, %n37, %f291, %f231; fma.rn.f32 %f355, %n37, %f292, %f232; "
+                "fma.rn.f32 %f356, %n37, %f293, %f233; fma.rn.f32 %f357, %n37, %f294, %f234; "
+                "fma.rn.f32 %f358, %n37, %f295, %f235; fma.rn.f32 %f359, %n37, %f296, %f236; "
+                "fma.rn.f32 %f360, %n38, %f288, %f238; fma.rn.f32 %f361, %n38, %f289, %f239; "
+                "fma.rn.f32 %f362, %n38, %f290, %f240; fma.rn.f32 %f363, %n38, %f291, %f241; "
+                "fma.rn.f32 %f364, %n38, %f292, %f242; fma.rn.f32 %f365, %n38, %f293, %f243; "
+                "fma.rn.f32 %f366, %n38, %f294, %f244; fma.rn.f32 %f367, %n38, %f295, %f245; "
+                "fma.rn.f32 %f368, %n38, %f296, %f246; fma.rn.f32 %f369, %n38, %f297, %f247; "
+                "fma.rn.f32 %f370, %n39, %f288, %f249; fma.rn.f32 %f371, %n39, %f289, %f250; "
+                "fma.rn.f32 %f372, %n39, %f290, %f251; fma.rn.f32 %f373, %n39, %f291, %f252; "
+                "fma.rn.f32 %f374, %n39, %f292, %f253; fma.rn.f32 %f375, %n39, %f293, %f254; "
+                "fma.rn.f32 %f376, %n39, %f294, %f255; fma.rn.f32 %f377, %n39, %f295, %f256; "
+                "fma.rn.f32 %f378, %n39, %f296, %f257; fma.rn.f32 %f379, %n39, %f297, %f258; "
+                "fma.rn.f32 %f380, %n39, %f298, %f259; fma.rn.f32 %f381, %n40, %f288, %f261; "
+                "fma.rn.f32 %f382, %n40, %f289, %f262; fma.rn.f32 %f383, %n40, %f290, %f263; "
+                "fma.rn.f32 %f384, %n40, %f291, %f264; fma.rn.f32 %f385, %n40, %f292, %f265; "
+                "fma.rn.f32 %f386, %n40, %f293, %f266; fma.rn.f32 %f387, %n40, %f294, %f267; "
+                "fma.rn.f32 %f388, %n40, %f295, %f268; fma.rn.f32 %f389, %n40, %f296, %f269; "
+                "fma.rn.f32 %f390, %n40, %f297, %f270; fma.rn.f32 %f391, %n40, %f298, %f271; "
+                "fma.rn.f32 %f392, %n40, %f299, %f272; fma.rn.f32 %f393, %n41, %f288, %f274; "
+                "fma.rn.f32 %f394, %n41, %f289, %f275; fma.rn.f32 %f395, %n41, %f290, %f276; "
+                "fma.rn.f32 %f396, %n41, %f291, %f277; fma.rn.f32 %f397, %n41, %f292, %f278; "
+                "fma.rn.f32 %f398, %n41, %f293, %f279; fma.rn.f32 %f399, %n41, %f294, %f280; "
+                "fma.rn.f32 %f400, %n41, %f295, %f281; fma.rn.f32 %f401, %n41, %f296, %f282; "
+                "fma.rn.f32 %f402, %n41, %f297, %f283; fma.rn.f32 %f403, %n41, %f298, %f284; "
+                "fma.rn.f32 %f404, %n41, %f299, %f285; fma.rn.f32 %f405, %n41, %f300, %f286; "
+                "rsqrt.approx.f32 %f406, %f315; mul.rn.f32 %f407, %f316, %f406; mul.rn.f32 %f408, %f318, %f406; "
+                "mul.rn.f32 %f409, %f321, %f406; mul.rn.f32 %f410, %f325, %f406; mul.rn.f32 %f411, %f330, %f406; "
+                "mul.rn.f32 %f412, %f336, %f406; mul.rn.f32 %f413, %f343, %f406; mul.rn.f32 %f414, %f351, %f406; "
+                "mul.rn.f32 %f415, %f360, %f406; mul.rn.f32 %f416, %f370, %f406; mul.rn.f32 %f417, %f381, %f406; "
+                "mul.rn.f32 %f418, %f393, %f406; mul.rn.f32 %f419, %f302, %f406; neg.f32 %n42, %f407; "
+                "fma.rn.f32 %f420, %n42, %f419, %f303; neg.f32 %n43, %f408; "
+                "fma.rn.f32 %f421, %n43, %f419, %f304; neg.f32 %n44, %f409; "
+                "fma.rn.f32 %f422, %n44, %f419, %f305; neg.f32 %n45, %f410; "
+                "fma.rn.f32 %f423, %n45, %f419, %f306; neg.f32 %n46, %f411; "
+                "fma.rn.f32 %f424, %n46, %f419, %f307; neg.f32 %n47, %f412; "
+                "fma.rn.f32 %f425, %n47, %f419, %f308; neg.f32 %n48, %f413; "
+                "fma.rn.f32 %f426, %n48, %f419, %f309; neg.f32 %n49, %f414; "
+                "fma.rn.f32 %f427, %n49, %f419, %f310; neg.f32 %n50, %f415; "
+                "fma.rn.f32 %f428, %n50, %f419, %f311; neg.f32 %n51, %f416; "
+                "fma.rn.f32 %f429, %n51, %f419, %f312; neg.f32 %n52, %f417; "
+                "fma.rn.f32 %f430, %n52, %f419, %f313; neg.f32 %n53, %f418; "
+                "fma.rn.f32 %f431, %n53, %f419, %f314; fma.rn.f32 %f432, %n42, %f407, %f317; "
+                "fma.rn.f32 %f433, %n43, %f407, %f319; fma.rn.f32 %f434, %n43, %f408, %f320; "
+                "fma.rn.f32 %f435, %n44, %f407, %f322; fma.rn.f32 %f436, %n44, %f408, %f323; "
+                "fma.rn.f32 %f437, %n44, %f409, %f324; fma.rn.f32 %f438, %n45, %f407, %f326; "
+                "fma.rn.f32 %f439, %n45, %f408, %f327; fma.rn.f32 %f440, %n45, %f409, %f328; "
+                "fma.rn.f32 %f441, %n45, %f410, %f329; fma.rn.f32 %f442, %n46, %f407, %f331; "
+                "fma.rn.f32 %f443, %n46, %f408, %f332; fma.rn.f32 %f444, %n46, %f409, %f333; "
+                "fma.rn.f32 %f445, %n46, %f410, %f334; fma.rn.f32 %f446, %n46, %f411, %f335; "
+                "fma.rn.f32 %f447, %n47, %f407, %f337; fma.rn.f32 %f448, %n47, %f408, %f338; "
+                "fma.rn.f32 %f449, %n47, %f409, %f339; fma.rn.f32 %f450, %n47, %f410, %f340; "
+                "fma.rn.f32 %f451, %n47, %f411, %f341; fma.rn.f32 %f452, %n47, %f412, %f342; "
+                "fma.rn.f32 %f453, %n48, %f407, %f344; fma.rn.f32 %f454, %n48, %f408, %f345; "
+                "fma.rn.f32 %f455, %n48, %f409, %f346; fma.rn.f32 %f456, %n48, %f410, %f347; "
+                "fma.rn.f32 %f457, %n48, %f411, %f348; fma.rn.f32 %f458, %n48, %f412, %f349; "
+                "fma.rn.f32 %f459, %n48, %f413, %f350; fma.rn.f32 %f460, %n49, %f407, %f352; "
+                "fma.rn.f32 %f461, %n49, %f408, %f353; fma.rn.f32 %f462, %n49, %f409, %f354; "
+                "fma.rn.f32 %f463, %n49, %f410, %f355; fma.rn.f32 %f464, %n49, %f411, %f356; "
+                "fma.rn.f32 %f465, %n49, %f412, %f357; fma.rn.f32 %f466, %n49, %f413, %f358; "
+                "fma.rn.f32 %f467, %n49, %f414, %f359; fma.rn.f32 %f468, %n50, %f407, %f361; "
+                "fma.rn.f32 %f469, %n50, %f408, %f362; fma.rn.f32 %f470, %n50, %f409, %f363; "
+                "fma.rn.f32 %f471, %n50, %f410, %f364; fma.rn.f32 %f472, %n50, %f411, %f365; "
+                "fma.rn.f32 %f473, %n50, %f412, %f366; fma.rn.f32 %f474, %n50, %f413, %f367; "
+                "fma.rn.f32 %f475, %n50, %f414, %f368; fma.rn.f32 %f476, %n50, %f415, %f369; "
+                "fma.rn.f32 %f477, %n51, %f407, %f371; fma.rn.f32 %f478, %n51, %f408, %f372; "
+                "fma.rn.f32 %f479, %n51, %f409, %f373; fma.rn.f32 %f480, %n51, %f410, %f374; "
+                "fma.rn.f32 %f481, %n51, %f411, %f375; fma.rn.f32 %f482, %n51, %f412, %f376; "
+                "fma.rn.f32 %f483, %n51, %f413, %f377; fma.rn.f32 %f484, %n51, %f414, %f378; "
+                "fma.rn.f32 %f485, %n51, %f415, %f379; fma.rn.f32 %f486, %n51, %f416, %f380; "
+                "fma.rn.f32 %f487, %n52, %f407, %f382; fma.rn.f32 %f488, %n52, %f408, %f383; "
+                "fma.rn.f32 %f489, %n52, %f409, %f384; fma.rn.f32 %f490, %n52, %f410, %f385; "
+                "fma.rn.f32 %f491, %n52, %f411, %f386; fma.rn.f32 %f492, %n52, %f412, %f387; "
+                "fma.rn.f32 %f493, %n52, %f413, %f388; fma.rn.f32 %f494, %n52, %f414, %f389; "
+                "fma.rn.f32 %f495, %n52, %f415, %f390; fma.rn.f32 %f496, %n52, %f416, %f391; "
+                "fma.rn.f32 %f497, %n52, %f417, %f392; fma.rn.f32 %f498, %n53, %f407, %f394; "
+                "fma.rn.f32 %f499, %n53, %f408, %f395; fma.rn.f32 %f500, %n53, %f409, %f396; "
+                "fma.rn.f32 %f501, %n53, %f410, %f397; fma.rn.f32 %f502, %n53, %f411, %f398; "
+                "fma.rn.f32 %f503, %n53, %f412, %f399; fma.rn.f32 %f504, %n53, %f413, %f400; "
+                "fma.rn.f32 %f505, %n53, %f414, %f401; fma.rn.f32 %f506, %n53, %f415, %f402; "
+                "fma.rn.f32 %f507, %n53, %f416, %f403; fma.rn.f32 %f508, %n53, %f417, %f404; "
+                "fma.rn.f32 %f509, %n53, %f418, %f405; rsqrt.approx.f32 %f510, %f432; "
+                "mul.rn.f32 %f511, %f433, %f510; mul.rn.f32 %f512, %f435, %f510; mul.rn.f32 %f513, %f438, %f510; "
+                "mul.rn.f32 %f514, %f442, %f510; mul.rn.f32 %f515, %f447, %f510; mul.rn.f32 %f516, %f453, %f510; "
+                "mul.rn.f32 %f517, %f460, %f510; mul.rn.f32 %f518, %f468, %f510; mul.rn.f32 %f519, %f477, %f510; "
+                "mul.rn.f32 %f520, %f487, %f510; mul.rn.f32 %f521, %f498, %f510; mul.rn.f32 %f522, %f420, %f510; "
+                "neg.f32 %n54, %f511; fma.rn.f32 %f523, %n54, %f522, %f421; neg.f32 %n55, %f512; "
+                "fma.rn.f32 %f524, %n55, %f522, %f422; neg.f32 %n56, %f513; "
+                "fma.rn.f32 %f525, %n56, %f522, %f423; neg.f32 %n57, %f514; "
+                "fma.rn.f32 %f526, %n57, %f522, %f424; neg.f32 %n58, %f515; "
+                "fma.rn.f32 %f527, %n58, %f522, %f425; neg.f32 %n59, %f516; "
+                "fma.rn.f32 %f528, %n59, %f522, %f426; neg.f32 %n60, %f517; "
+                "fma.rn.f32 %f529, %n60, %f522, %f427; neg.f32 %n61, %f518; "
+                "fma.rn.f32 %f530, %n61, %f522, %f428; neg.f32 %n62, %f519; "
+                "fma.rn.f32 %f531, %n62, %f522, %f429; neg.f32 %n63, %f520; "
+                "fma.rn.f32 %f532, %n63, %f522, %f430; neg.f32 %n64, %f521; "
+                "fma.rn.f32 %f533, %n64, %f522, %f431; fma.rn.f32 %f534, %n54, %f511, %f434; "
+                "fma.rn.f32 %f535, %n55, %f511, %f436; fma.rn.f32 %f536, %n55, %f512, %f437; "
+                "fma.rn.f32 %f537, %n56, %f511, %f439; fma.rn.f32 %f538, %n56, %f512, %f440; "
+                "fma.rn.f32 %f539, %n56, %f513, %f441; fma.rn.f32 %f540, %n57, %f511, %f443; "
+                "fma.rn.f32 %f541, %n57, %f512, %f444; fma.rn.f32 %f542, %n57, %f513, %f445; "
+                "fma.rn.f32 %f543, %n57, %f514, %f446; fma.rn.f32 %f544, %n58, %f511, %f448; "
+                "fma.rn.f32 %f545, %n58, %f512, %f449; fma.rn.f32 %f546, %n58, %f513, %f450; "
+                "fma.rn.f32 %f547, %n58, %f514, %f451; fma.rn.f32 %f548, %n58, %f515, %f452; "
+                "fma.rn.f32 %f549, %n59, %f511, %f454; fma.rn.f32 %f550, %n59, %f512, %f455; "
+                "fma.rn.f32 %f551, %n59, %f513, %f456; fma.rn.f32 %f552, %n59, %f514, %f457; "
+                "fma.rn.f32 %f553, %n59, %f515, %f458; fma.rn.f32 %f554, %n59, %f516, %f459; "
+                "fma.rn.f32 %f555, %n60, %f511, %f461; fma.rn.f32 %f556, %n60, %f512, %f462; "
+                "fma.rn.f32 %f557, %n60, %f513, %f463; fma.rn.f32 %f558, %n60, %f514, %f464; "
+                "fma.rn.f32 %f559, %n60, %f515, %f465; fma.rn.f32 %f560, %n60, %f516, %f466; "
+                "fma.rn.f32 %f561, %n60, %f517, %f467; fma.rn.f32 %f562, %n61, %f511, %f469; "
+                "fma.rn.f32 %f563, %n61, %f512, %f470; fma.rn.f32 %f564, %n61, %f513, %f471; "
+                "fma.rn.f32 %f565, %n61, %f514, %f472; fma.rn.f32 %f566, %n61, %f515, %f473; "
+                "fma.rn.f32 %f567, %n61, %f516, %f474; fma.rn.f32 %f568, %n61, %f517, %f475; "
+                "fma.rn.f32 %f569, %n61, %f518, %f476; fma.rn.f32 %f570, %n62, %f511, %f478; "
+                "fma.rn.f32 %f571, %n62, %f512, %f479; fma.rn.f32 %f572, %n62, %f513, %f480; "
+                "fma.rn.f32 %f573, %n62, %f514, %f481; fma.rn.f32 %f574, %n62, %f515, %f482; "
+                "fma.rn.f32 %f575, %n62, %f516, %f483; fma.rn.f32 %f576, %n62, %f517, %f484; "
+                "fma.rn.f32 %f577, %n62, %f518, %f485; fma.rn.f32 %f578, %n62, %f519, %f486; "
+                "fma.rn.f32 %f579, %n63, %f511, %f488; fma.rn.f32 %f580, %n63, %f512, %f489; "
+                "fma.rn.f32 %f581, %n63, %f513, %f490; fma.rn.f32 %f582, %n63, %f514, %f491; "
+                "fma.rn.f32 %f583, %n63, %f515, %f492; fma.rn.f32 %f584, %n63, %f516, %f493; "
+                "fma.rn.f32 %f585, %n63, %f517, %f494; fma.rn.f32 %f586, %n63, %f518, %f495; "
+                "fma.rn.f32 %f587, %n63, %f519, %f496; fma.rn.f32 %f588, %n63, %f520, %f497; "
+                "fma.rn.f32 %f589, %n64, %f511, %f499; fma.rn.f32 %f590, %n64, %f512, %f500; "
+                "fma.rn.f32 %f591, %n64, %f513, %f501; fma.rn.f32 %f592, %n64, %f514, %f502; "
+                "fma.rn.f32 %f593, %n64, %f515, %f503; fma.rn.f32 %f594, %n64, %f516, %f504; "
+                "fma.rn.f32 %f595, %n64, %f517, %f505; fma.rn.f32 %f596, %n64, %f518, %f506; "
+                "fma.rn.f32 %f597, %n64, %f519, %f507; fma.rn.f32 %f598, %n64, %f520, %f508; "
+                "fma.rn.f32 %f599, %n64, %f521, %f509; rsqrt.approx.f32 %f600, %f534; "
+                "mul.rn.f32 %f601, %f535, %f600; mul.rn.f32 %f602, %f537, %f600; mul.rn.f32 %f603, %f540, %f600; "
+                "mul.rn.f32 %f604, %f544, %f600; mul.rn.f32 %f605, %f549, %f600; mul.rn.f32 %f606, %f555, %f600; "
+                "mul.rn.f32 %f607, %f562, %f600; mul.rn.f32 %f608, %f570, %f600; mul.rn.f32 %f609, %f579, %f600; "
+                "mul.rn.f32 %f610, %f589, %f600; mul.rn.f32 %f611, %f523, %f600; neg.f32 %n65, %f601; "
+                "fma.rn.f32 %f612, %n65, %f611, %f524; neg.f32 %n66, %f602; "
+                "fma.rn.f32 %f613, %n66, %f611, %f525; neg.f32 %n67, %f603; "
+                "fma.rn.f32 %f614, %n67, %f611, %f526; neg.f32 %n68, %f604; "
+                "fma.rn.f32 %f615, %n68, %f611, %f527; neg.f32 %n69, %f605; "
+                "fma.rn.f32 %f616, %n69, %f611, %f528; neg.f32 %n70, %f606; "
+                "fma.rn.f32 %f617, %n70, %f611, %f529; neg.f32 %n71, %f607; "
+                "fma.rn.f32 %f618, %n71, %f611, %f530; neg.f32 %n72, %f608; "
+                "fma.rn.f32 %f619, %n72, %f611, %f531; neg.f32 %n73, %f609; "
+                "fma.rn.f32 %f620, %n73, %f611, %f532; neg.f32 %n74, %f610; "
+                "fma.rn.f32 %f621, %n74, %f611, %f533; fma.rn.f32 %f622, %n65, %f601, %f536; "
+                "fma.rn.f32 %f623, %n66, %f601, %f538; fma.rn.f32 %f624, %n66, %f602, %f539; "
+                "fma.rn.f32 %f625, %n67, %f601, %f541; fma.rn.f32 %f626, %n67, %f602, %f542; "
+                "fma.rn.f32 %f627, %n67, %f603, %f543; fma.rn.f32 %f628, %n68, %f601, %f545; "
+                "fma.rn.f32 %f629, %n68, %f602, %f546; fma.rn.f32 %f630, %n68, %f603, %f547; "
+                "fma.rn.f32 %f631, %n68, %f604, %f548; fma.rn.f32 %f632, %n69, %f601, %f550; "
+                "fma.rn.f32 %f633, %n69, %f602, %f551; fma.rn.f32 %f634, %n69, %f603, %f552; "
+                "fma.rn.f32 %f635, %n69, %f604, %f553; fma.rn.f32 %f636, %n69, %f605, %f554; "
+                "fma.rn.f32 %f637, %n70, %f601, %f556; fma.rn.f32 %f638, %n70, %f602, %f557; "
+                "fma.rn.f32 %f639, %n70, %f603, %f558; fma.rn.f32 %f640, %n70, %f604, %f559; "
+                "fma.rn.f32 %f641, %n70, %f605, %f560; fma.rn.f32 %f642, %n70, %f606, %f561; "
+                "fma.rn.f32 %f643, %n71, %f601, %f563; fma.rn.f32 %f644, %n71, %f602, %f564; "
+                "fma.rn.f32 %f645, %n71, %f603, %f565; fma.rn.f32 %f646, %n71, %f604, %f566; "
+                "fma.rn.f32 %f647, %n71, %f605, %f567; fma.rn.f32 %f648, %n71, %f606, %f568; "
+                "fma.rn.f32 %f649, %n71, %f607, %f569; fma.rn.f32 %f650, %n72, %f601, %f571; "
+                "fma.rn.f32 %f651, %n72, %f602, %f572; fma.rn.f32 %f652, %n72, %f603, %f573; "
+                "fma.rn.f32 %f653, %n72, %f604, %f574; fma.rn.f32 %f654, %n72, %f605, %f575; "
+                "fma.rn.f32 %f655, %n72, %f606, %f576; fma.rn.f32 %f656, %n72, %f607, %f577; "
+                "fma.rn.f32 %f657, %n72, %f608, %f578; fma.rn.f32 %f658, %n73, %f601, %f580; "
+                "fma.rn.f32 %f659, %n73, %f602, %f581; fma.rn.f32 %f660, %n73, %f603, %f582; "
+                "fma.rn.f32 %f661, %n73, %f604, %f583; fma.rn.f32 %f662, %n73, %f605, %f584; "
+                "fma.rn.f32 %f663, %n73, %f606, %f585; fma.rn.f32 %f664, %n73, %f607, %f586; "
+                "fma.rn.f32 %f665, %n73, %f608, %f587; fma.rn.f32 %f666, %n73, %f609, %f588; "
+                "fma.rn.f32 %f667, %n74, %f601, %f590; fma.rn.f32 %f668, %n74, %f602, %f591; "
+                "fma.rn.f32 %f669, %n74, %f603, %f592; fma.rn.f32 %f670, %n74, %f604, %f593; "
+                "fma.rn.f32 %f671, %n74, %f605, %f594; fma.rn.f32 %f672, %n74, %f606, %f595; "
+                "fma.rn.f32 %f673, %n74, %f607, %f596; fma.rn.f32 %f674, %n74, %f608, %f597; "
+                "fma.rn.f32 %f675, %n74, %f609, %f598; fma.rn.f32 %f676, %n74, %f610, %f599; "
+                "rsqrt.approx.f32 %f677, %f622; mul.rn.f32 %f678, %f623, %f677; mul.rn.f32 %f679, %f625, %f677; "
+                "mul.rn.f32 %f680, %f628, %f677; mul.rn.f32 %f681, %f632, %f677; mul.rn.f32 %f682, %f637, %f677; "
+                "mul.rn.f32 %f683, %f643, %f677; mul.rn.f32 %f684, %f650, %f677; mul.rn.f32 %f685, %f658, %f677; "
+                "mul.rn.f32 %f686, %f667, %f677; mul.rn.f32 %f687, %f612, %f677; neg.f32 %n75, %f678; "
+                "fma.rn.f32 %f688, %n75, %f687, %f613; neg.f32 %n76, %f679; "
+                "fma.rn.f32 %f689, %n76, %f687, %f614; neg.f32 %n77, %f680; "
+                "fma.rn.f32 %f690, %n77, %f687, %f615; neg.f32 %n78, %f681; "
+                "fma.rn.f32 %f691, %n78, %f687, %f616; neg.f32 %n79, %f682; "
+                "fma.rn.f32 %f692, %n79, %f687, %f617; neg.f32 %n80, %f683; "
+                "fma.rn.f32 %f693, %n80, %f687, %f618; neg.f32 %n81, %f684; "
+                "fma.rn.f32 %f694, %n81, %f687, %f619; neg.f32 %n82, %f685; "
+                "fma.rn.f32 %f695, %n82, %f687, %f620; neg.f32 %n83, %f686; "
+                "fma.rn.f32 %f696, %n83, %f687, %f621; fma.rn.f32 %f697, %n75, %f678, %f624; "
+                "fma.rn.f32 %f698, %n76, %f678, %f626; fma.rn.f32 %f699, %n76, %f679, %f627; "
+                "fma.rn.f32 %f700, %n77, %f678, %f629; fma.rn.f32 %f701, %n77, %f679, %f630; "
+                "fma.rn.f32 %f702, %n77, %f680, %f631; fma.rn.f32 %f703, %n78, %f678, %f633; "
+                "fma.rn.f32 %f704, %n78, %f679, %f634; fma.rn.f32 %f705, %n78, %f680, %f635; "
+                "fma.rn.f32 %f706, %n78, %f681, %f636; fma.rn.f32 %f707, %n79, %f678, %f638; "
+                "fma.rn.f32 %f708, %n79, %f679, %f639; fma.rn.f32 %f709, %n79, %f680, %f640; "
+                "fma.rn.f32 %f710, %n79, %f681, %f641; fma.rn.f32 %f711, %n79, %f682, %f642; "
+                "fma.rn.f32 %f712, %n80, %f678, %f644; fma.rn.f32 %f713, %n80, %f679, %f645; "
+                "fma.rn.f32 %f714, %n80, %f680, %f646; fma.rn.f32 %f715, %n80, %f681, %f647; "
+                "fma.rn.f32 %f716, %n80, %f682, %f648; fma.rn.f32 %f717, %n80, %f683, %f649; "
+                "fma.rn.f32 %f718, %n81, %f678, %f651; fma.rn.f32 %f719, %n81, %f679, %f652; "
+                "fma.rn.f32 %f720, %n81, %f680, %f653; fma.rn.f32 %f721, %n81, %f681, %f654; "
+                "fma.rn.f32 %f722, %n81, %f682, %f655; fma.rn.f32 %f723, %n81, %f683, %f656; "
+                "fma.rn.f32 %f724, %n81, %f684, %f657; fma.rn.f32 %f725, %n82, %f678, %f659; "
+                "fma.rn.f32 %f726, %n82, %f679, %f660; fma.rn.f32 %f727, %n82, %f680, %f661; "
+                "fma.rn.f32 %f728, %n82, %f681, %f662; fma.rn.f32 %f729, %n82, %f682, %f663; "
+                "fma.rn.f32 %f730, %n82, %f683, %f664; fma.rn.f32 %f731, %n82, %f684, %f665; "
+                "fma.rn.f32 %f732, %n82, %f685, %f666; fma.rn.f32 %f733, %n83, %f678, %f668; "
+                "fma.rn.f32 %f734, %n83, %f679, %f669; fma.rn.f32 %f735, %n83, %f680, %f670; "
+                "fma.rn.f32 %f736, %n83, %f681, %f671; fma.rn.f32 %f737, %n83, %f682, %f672; "
+                "fma.rn.f32 %f738, %n83, %f683, %f673; fma.rn.f32 %f739, %n83, %f684, %f674; "
+                "fma.rn.f32 %f740, %n83, %f685, %f675; fma.rn.f32 %f741, %n83, %f686, %f676; "
+                "rsqrt.approx.f32 %f742, %f697; mul.rn.f32 %f743, %f698, %f742; mul.rn.f32 %f744, %f700, %f742; "
+                "mul.rn.f32 %f745, %f703, %f742; mul.rn.f32 %f746, %f707, %f742; mul.rn.f32 %f747, %f712, %f742; "
+                "mul.rn.f32 %f748, %f718, %f742; mul.rn.f32 %f749, %f725, %f742; mul.rn.f32 %f750, %f733, %f742; "
+                "mul.rn.f32 %f751, %f688, %f742; neg.f32 %n84, %f743; fma.rn.f32 %f752, %n84, %f751, %f689; "
+                "neg.f32 %n85, %f744; fma.rn.f32 %f753, %n85, %f751, %f690; neg.f32 %n86, %f745; "
+                "fma.rn.f32 %f754, %n86, %f751, %f691; neg.f32 %n87, %f746; "
+                "fma.rn.f32 %f755, %n87, %f751, %f692; neg.f32 %n88, %f747; "
+                "fma.rn.f32 %f756, %n88, %f751, %f693; neg.f32 %n89, %f748; "
+                "fma.rn.f32 %f757, %n89, %f751, %f694; neg.f32 %n90, %f749; "
+                "fma.rn.f32 %f758, %n90, %f751, %f695; neg.f32 %n91, %f750; "
+                "fma.rn.f32 %f759, %n91, %f751, %f696; fma.rn.f32 %f760, %n84, %f743, %f699; "
+                "fma.rn.f32 %f761, %n85, %f743, %f701; fma.rn.f32 %f762, %n85, %f744, %f702; "
+                "fma.rn.f32 %f763, %n86, %f743, %f704; fma.rn.f32 %f764, %n86, %f744, %f705; "
+                "fma.rn.f32 %f765, %n86, %f745, %f706; fma.rn.f32 %f766, %n87, %f743, %f708; "
+                "fma.rn.f32 %f767, %n87, %f744, %f709; fma.rn.f32 %f768, %n87, %f745, %f710; "
+                "fma.rn.f32 %f769, %n87, %f746, %f711; fma.rn.f32 %f770, %n88, %f743, %f713; "
+                "fma.rn.f32 %f771, %n88, %f744, %f714; fma.rn.f32 %f772, %n88, %f745, %f715; "
+                "fma.rn.f32 %f773, %n88, %f746, %f716; fma.rn.f32 %f774, %n88, %f747, %f717; "
+                "fma.rn.f32 %f775, %n89, %f743, %f719; fma.rn.f32 %f776, %n89, %f744, %f720; "
+                "fma.rn.f32 %f777, %n89, %f745, %f721; fma.rn.f32 %f778, %n89, %f746, %f722; "
+                "fma.rn.f32 %f779, %n89, %f747, %f723; fma.rn.f32 %f780, %n89, %f748, %f724; "
+                "fma.rn.f32 %f781, %n90, %f743, %f726; fma.rn.f32 %f782, %n90, %f744, %f727; "
+                "fma.rn.f32 %f783, %n90, %f745, %f728; fma.rn.f32 %f784, %n90, %f746, %f729; "
+                "fma.rn.f32 %f785, %n90, %f747, %f730; fma.rn.f32 %f786, %n90, %f748, %f731; "
+                "fma.rn.f32 %f787, %n90, %f749, %f732; fma.rn.f32 %f788, %n91, %f743, %f734; "
+                "fma.rn.f32 %f789, %n91, %f744, %f735; fma.rn.f32 %f790, %n91, %f745, %f736; "
+                "fma.rn.f32 %f791, %n91, %f746, %f737; fma.rn.f32 %f792, %n91, %f747, %f738; "
+                "fma.rn.f32 %f793, %n91, %f748, %f739; fma.rn.f32 %f794, %n91, %f749, %f740; "
+                "fma.rn.f32 %f795, %n91, %f750, %f741; rsqrt.approx.f32 %f796, %f760; "
+                "mul.rn.f32 %f797, %f761, %f796; mul.rn.f32 %f798, %f763, %f796; mul.rn.f32 %f799, %f766, %f796; "
+                "mul.rn.f32 %f800, %f770, %f796; mul.rn.f32 %f801, %f775, %f796; mul.rn.f32 %f802, %f781, %f796; "
+                "mul.rn.f32 %f803, %f788, %f796; mul.rn.f32 %f804, %f752, %f796; neg.f32 %n92, %f797; "
+                "fma.rn.f32 %f805, %n92, %f804, %f753; neg.f32 %n93, %f798; "
+                "fma.rn.f32 %f806, %n93, %f804, %f754; neg.f32 %n94, %f799; "
+                "fma.rn.f32 %f807, %n94, %f804, %f755; neg.f32 %n95, %f800; "
+                "fma.rn.f32 %f808, %n95, %f804, %f756; neg.f32 %n96, %f801; "
+                "fma.rn.f32 %f809, %n96, %f804, %f757; neg.f32 %n97, %f802; "
+                "fma.rn.f32 %f810, %n97, %f804, %f758; neg.f32 %n98, %f803; "
+                "fma.rn.f32 %f811, %n98, %f804, %f759; fma.rn.f32 %f812, %n92, %f797, %f762; "
+                "fma.rn.f32 %f813, %n93, %f797, %f764; fma.rn.f32 %f814, %n93, %f798, %f765; "
+                "fma.rn.f32 %f815, %n94, %f797, %f767; fma.rn.f32 %f816, %n94, %f798, %f768; "
+                "fma.rn.f32 %f817, %n94, %f799, %f769; fma.rn.f32 %f818, %n95, %f797, %f771; "
+                "fma.rn.f32 %f819, %n95, %f798, %f772; fma.rn.f32 %f820, %n95, %f799, %f773; "
+                "fma.rn.f32 %f821, %n95, %f800, %f774; fma.rn.f32 %f822, %n96, %f797, %f776; "
+                "fma.rn.f32 %f823, %n96, %f798, %f777; fma.rn.f32 %f824, %n96, %f799, %f778; "
+                "fma.rn.f32 %f825, %n96, %f800, %f779; fma.rn.f32 %f826, %n96, %f801, %f780; "
+                "fma.rn.f32 %f827, %n97, %f797, %f782; fma.rn.f32 %f828, %n97, %f798, %f783; "
+                "fma.rn.f32 %f829, %n97, %f799, %f784; fma.rn.f32 %f830, %n97, %f800, %f785; "
+                "fma.rn.f32 %f831, %n97, %f801, %f786; fma.rn.f32 %f832, %n97, %f802, %f787; "
+                "fma.rn.f32 %f833, %n98, %f797, %f789; fma.rn.f32 %f834, %n98, %f798, %f790; "
+                "fma.rn.f32 %f835, %n98, %f799, %f791; fma.rn.f32 %f836, %n98, %f800, %f792; "
+                "fma.rn.f32 %f837, %n98, %f801, %f793; fma.rn.f32 %f838, %n98, %f802, %f794; "
+                "fma.rn.f32 %f839, %n98, %f803, %f795; rsqrt.approx.f32 %f840, %f812; "
+                "mul.rn.f32 %f841, %f813, %f840; mul.rn.f32 %f842, %f815, %f840; mul.rn.f32 %f843, %f818, %f840; "
+                "mul.rn.f32 %f844, %f822, %f840; mul.rn.f32 %f845, %f827, %f840; mul.rn.f32 %f846, %f833, %f840; "
+                "mul.rn.f32 %f847, %f805, %f840; neg.f32 %n99, %f841; fma.rn.f32 %f848, %n99, %f847, %f806; "
+                "neg.f32 %n100, %f842; fma.rn.f32 %f849, %n100, %f847, %f807; neg.f32 %n101, %f843; "
+                "fma.rn.f32 %f850, %n101, %f847, %f808; neg.f32 %n102, %f844; "
+                "fma.rn.f32 %f851, %n102, %f847, %f809; neg.f32 %n103, %f845; "
+                "fma.rn.f32 %f852, %n103, %f847, %f810; neg.f32 %n104, %f846; "
+                "fma.rn.f32 %f853, %n104, %f847, %f811; fma.rn.f32 %f854, %n99, %f841, %f814; "
+                "fma.rn.f32 %f855, %n100, %f841, %f816; fma.rn.f32 %f856, %n100, %f842, %f817; "
+                "fma.rn.f32 %f857, %n101, %f841, %f819; fma.rn.f32 %f858, %n101, %f842, %f820; "
+                "fma.rn.f32 %f859, %n101, %f843, %f821; fma.rn.f32 %f860, %n102, %f841, %f823; "
+                "fma.rn.f32 %f861, %n102, %f842, %f824; fma.rn.f32 %f862, %n102, %f843, %f825; "
+                "fma.rn.f32 %f863, %n102, %f844, %f826; fma.rn.f32 %f864, %n103, %f841, %f828; "
+                "fma.rn.f32 %f865, %n103, %f842, %f829; fma.rn.f32 %f866, %n103, %f843, %f830; "
+                "fma.rn.f32 %f867, %n103, %f844, %f831; fma.rn.f32 %f868, %n103, %f845, %f832; "
+                "fma.rn.f32 %f869, %n104, %f841, %f834; fma.rn.f32 %f870, %n104, %f842, %f835; "
+                "fma.rn.f32 %f871, %n104, %f843, %f836; fma.rn.f32 %f872, %n104, %f844, %f837; "
+                "fma.rn.f32 %f873, %n104, %f845, %f838; fma.rn.f32 %f874, %n104, %f846, %f839; "
+                "rsqrt.approx.f32 %f875, %f854; mul.rn.f32 %f876, %f855, %f875; mul.rn.f32 %f877, %f857, %f875; "
+                "mul.rn.f32 %f878, %f860, %f875; mul.rn.f32 %f879, %f864, %f875; mul.rn.f32 %f880, %f869, %f875; "
+                "mul.rn.f32 %f881, %f848, %f875; neg.f32 %n105, %f876; fma.rn.f32 %f882, %n105, %f881, %f849; "
+                "neg.f32 %n106, %f877; fma.rn.f32 %f883, %n106, %f881, %f850; neg.f32 %n107, %f878; "
+                "fma.rn.f32 %f884, %n107, %f881, %f851; neg.f32 %n108, %f879; "
+                "fma.rn.f32 %f885, %n108, %f881, %f852; neg.f32 %n109, %f880; "
+                "fma.rn.f32 %f886, %n109, %f881, %f853; fma.rn.f32 %f887, %n105, %f876, %f856; "
+                "fma.rn.f32 %f888, %n106, %f876, %f858; fma.rn.f32 %f889, %n106, %f877, %f859; "
+                "fma.rn.f32 %f890, %n107, %f876, %f861; fma.rn.f32 %f891, %n107, %f877, %f862; "
+                "fma.rn.f32 %f892, %n107, %f878, %f863; fma.rn.f32 %f893, %n108, %f876, %f865; "
+                "fma.rn.f32 %f894, %n108, %f877, %f866; fma.rn.f32 %f895, %n108, %f878, %f867; "
+                "fma.rn.f32 %f896, %n108, %f879, %f868; fma.rn.f32 %f897, %n109, %f876, %f870; "
+                "fma.rn.f32 %f898, %n109, %f877, %f871; fma.rn.f32 %f899, %n109, %f878, %f872; "
+                "fma.rn.f32 %f900, %n109, %f879, %f873; fma.rn.f32 %f901, %n109, %f880, %f874; "
+                "rsqrt.approx.f32 %f902, %f887; mul.rn.f32 %f903, %f888, %f902; mul.rn.f32 %f904, %f890, %f902; "
+                "mul.rn.f32 %f905, %f893, %f902; mul.rn.f32 %f906, %f897, %f902; mul.rn.f32 %f907, %f882, %f902; "
+                "neg.f32 %n110, %f903; fma.rn.f32 %f908, %n110, %f907, %f883; neg.f32 %n111, %f904; "
+                "fma.rn.f32 %f909, %n111, %f907, %f884; neg.f32 %n112, %f905; "
+                "fma.rn.f32 %f910, %n112, %f907, %f885; neg.f32 %n113, %f906; "
+                "fma.rn.f32 %f911, %n113, %f907, %f886; fma.rn.f32 %f912, %n110, %f903, %f889; "
+                "fma.rn.f32 %f913, %n111, %f903, %f891; fma.rn.f32 %f914, %n111, %f904, %f892; "
+                "fma.rn.f32 %f915, %n112, %f903, %f894; fma.rn.f32 %f916, %n112, %f904, %f895; "
+                "fma.rn.f32 %f917, %n112, %f905, %f896; fma.rn.f32 %f918, %n113, %f903, %f898; "
+                "fma.rn.f32 %f919, %n113, %f904, %f899; fma.rn.f32 %f920, %n113, %f905, %f900; "
+                "fma.rn.f32 %f921, %n113, %f906, %f901; rsqrt.approx.f32 %f922, %f912; "
+                "mul.rn.f32 %f923, %f913, %f922; mul.rn.f32 %f924, %f915, %f922; mul.rn.f32 %f925, %f918, %f922; "
+                "mul.rn.f32 %f926, %f908, %f922; neg.f32 %n114, %f923; fma.rn.f32 %f927, %n114, %f926, %f909; "
+                "neg.f32 %n115, %f924; fma.rn.f32 %f928, %n115, %f926, %f910; neg.f32 %n116, %f925; "
+                "fma.rn.f32 %f929, %n116, %f926, %f911; fma.rn.f32 %f930, %n114, %f923, %f914; "
+                "fma.rn.f32 %f931, %n115, %f923, %f916; fma.rn.f32 %f932, %n115, %f924, %f917; "
+                "fma.rn.f32 %f933, %n116, %f923, %f919; fma.rn.f32 %f934, %n116, %f924, %f920; "
+                "fma.rn.f32 %f935, %n116, %f925, %f921; rsqrt.approx.f32 %f936, %f930; "
+                "mul.rn.f32 %f937, %f931, %f936; mul.rn.f32 %f938, %f933, %f936; mul.rn.f32 %f939, %f927, %f936; "
+                "neg.f32 %n117, %f937; fma.rn.f32 %f940, %n117, %f939, %f928; neg.f32 %n118, %f938; "
+                "fma.rn.f32 %f941, %n118, %f939, %f929; fma.rn.f32 %f942, %n117, %f937, %f932; "
+                "fma.rn.f32 %f943, %n118, %f937, %f934; fma.rn.f32 %f944, %n118, %f938, %f935; "
+                "rsqrt.approx.f32 %f945, %f942; mul.rn.f32 %f946, %f943, %f945; mul.rn.f32 %f947, %f940, %f945; "
+                "neg.f32 %n119, %f946; fma.rn.f32 %f948, %n119, %f947, %f941; "
+                "fma.rn.f32 %f949, %n119, %f946, %f944; rsqrt.approx.f32 %f950, %f949; "
+                "mul.rn.f32 %f951, %f948, %f950; mul.rn.f32 %f952, %f951, %f950; "
+                "fma.rn.f32 %f953, %n119, %f952, %f947; mul.rn.f32 %f954, %f953, %f945; "
+                "fma.rn.f32 %f955, %n117, %f954, %f939; fma.rn.f32 %f956, %n118, %f952, %f955; "
+                "mul.rn.f32 %f957, %f956, %f936; fma.rn.f32 %f958, %n114, %f957, %f926; "
+                "fma.rn.f32 %f959, %n115, %f954, %f958; fma.rn.f32 %f960, %n116, %f952, %f959; "
+                "mul.rn.f32 %f961, %f960, %f922; fma.rn.f32 %f962, %n110, %f961, %f907; "
+                "fma.rn.f32 %f963, %n111, %f957, %f962; fma.rn.f32 %f964, %n112, %f954, %f963; "
+                "fma.rn.f32 %f965, %n113, %f952, %f964; mul.rn.f32 %f966, %f965, %f902; "
+                "fma.rn.f32 %f967, %n105, %f966, %f881; fma.rn.f32 %f968, %n106, %f961, %f967; "
+                "fma.rn.f32 %f969, %n107, %f957, %f968; fma.rn.f32 %f970, %n108, %f954, %f969; "
+                "fma.rn.f32 %f971, %n109, %f952, %f970; mul.rn.f32 %f972, %f971, %f875; "
+                "fma.rn.f32 %f973, %n99, %f972, %f847; fma.rn.f32 %f974, %n100, %f966, %f973; "
+                "fma.rn.f32 %f975, %n101, %f961, %f974; fma.rn.f32 %f976, %n102, %f957, %f975; "
+                "fma.rn.f32 %f977, %n103, %f954, %f976; fma.rn.f32 %f978, %n104, %f952, %f977; "
+                "mul.rn.f32 %f979, %f978, %f840; fma.rn.f32 %f980, %n92, %f979, %f804; "
+                "fma.rn.f32 %f981, %n93, %f972, %f980; fma.rn.f32 %f982, %n94, %f966, %f981; "
+                "fma.rn.f32 %f983, %n95, %f961, %f982; fma.rn.f32 %f984, %n96, %f957, %f983; "
+                "fma.rn.f32 %f985, %n97, %f954, %f984; fma.rn.f32 %f986, %n98, %f952, %f985; "
+                "mul.rn.f32 %f987, %f986, %f796; fma.rn.f32 %f988, %n84, %f987, %f751; "
+                "fma.rn.f32 %f989, %n85, %f979, %f988; fma.rn.f32 %f990, %n86, %f972, %f989; "
+                "fma.rn.f32 %f991, %n87, %f966, %f990; fma.rn.f32 %f992, %n88, %f961, %f991; "
+                "fma.rn.f32 %f993, %n89, %f957, %f992; fma.rn.f32 %f994, %n90, %f954, %f993; "
+                "fma.rn.f32 %f995, %n91, %f952, %f994; mul.rn.f32 %f996, %f995, %f742; "
+                "fma.rn.f32 %f997, %n75, %f996, %f687; fma.rn.f32 %f998, %n76, %f987, %f997; "
+                "fma.rn.f32 %f999, %n77, %f979, %f998; fma.rn.f32 %f1000, %n78, %f972, %f999; "
+                "fma.rn.f32 %f1001, %n79, %f966, %f1000; fma.rn.f32 %f1002, %n80, %f961, %f1001; "
+                "fma.rn.f32 %f1003, %n81, %f957, %f1002; fma.rn.f32 %f1004, %n82, %f954, %f1003; "
+                "fma.rn.f32 %f1005, %n83, %f952, %f1004; mul.rn.f32 %f1006, %f1005, %f677; "
+                "fma.rn.f32 %f1007, %n65, %f1006, %f611; fma.rn.f32 %f1008, %n66, %f996, %f1007; "
+                "fma.rn.f32 %f1009, %n67, %f987, %f1008; fma.rn.f32 %f1010, %n68, %f979, %f1009; "
+                "fma.rn.f32 %f1011, %n69, %f972, %f1010; fma.rn.f32 %f1012, %n70, %f966, %f1011; "
+                "fma.rn.f32 %f1013, %n71, %f961, %f1012; fma.rn.f32 %f1014, %n72, %f957, %f1013; "
+                "fma.rn.f32 %f1015, %n73, %f954, %f1014; fma.rn.f32 %f1016, %n74, %f952, %f1015; "
+                "mul.rn.f32 %f1017, %f1016, %f600; fma.rn.f32 %f1018, %n54, %f1017, %f522; "
+                "fma.rn.f32 %f1019, %n55, %f1006, %f1018; fma.rn.f32 %f1020, %n56, %f996, %f1019; "
+                "fma.rn.f32 %f1021, %n57, %f987, %f1020; fma.rn.f32 %f1022, %n58, %f979, %f1021; "
+                "fma.rn.f32 %f1023, %n59, %f972, %f1022; fma.rn.f32 %f1024, %n60, %f966, %f1023; "
+                "fma.rn.f32 %f1025, %n61, %f961, %f1024; fma.rn.f32 %f1026, %n62, %f957, %f1025; "
+                "fma.rn.f32 %f1027, %n63, %f954, %f1026; fma.rn.f32 %f1028, %n64, %f952, %f1027; "
+                "mul.rn.f32 %f1029, %f1028, %f510; fma.rn.f32 %f1030, %n42, %f1029, %f419; "
+                "fma.rn.f32 %f1031, %n43, %f1017, %f1030; fma.rn.f32 %f1032, %n44, %f1006, %f1031; "
+                "fma.rn.f32 %f1033, %n45, %f996, %f1032; fma.rn.f32 %f1034, %n46, %f987, %f1033; "
+                "fma.rn.f32 %f1035, %n47, %f979, %f1034; fma.rn.f32 %f1036, %n48, %f972, %f1035; "
+                "fma.rn.f32 %f1037, %n49, %f966, %f1036; fma.rn.f32 %f1038, %n50, %f961, %f1037; "
+                "fma.rn.f32 %f1039, %n51, %f957, %f1038; fma.rn.f32 %f1040, %n52, %f954, %f1039; "
+                "fma.rn.f32 %f1041, %n53, %f952, %f1040; mul.rn.f32 %f1042, %f1041, %f406; "
+                "fma.rn.f32 %f1043, %n29, %f1042, %f301; fma.rn.f32 %f1044, %n30, %f1029, %f1043; "
+                "fma.rn.f32 %f1045, %n31, %f1017, %f1044; fma.rn.f32 %f1046, %n32, %f1006, %f1045; "
+                "fma.rn.f32 %f1047, %n33, %f996, %f1046; fma.rn.f32 %f1048, %n34, %f987, %f1047; "
+                "fma.rn.f32 %f1049, %n35, %f979, %f1048; fma.rn.f32 %f1050, %n36, %f972, %f1049; "
+                "fma.rn.f32 %f1051, %n37, %f966, %f1050; fma.rn.f32 %f1052, %n38, %f961, %f1051; "
+                "fma.rn.f32 %f1053, %n39, %f957, %f1052; fma.rn.f32 %f1054, %n40, %f954, %f1053; "
+                "fma.rn.f32 %f1055, %n41, %f952, %f1054; mul.rn.f32 %f1056, %f1055, %f287; "
+                "fma.rn.f32 %f1057, %n15, %f1056, %f167; fma.rn.f32 %f1058, %n16, %f1042, %f1057; "
+                "fma.rn.f32 %f1059, %n17, %f1029, %f1058; fma.rn.f32 %f1060, %n18, %f1017, %f1059; "
+                "fma.rn.f32 %f1061, %n19, %f1006, %f1060; fma.rn.f32 %f1062, %n20, %f996, %f1061; "
+                "fma.rn.f32 %f1063, %n21, %f987, %f1062; fma.rn.f32 %f1064, %n22, %f979, %f1063; "
+                "fma.rn.f32 %f1065, %n23, %f972, %f1064; fma.rn.f32 %f1066, %n24, %f966, %f1065; "
+                "fma.rn.f32 %f1067, %n25, %f961, %f1066; fma.rn.f32 %f1068, %n26, %f957, %f1067; "
+                "fma.rn.f32 %f1069, %n27, %f954, %f1068; fma.rn.f32 %f1070, %n28, %f952, %f1069; "
+                "mul.rn.f32 %f1071, %f1070, %f152; fma.rn.f32 %f1072, %n0, %f1071, %f16; "
+                "fma.rn.f32 %f1073, %n1, %f1056, %f1072; fma.rn.f32 %f1074, %n2, %f1042, %f1073; "
+                "fma.rn.f32 %f1075, %n3, %f1029, %f1074; fma.rn.f32 %f1076, %n4, %f1017, %f1075; "
+                "fma.rn.f32 %f1077, %n5, %f1006, %f1076; fma.rn.f32 %f1078, %n6, %f996, %f1077; "
+                "fma.rn.f32 %f1079, %n7, %f987, %f1078; fma.rn.f32 %f1080, %n8, %f979, %f1079; "
+                "fma.rn.f32 %f1081, %n9, %f972, %f1080; fma.rn.f32 %f1082, %n10, %f966, %f1081; "
+                "fma.rn.f32 %f1083, %n11, %f961, %f1082; fma.rn.f32 %f1084, %n12, %f957, %f1083; "
+                "fma.rn.f32 %f1085, %n13, %f954, %f1084; fma.rn.f32 %f1086, %n14, %f952, %f1085; "
+                "mul.rn.f32 %f1087, %f1086, %f0; mov.f32 $0, %f1087; mov.f32 $1, %f1071; mov.f32 $2, %f1056; "
+                "mov.f32 $3, %f1042; mov.f32 $4, %f1029; mov.f32 $5, %f1017; mov.f32 $6, %f1006; "
+                "mov.f32 $7, %f996; mov.f32 $8, %f987; mov.f32 $9, %f979; mov.f32 $10, %f972; "
+                "mov.f32 $11, %f966; mov.f32 $12, %f961; mov.f32 $13, %f957; mov.f32 $14, %f954; "
+                "mov.f32 $15, %f952; } "
+                ,
+                "=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                "f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f"
+                , [
+                    a0_0, a1_0, a1_1, a2_0, a2_1, a2_2, a3_0, a3_1, a3_2, a3_3, a4_0, a4_1, a4_2, a4_3, a4_4, a5_0,
+                    a5_1, a5_2, a5_3, a5_4, a5_5, a6_0, a6_1, a6_2, a6_3, a6_4, a6_5, a6_6, a7_0, a7_1, a7_2, a7_3,
+                    a7_4, a7_5, a7_6, a7_7, a8_0, a8_1, a8_2, a8_3, a8_4, a8_5, a8_6, a8_7, a8_8, a9_0, a9_1, a9_2,
+                    a9_3, a9_4, a9_5, a9_6, a9_7, a9_8, a9_9, a10_0, a10_1, a10_2, a10_3, a10_4, a10_5, a10_6, a10_7,
+                    a10_8, a10_9, a10_10, a11_0, a11_1, a11_2, a11_3, a11_4, a11_5, a11_6, a11_7, a11_8, a11_9, a11_10,
+                    a11_11, a12_0, a12_1, a12_2, a12_3, a12_4, a12_5, a12_6, a12_7, a12_8, a12_9, a12_10, a12_11,
+                    a12_12, a13_0, a13_1, a13_2, a13_3, a13_4, a13_5, a13_6, a13_7, a13_8, a13_9, a13_10, a13_11,
+                    a13_12, a13_13, a14_0, a14_1, a14_2, a14_3, a14_4, a14_5, a14_6, a14_7, a14_8, a14_9, a14_10,
+                    a14_11, a14_12, a14_13, a14_14, a15_0, a15_1, a15_2, a15_3, a15_4, a15_5, a15_6, a15_7, a15_8,
+                    a15_9, a15_10, a15_11, a15_12, a15_13, a15_14, a15_15, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10,
+                    v11, v12, v13, v14, v15,
+                ], dtype=(
+                    tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                    tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                ), is_pure=True, pack=1)
+        else:
+            t1 = tl.math.rsqrt(a0_0)
+            t2 = a1_0 * t1
+            t3 = a2_0 * t1
+            t4 = a3_0 * t1
+            t5 = a4_0 * t1
+            t6 = a5_0 * t1
+            t7 = a6_0 * t1
+            t8 = a7_0 * t1
+            t9 = a8_0 * t1
+            t10 = a9_0 * t1
+            t11 = a10_0 * t1
+            t12 = a11_0 * t1
+            t13 = a12_0 * t1
+            t14 = a13_0 * t1
+            t15 = a14_0 * t1
+            t16 = a15_0 * t1
+            t17 = v0 * t1
+            t18 = v1 - t2 * t17
+            t19 = v2 - t3 * t17
+            t20 = v3 - t4 * t17
+            t21 = v4 - t5 * t17
+            t22 = v5 - t6 * t17
+            t23 = v6 - t7 * t17
+            t24 = v7 - t8 * t17
+            t25 = v8 - t9 * t17
+            t26 = v9 - t10 * t17
+            t27 = v10 - t11 * t17
+            t28 = v11 - t12 * t17
+            t29 = v12 - t13 * t17
+            t30 = v13 - t14 * t17
+            t31 = v14 - t15 * t17
+            t32 = v15 - t16 * t17
+            t33 = a1_1 - t2 * t2
+            t34 = a2_1 - t3 * t2
+            t35 = a2_2 - t3 * t3
+            t36 = a3_1 - t4 * t2
+            t37 = a3_2 - t4 * t3
+            t38 = a3_3 - t4 * t4
+            t39 = a4_1 - t5 * t2
+            t40 = a4_2 - t5 * t3
+            t41 = a4_3 - t5 * t4
+            t42 = a4_4 - t5 * t5
+            t43 = a5_1 - t6 * t2
+            t44 = a5_2 - t6 * t3
+            t45 = a5_3 - t6 * t4
+            t46 = a5_4 - t6 * t5
+            t47 = a5_5 - t6 * t6
+            t48 = a6_1 - t7 * t2
+            t49 = a6_2 - t7 * t3
+            t50 = a6_3 - t7 * t4
+            t51 = a6_4 - t7 * t5
+            t52 = a6_5 - t7 * t6
+            t53 = a6_6 - t7 * t7
+            t54 = a7_1 - t8 * t2
+            t55 = a7_2 - t8 * t3
+            t56 = a7_3 - t8 * t4
+            t57 = a7_4 - t8 * t5
+            t58 = a7_5 - t8 * t6
+            t59 = a7_6 - t8 * t7
+            t60 = a7_7 - t8 * t8
+            t61 = a8_1 - t9 * t2
+            t62 = a8_2 - t9 * t3
+            t63 = a8_3 - t9 * t4
+            t64 = a8_4 - t9 * t5
+            t65 = a8_5 - t9 * t6
+            t66 = a8_6 - t9 * t7
+            t67 = a8_7 - t9 * t8
+            t68 = a8_8 - t9 * t9
+            t69 = a9_1 - t10 * t2
+            t70 = a9_2 - t10 * t3
+            t71 = a9_3 - t10 * t4
+            t72 = a9_4 - t10 * t5
+            t73 = a9_5 - t10 * t6
+            t74 = a9_6 - t10 * t7
+            t75 = a9_7 - t10 * t8
+            t76 = a9_8 - t10 * t9
+            t77 = a9_9 - t10 * t10
+            t78 = a10_1 - t11 * t2
+            t79 = a10_2 - t11 * t3
+            t80 = a10_3 - t11 * t4
+            t81 = a10_4 - t11 * t5
+            t82 = a10_5 - t11 * t6
+            t83 = a10_6 - t11 * t7
+            t84 = a10_7 - t11 * t8
+            t85 = a10_8 - t11 * t9
+            t86 = a10_9 - t11 * t10
+            t87 = a10_10 - t11 * t11
+            t88 = a11_1 - t12 * t2
+            t89 = a11_2 - t12 * t3
+            t90 = a11_3 - t12 * t4
+            t91 = a11_4 - t12 * t5
+            t92 = a11_5 - t12 * t6
+            t93 = a11_6 - t12 * t7
+            t94 = a11_7 - t12 * t8
+            t95 = a11_8 - t12 * t9
+            t96 = a11_9 - t12 * t10
+            t97 = a11_10 - t12 * t11
+            t98 = a11_11 - t12 * t12
+            t99 = a12_1 - t13 * t2
+            t100 = a12_2 - t13 * t3
+            t101 = a12_3 - t13 * t4
+            t102 = a12_4 - t13 * t5
+            t103 = a12_5 - t13 * t6
+            t104 = a12_6 - t13 * t7
+            t105 = a12_7 - t13 * t8
+            t106 = a12_8 - t13 * t9
+            t107 = a12_9 - t13 * t10
+            t108 = a12_10 - t13 * t11
+            t109 = a12_11 - t13 * t12
+            t110 = a12_12 - t13 * t13
+            t111 = a13_1 - t14 * t2
+            t112 = a13_2 - t14 * t3
+            t113 = a13_3 - t14 * t4
+            t114 = a13_4 - t14 * t5
+            t115 = a13_5 - t14 * t6
+            t116 = a13_6 - t14 * t7
+            t117 = a13_7 - t14 * t8
+            t118 = a13_8 - t14 * t9
+            t119 = a13_9 - t14 * t10
+            t120 = a13_10 - t14 * t11
+            t121 = a13_11 - t14 * t12
+            t122 = a13_12 - t14 * t13
+            t123 = a13_13 - t14 * t14
+            t124 = a14_1 - t15 * t2
+            t125 = a14_2 - t15 * t3
+            t126 = a14_3 - t15 * t4
+            t127 = a14_4 - t15 * t5
+            t128 = a14_5 - t15 * t6
+            t129 = a14_6 - t15 * t7
+            t130 = a14_7 - t15 * t8
+            t131 = a14_8 - t15 * t9
+            t132 = a14_9 - t15 * t10
+            t133 = a14_10 - t15 * t11
+            t134 = a14_11 - t15 * t12
+            t135 = a14_12 - t15 * t13
+            t136 = a14_13 - t15 * t14
+            t137 = a14_14 - t15 * t15
+            t138 = a15_1 - t16 * t2
+            t139 = a15_2 - t16 * t3
+            t140 = a15_3 - t16 * t4
+            t141 = a15_4 - t16 * t5
+            t142 = a15_5 - t16 * t6
+            t143 = a15_6 - t16 * t7
+            t144 = a15_7 - t16 * t8
+            t145 = a15_8 - t16 * t9
+            t146 = a15_9 - t16 * t10
+            t147 = a15_10 - t16 * t11
+            t148 = a15_11 - t16 * t12
+            t149 = a15_12 - t16 * t13
+            t150 = a15_13 - t16 * t14
+            t151 = a15_14 - t16 * t15
+            t152 = a15_15 - t16 * t16
+            t153 = tl.math.rsqrt(t33)
+            t154 = t34 * t153
+            t155 = t36 * t153
+            t156 = t39 * t153
+            t157 = t43 * t153
+            t158 = t48 * t153
+            t159 = t54 * t153
+            t160 = t61 * t153
+            t161 = t69 * t153
+            t162 = t78 * t153
+            t163 = t88 * t153
+            t164 = t99 * t153
+            t165 = t111 * t153
+            t166 = t124 * t153
+            t167 = t138 * t153
+            t168 = t18 * t153
+            t169 = t19 - t154 * t168
+            t170 = t20 - t155 * t168
+            t171 = t21 - t156 * t168
+            t172 = t22 - t157 * t168
+            t173 = t23 - t158 * t168
+            t174 = t24 - t159 * t168
+            t175 = t25 - t160 * t168
+            t176 = t26 - t161 * t168
+            t177 = t27 - t162 * t168
+            t178 = t28 - t163 * t168
+            t179 = t29 - t164 * t168
+            t180 = t30 - t165 * t168
+            t181 = t31 - t166 * t168
+            t182 = t32 - t167 * t168
+            t183 = t35 - t154 * t154
+            t184 = t37 - t155 * t154
+            t185 = t38 - t155 * t155
+            t186 = t40 - t156 * t154
+            t187 = t41 - t156 * t155
+            t188 = t42 - t156 * t156
+            t189 = t44 - t157 * t154
+            t190 = t45 - t157 * t155
+            t191 = t46 - t157 * t156
+            t192 = t47 - t157 * t157
+            t193 = t49 - t158 * t154
+            t194 = t50 - t158 * t155
+            t195 = t51 - t158 * t156
+            t196 = t52 - t158 * t157
+            t197 = t53 - t158 * t158
+            t198 = t55 - t159 * t154
+            t199 = t56 - t159 * t155
+            t200 = t57 - t159 * t156
+            t201 = t58 - t159 * t157
+            t202 = t59 - t159 * t158
+            t203 = t60 - t159 * t159
+            t204 = t62 - t160 * t154
+            t205 = t63 - t160 * t155
+            t206 = t64 - t160 * t156
+            t207 = t65 - t160 * t157
+            t208 = t66 - t160 * t158
+            t209 = t67 - t160 * t159
+            t210 = t68 - t160 * t160
+            t211 = t70 - t161 * t154
+            t212 = t71 - t161 * t155
+            t213 = t72 - t161 * t156
+            t214 = t73 - t161 * t157
+            t215 = t74 - t161 * t158
+            t216 = t75 - t161 * t159
+            t217 = t76 - t161 * t160
+            t218 = t77 - t161 * t161
+            t219 = t79 - t162 * t154
+            t220 = t80 - t162 * t155
+            t221 = t81 - t162 * t156
+            t222 = t82 - t162 * t157
+            t223 = t83 - t162 * t158
+            t224 = t84 - t162 * t159
+            t225 = t85 - t162 * t160
+            t226 = t86 - t162 * t161
+            t227 = t87 - t162 * t162
+            t228 = t89 - t163 * t154
+            t229 = t90 - t163 * t155
+            t230 = t91 - t163 * t156
+            t231 = t92 - t163 * t157
+            t232 = t93 - t163 * t158
+            t233 = t94 - t163 * t159
+            t234 = t95 - t163 * t160
+            t235 = t96 - t163 * t161
+            t236 = t97 - t163 * t162
+            t237 = t98 - t163 * t163
+            t238 = t100 - t164 * t154
+            t239 = t101 - t164 * t155
+            t240 = t102 - t164 * t156
+            t241 = t103 - t164 * t157
+            t242 = t104 - t164 * t158
+            t243 = t105 - t164 * t159
+            t244 = t106 - t164 * t160
+            t245 = t107 - t164 * t161
+            t246 = t108 - t164 * t162
+            t247 = t109 - t164 * t163
+            t248 = t110 - t164 * t164
+            t249 = t112 - t165 * t154
+            t250 = t113 - t165 * t155
+            t251 = t114 - t165 * t156
+            t252 = t115 - t165 * t157
+            t253 = t116 - t165 * t158
+            t254 = t117 - t165 * t159
+            t255 = t118 - t165 * t160
+            t256 = t119 - t165 * t161
+            t257 = t120 - t165 * t162
+            t258 = t121 - t165 * t163
+            t259 = t122 - t165 * t164
+            t260 = t123 - t165 * t165
+            t261 = t125 - t166 * t154
+            t262 = t126 - t166 * t155
+            t263 = t127 - t166 * t156
+            t264 = t128 - t166 * t157
+            t265 = t129 - t166 * t158
+            t266 = t130 - t166 * t159
+            t267 = t131 - t166 * t160
+            t268 = t132 - t166 * t161
+            t269 = t133 - t166 * t162
+            t270 = t134 - t166 * t163
+            t271 = t135 - t166 * t164
+            t272 = t136 - t166 * t165
+            t273 = t137 - t166 * t166
+            t274 = t139 - t167 * t154
+            t275 = t140 - t167 * t155
+            t276 = t141 - t167 * t156
+            t277 = t142 - t167 * t157
+            t278 = t143 - t167 * t158
+            t279 = t144 - t167 * t159
+            t280 = t145 - t167 * t160
+            t281 = t146 - t167 * t161
+            t282 = t147 - t167 * t162
+            t283 = t148 - t167 * t163
+            t284 = t149 - t167 * t164
+            t285 = t150 - t167 * t165
+            t286 = t151 - t167 * t166
+            t287 = t152 - t167 * t167
+            t288 = tl.math.rsqrt(t183)
+            t289 = t184 * t288
+            t290 = t186 * t288
+            t291 = t189 * t288
+            t292 = t193 * t288
+            t293 = t198 * t288
+            t294 = t204 * t288
+            t295 = t211 * t288
+            t296 = t219 * t288
+            t297 = t228 * t288
+            t298 = t238 * t288
+            t299 = t249 * t288
+            t300 = t261 * t288
+            t301 = t274 * t288
+            t302 = t169 * t288
+            t303 = t170 - t289 * t302
+            t304 = t171 - t290 * t302
+            t305 = t172 - t291 * t302
+            t306 = t173 - t292 * t302
+            t307 = t174 - t293 * t302
+            t308 = t175 - t294 * t302
+            t309 = t176 - t295 * t302
+            t310 = t177 - t296 * t302
+            t311 = t178 - t297 * t302
+            t312 = t179 - t298 * t302
+            t313 = t180 - t299 * t302
+            t314 = t181 - t300 * t302
+            t315 = t182 - t301 * t302
+            t316 = t185 - t289 * t289
+            t317 = t187 - t290 * t289
+            t318 = t188 - t290 * t290
+            t319 = t190 - t291 * t289
+            t320 = t191 - t291 * t290
+            t321 = t192 - t291 * t291
+            t322 = t194 - t292 * t289
+            t323 = t195 - t292 * t290
+            t324 = t196 - t292 * t291
+            t325 = t197 - t292 * t292
+            t326 = t199 - t293 * t289
+            t327 = t200 - t293 * t290
+            t328 = t201 - t293 * t291
+            t329 = t202 - t293 * t292
+            t330 = t203 - t293 * t293
+            t331 = t205 - t294 * t289
+            t332 = t206 - t294 * t290
+            t333 = t207 - t294 * t291
+            t334 = t208 - t294 * t292
+            t335 = t209 - t294 * t293
+            t336 = t210 - t294 * t294
+            t337 = t212 - t295 * t289
+            t338 = t213 - t295 * t290
+            t339 = t214 - t295 * t291
+            t340 = t215 - t295 * t292
+            t341 = t216 - t295 * t293
+            t342 = t217 - t295 * t294
+            t343 = t218 - t295 * t295
+            t344 = t220 - t296 * t289
+            t345 = t221 - t296 * t290
+            t346 = t222 - t296 * t291
+            t347 = t223 - t296 * t292
+            t348 = t224 - t296 * t293
+            t349 = t225 - t296 * t294
+            t350 = t226 - t296 * t295
+            t351 = t227 - t296 * t296
+            t352 = t229 - t297 * t289
+            t353 = t230 - t297 * t290
+            t354 = t231 - t297 * t291
+            t355 = t232 - t297 * t292
+            t356 = t233 - t297 * t293
+            t357 = t234 - t297 * t294
+            t358 = t235 - t297 * t295
+            t359 = t236 - t297 * t296
+            t360 = t237 - t297 * t297
+            t361 = t239 - t298 * t289
+            t362 = t240 - t298 * t290
+            t363 = t241 - t298 * t291
+            t364 = t242 - t298 * t292
+            t365 = t243 - t298 * t293
+            t366 = t244 - t298 * t294
+            t367 = t245 - t298 * t295
+            t368 = t246 - t298 * t296
+            t369 = t247 - t298 * t297
+            t370 = t248 - t298 * t298
+            t371 = t250 - t299 * t289
+            t372 = t251 - t299 * t290
+            t373 = t252 - t299 * t291
+            t374 = t253 - t299 * t292
+            t375 = t254 - t299 * t293
+            t376 = t255 - t299 * t294
+            t377 = t256 - t299 * t295
+            t378 = t257 - t299 * t296
+            t379 = t258 - t299 * t297
+            t380 = t259 - t299 * t298
+            t381 = t260 - t299 * t299
+            t382 = t262 - t300 * t289
+            t383 = t263 - t300 * t290
+            t384 = t264 - t300 * t291
+            t385 = t265 - t300 * t292
+            t386 = t266 - t300 * t293
+            t387 = t267 - t300 * t294
+            t388 = t268 - t300 * t295
+            t389 = t269 - t300 * t296
+            t390 = t270 - t300 * t297
+            t391 = t271 - t300 * t298
+            t392 = t272 - t300 * t299
+            t393 = t273 - t300 * t300
+            t394 = t275 - t301 * t289
+            t395 = t276 - t301 * t290
+            t396 = t277 - t301 * t291
+            t397 = t278 - t301 * t292
+            t398 = t279 - t301 * t293
+            t399 = t280 - t301 * t294
+            t400 = t281 - t301 * t295
+            t401 = t282 - t301 * t296
+            t402 = t283 - t301 * t297
+            t403 = t284 - t301 * t298
+            t404 = t285 - t301 * t299
+            t405 = t286 - t301 * t300
+            t406 = t287 - t301 * t301
+            t407 = tl.math.rsqrt(t316)
+            t408 = t317 * t407
+            t409 = t319 * t407
+            t410 = t322 * t407
+            t411 = t326 * t407
+            t412 = t331 * t407
+            t413 = t337 * t407
+            t414 = t344 * t407
+            t415 = t352 * t407
+            t416 = t361 * t407
+            t417 = t371 * t407
+            t418 = t382 * t407
+            t419 = t394 * t407
+            t420 = t303 * t407
+            t421 = t304 - t408 * t420
+            t422 = t305 - t409 * t420
+            t423 = t306 - t410 * t420
+            t424 = t307 - t411 * t420
+            t425 = t308 - t412 * t420
+            t426 = t309 - t413 * t420
+            t427 = t310 - t414 * t420
+            t428 = t311 - t415 * t420
+            t429 = t312 - t416 * t420
+            t430 = t313 - t417 * t420
+            t431 = t314 - t418 * t420
+            t432 = t315 - t419 * t420
+            t433 = t318 - t408 * t408
+            t434 = t320 - t409 * t408
+            t435 = t321 - t409 * t409
+            t436 = t323 - t410 * t408
+            t437 = t324 - t410 * t409
+            t438 = t325 - t410 * t410
+            t439 = t327 - t411 * t408
+            t440 = t328 - t411 * t409
+            t441 = t329 - t411 * t410
+            t442 = t330 - t411 * t411
+            t443 = t332 - t412 * t408
+            t444 = t333 - t412 * t409
+            t445 = t334 - t412 * t410
+            t446 = t335 - t412 * t411
+            t447 = t336 - t412 * t412
+            t448 = t338 - t413 * t408
+            t449 = t339 - t413 * t409
+            t450 = t340 - t413 * t410
+            t451 = t341 - t413 * t411
+            t452 = t342 - t413 * t412
+            t453 = t343 - t413 * t413
+            t454 = t345 - t414 * t408
+            t455 = t346 - t414 * t409
+            t456 = t347 - t414 * t410
+            t457 = t348 - t414 * t411
+            t458 = t349 - t414 * t412
+            t459 = t350 - t414 * t413
+            t460 = t351 - t414 * t414
+            t461 = t353 - t415 * t408
+            t462 = t354 - t415 * t409
+            t463 = t355 - t415 * t410
+            t464 = t356 - t415 * t411
+            t465 = t357 - t415 * t412
+            t466 = t358 - t415 * t413
+            t467 = t359 - t415 * t414
+            t468 = t360 - t415 * t415
+            t469 = t362 - t416 * t408
+            t470 = t363 - t416 * t409
+            t471 = t364 - t416 * t410
+            t472 = t365 - t416 * t411
+            t473 = t366 - t416 * t412
+            t474 = t367 - t416 * t413
+            t475 = t368 - t416 * t414
+            t476 = t369 - t416 * t415
+            t477 = t370 - t416 * t416
+            t478 = t372 - t417 * t408
+            t479 = t373 - t417 * t409
+            t480 = t374 - t417 * t410
+            t481 = t375 - t417 * t411
+            t482 = t376 - t417 * t412
+            t483 = t377 - t417 * t413
+            t484 = t378 - t417 * t414
+            t485 = t379 - t417 * t415
+            t486 = t380 - t417 * t416
+            t487 = t381 - t417 * t417
+            t488 = t383 - t418 * t408
+            t489 = t384 - t418 * t409
+            t490 = t385 - t418 * t410
+            t491 = t386 - t418 * t411
+            t492 = t387 - t418 * t412
+            t493 = t388 - t418 * t413
+            t494 = t389 - t418 * t414
+            t495 = t390 - t418 * t415
+            t496 = t391 - t418 * t416
+            t497 = t392 - t418 * t417
+            t498 = t393 - t418 * t418
+            t499 = t395 - t419 * t408
+            t500 = t396 - t419 * t409
+            t501 = t397 - t419 * t410
+            t502 = t398 - t419 * t411
+            t503 = t399 - t419 * t412
+            t504 = t400 - t419 * t413
+            t505 = t401 - t419 * t414
+            t506 = t402 - t419 * t415
+            t507 = t403 - t419 * t416
+            t508 = t404 - t419 * t417
+            t509 = t405 - t419 * t418
+            t510 = t406 - t419 * t419
+            t511 = tl.math.rsqrt(t433)
+            t512 = t434 * t511
+            t513 = t436 * t511
+            t514 = t439 * t511
+            t515 = t443 * t511
+            t516 = t448 * t511
+            t517 = t454 * t511
+            t518 = t461 * t511
+            t519 = t469 * t511
+            t520 = t478 * t511
+            t521 = t488 * t511
+            t522 = t499 * t511
+            t523 = t421 * t511
+            t524 = t422 - t512 * t523
+            t525 = t423 - t513 * t523
+            t526 = t424 - t514 * t523
+            t527 = t425 - t515 * t523
+            t528 = t426 - t516 * t523
+            t529 = t427 - t517 * t523
+            t530 = t428 - t518 * t523
+            t531 = t429 - t519 * t523
+            t532 = t430 - t520 * t523
+            t533 = t431 - t521 * t523
+            t534 = t432 - t522 * t523
+            t535 = t435 - t512 * t512
+            t536 = t437 - t513 * t512
+            t537 = t438 - t513 * t513
+            t538 = t440 - t514 * t512
+            t539 = t441 - t514 * t513
+            t540 = t442 - t514 * t514
+            t541 = t444 - t515 * t512
+            t542 = t445 - t515 * t513
+            t543 = t446 - t515 * t514
+            t544 = t447 - t515 * t515
+            t545 = t449 - t516 * t512
+            t546 = t450 - t516 * t513
+            t547 = t451 - t516 * t514
+            t548 = t452 - t516 * t515
+            t549 = t453 - t516 * t516
+            t550 = t455 - t517 * t512
+            t551 = t456 - t517 * t513
+            t552 = t457 - t517 * t514
+            t553 = t458 - t517 * t515
+            t554 = t459 - t517 * t516
+            t555 = t460 - t517 * t517
+            t556 = t462 - t518 * t512
+            t557 = t463 - t518 * t513
+            t558 = t464 - t518 * t514
+            t559 = t465 - t518 * t515
+            t560 = t466 - t518 * t516
+            t561 = t467 - t518 * t517
+            t562 = t468 - t518 * t518
+            t563 = t470 - t519 * t512
+            t564 = t471 - t519 * t513
+            t565 = t472 - t519 * t514
+            t566 = t473 - t519 * t515
+            t567 = t474 - t519 * t516
+            t568 = t475 - t519 * t517
+            t569 = t476 - t519 * t518
+            t570 = t477 - t519 * t519
+            t571 = t479 - t520 * t512
+            t572 = t480 - t520 * t513
+            t573 = t481 - t520 * t514
+            t574 = t482 - t520 * t515
+            t575 = t483 - t520 * t516
+            t576 = t484 - t520 * t517
+            t577 = t485 - t520 * t518
+            t578 = t486 - t520 * t519
+            t579 = t487 - t520 * t520
+            t580 = t489 - t521 * t512
+            t581 = t490 - t521 * t513
+            t582 = t491 - t521 * t514
+            t583 = t492 - t521 * t515
+            t584 = t493 - t521 * t516
+            t585 = t494 - t521 * t517
+            t586 = t495 - t521 * t518
+            t587 = t496 - t521 * t519
+            t588 = t497 - t521 * t520
+            t589 = t498 - t521 * t521
+            t590 = t500 - t522 * t512
+            t591 = t501 - t522 * t513
+            t592 = t502 - t522 * t514
+            t593 = t503 - t522 * t515
+            t594 = t504 - t522 * t516
+            t595 = t505 - t522 * t517
+            t596 = t506 - t522 * t518
+            t597 = t507 - t522 * t519
+            t598 = t508 - t522 * t520
+            t599 = t509 - t522 * t521
+            t600 = t510 - t522 * t522
+            t601 = tl.math.rsqrt(t535)
+            t602 = t536 * t601
+            t603 = t538 * t601
+            t604 = t541 * t601
+            t605 = t545 * t601
+            t606 = t550 * t601
+            t607 = t556 * t601
+            t608 = t563 * t601
+            t609 = t571 * t601
+            t610 = t580 * t601
+            t611 = t590 * t601
+            t612 = t524 * t601
+            t613 = t525 - t602 * t612
+            t614 = t526 - t603 * t612
+            t615 = t527 - t604 * t612
+            t616 = t528 - t605 * t612
+            t617 = t529 - t606 * t612
+            t618 = t530 - t607 * t612
+            t619 = t531 - t608 * t612
+            t620 = t532 - t609 * t612
+            t621 = t533 - t610 * t612
+            t622 = t534 - t611 * t612
+            t623 = t537 - t602 * t602
+            t624 = t539 - t603 * t602
+            t625 = t540 - t603 * t603
+            t626 = t542 - t604 * t602
+            t627 = t543 - t604 * t603
+            t628 = t544 - t604 * t604
+            t629 = t546 - t605 * t602
+            t630 = t547 - t605 * t603
+            t631 = t548 - t605 * t604
+            t632 = t549 - t605 * t605
+            t633 = t551 - t606 * t602
+            t634 = t552 - t606 * t603
+            t635 = t553 - t606 * t604
+            t636 = t554 - t606 * t605
+            t637 = t555 - t606 * t606
+            t638 = t557 - t607 * t602
+            t639 = t558 - t607 * t603
+            t640 = t559 - t607 * t604
+            t641 = t560 - t607 * t605
+            t642 = t561 - t607 * t606
+            t643 = t562 - t607 * t607
+            t644 = t564 - t608 * t602
+            t645 = t565 - t608 * t603
+            t646 = t566 - t608 * t604
+            t647 = t567 - t608 * t605
+            t648 = t568 - t608 * t606
+            t649 = t569 - t608 * t607
+            t650 = t570 - t608 * t608
+            t651 = t572 - t609 * t602
+            t652 = t573 - t609 * t603
+            t653 = t574 - t609 * t604
+            t654 = t575 - t609 * t605
+            t655 = t576 - t609 * t606
+            t656 = t577 - t609 * t607
+            t657 = t578 - t609 * t608
+            t658 = t579 - t609 * t609
+            t659 = t581 - t610 * t602
+            t660 = t582 - t610 * t603
+            t661 = t583 - t610 * t604
+            t662 = t584 - t610 * t605
+            t663 = t585 - t610 * t606
+            t664 = t586 - t610 * t607
+            t665 = t587 - t610 * t608
+            t666 = t588 - t610 * t609
+            t667 = t589 - t610 * t610
+            t668 = t591 - t611 * t602
+            t669 = t592 - t611 * t603
+            t670 = t593 - t611 * t604
+            t671 = t594 - t611 * t605
+            t672 = t595 - t611 * t606
+            t673 = t596 - t611 * t607
+            t674 = t597 - t611 * t608
+            t675 = t598 - t611 * t609
+            t676 = t599 - t611 * t610
+            t677 = t600 - t611 * t611
+            t678 = tl.math.rsqrt(t623)
+            t679 = t624 * t678
+            t680 = t626 * t678
+            t681 = t629 * t678
+            t682 = t633 * t678
+            t683 = t638 * t678
+            t684 = t644 * t678
+            t685 = t651 * t678
+            t686 = t659 * t678
+            t687 = t668 * t678
+            t688 = t613 * t678
+            t689 = t614 - t679 * t688
+            t690 = t615 - t680 * t688
+            t691 = t616 - t681 * t688
+            t692 = t617 - t682 * t688
+            t693 = t618 - t683 * t688
+            t694 = t619 - t684 * t688
+            t695 = t620 - t685 * t688
+            t696 = t621 - t686 * t688
+            t697 = t622 - t687 * t688
+            t698 = t625 - t679 * t679
+            t699 = t627 - t680 * t679
+            t700 = t628 - t680 * t680
+            t701 = t630 - t681 * t679
+            t702 = t631 - t681 * t680
+            t703 = t632 - t681 * t681
+            t704 = t634 - t682 * t679
+            t705 = t635 - t682 * t680
+            t706 = t636 - t682 * t681
+            t707 = t637 - t682 * t682
+            t708 = t639 - t683 * t679
+            t709 = t640 - t683 * t680
+            t710 = t641 - t683 * t681
+            t711 = t642 - t683 * t682
+            t712 = t643 - t683 * t683
+            t713 = t645 - t684 * t679
+            t714 = t646 - t684 * t680
+            t715 = t647 - t684 * t681
+            t716 = t648 - t684 * t682
+            t717 = t649 - t684 * t683
+            t718 = t650 - t684 * t684
+            t719 = t652 - t685 * t679
+            t720 = t653 - t685 * t680
+            t721 = t654 - t685 * t681
+            t722 = t655 - t685 * t682
+            t723 = t656 - t685 * t683
+            t724 = t657 - t685 * t684
+            t725 = t658 - t685 * t685
+            t726 = t660 - t686 * t679
+            t727 = t661 - t686 * t680
+            t728 = t662 - t686 * t681
+            t729 = t663 - t686 * t682
+            t730 = t664 - t686 * t683
+            t731 = t665 - t686 * t684
+            t732 = t666 - t686 * t685
+            t733 = t667 - t686 * t686
+            t734 = t669 - t687 * t679
+            t735 = t670 - t687 * t680
+            t736 = t671 - t687 * t681
+            t737 = t672 - t687 * t682
+            t738 = t673 - t687 * t683
+            t739 = t674 - t687 * t684
+            t740 = t675 - t687 * t685
+            t741 = t676 - t687 * t686
+            t742 = t677 - t687 * t687
+            t743 = tl.math.rsqrt(t698)
+            t744 = t699 * t743
+            t745 = t701 * t743
+            t746 = t704 * t743
+            t747 = t708 * t743
+            t748 = t713 * t743
+            t749 = t719 * t743
+            t750 = t726 * t743
+            t751 = t734 * t743
+            t752 = t689 * t743
+            t753 = t690 - t744 * t752
+            t754 = t691 - t745 * t752
+            t755 = t692 - t746 * t752
+            t756 = t693 - t747 * t752
+            t757 = t694 - t748 * t752
+            t758 = t695 - t749 * t752
+            t759 = t696 - t750 * t752
+            t760 = t697 - t751 * t752
+            t761 = t700 - t744 * t744
+            t762 = t702 - t745 * t744
+            t763 = t703 - t745 * t745
+            t764 = t705 - t746 * t744
+            t765 = t706 - t746 * t745
+            t766 = t707 - t746 * t746
+            t767 = t709 - t747 * t744
+            t768 = t710 - t747 * t745
+            t769 = t711 - t747 * t746
+            t770 = t712 - t747 * t747
+            t771 = t714 - t748 * t744
+            t772 = t715 - t748 * t745
+            t773 = t716 - t748 * t746
+            t774 = t717 - t748 * t747
+            t775 = t718 - t748 * t748
+            t776 = t720 - t749 * t744
+            t777 = t721 - t749 * t745
+            t778 = t722 - t749 * t746
+            t779 = t723 - t749 * t747
+            t780 = t724 - t749 * t748
+            t781 = t725 - t749 * t749
+            t782 = t727 - t750 * t744
+            t783 = t728 - t750 * t745
+            t784 = t729 - t750 * t746
+            t785 = t730 - t750 * t747
+            t786 = t731 - t750 * t748
+            t787 = t732 - t750 * t749
+            t788 = t733 - t750 * t750
+            t789 = t735 - t751 * t744
+            t790 = t736 - t751 * t745
+            t791 = t737 - t751 * t746
+            t792 = t738 - t751 * t747
+            t793 = t739 - t751 * t748
+            t794 = t740 - t751 * t749
+            t795 = t741 - t751 * t750
+            t796 = t742 - t751 * t751
+            t797 = tl.math.rsqrt(t761)
+            t798 = t762 * t797
+            t799 = t764 * t797
+            t800 = t767 * t797
+            t801 = t771 * t797
+            t802 = t776 * t797
+            t803 = t782 * t797
+            t804 = t789 * t797
+            t805 = t753 * t797
+            t806 = t754 - t798 * t805
+            t807 = t755 - t799 * t805
+            t808 = t756 - t800 * t805
+            t809 = t757 - t801 * t805
+            t810 = t758 - t802 * t805
+            t811 = t759 - t803 * t805
+            t812 = t760 - t804 * t805
+            t813 = t763 - t798 * t798
+            t814 = t765 - t799 * t798
+            t815 = t766 - t799 * t799
+            t816 = t768 - t800 * t798
+            t817 = t769 - t800 * t799
+            t818 = t770 - t800 * t800
+            t819 = t772 - t801 * t798
+            t820 = t773 - t801 * t799
+            t821 = t774 - t801 * t800
+            t822 = t775 - t801 * t801
+            t823 = t777 - t802 * t798
+            t824 = t778 - t802 * t799
+            t825 = t779 - t802 * t800
+            t826 = t780 - t802 * t801
+            t827 = t781 - t802 * t802
+            t828 = t783 - t803 * t798
+            t829 = t784 - t803 * t799
+            t830 = t785 - t803 * t800
+            t831 = t786 - t803 * t801
+            t832 = t787 - t803 * t802
+            t833 = t788 - t803 * t803
+            t834 = t790 - t804 * t798
+            t835 = t791 - t804 * t799
+            t836 = t792 - t804 * t800
+            t837 = t793 - t804 * t801
+            t838 = t794 - t804 * t802
+            t839 = t795 - t804 * t803
+            t840 = t796 - t804 * t804
+            t841 = tl.math.rsqrt(t813)
+            t842 = t814 * t841
+            t843 = t816 * t841
+            t844 = t819 * t841
+            t845 = t823 * t841
+            t846 = t828 * t841
+            t847 = t834 * t841
+            t848 = t806 * t841
+            t849 = t807 - t842 * t848
+            t850 = t808 - t843 * t848
+            t851 = t809 - t844 * t848
+            t852 = t810 - t845 * t848
+            t853 = t811 - t846 * t848
+            t854 = t812 - t847 * t848
+            t855 = t815 - t842 * t842
+            t856 = t817 - t843 * t842
+            t857 = t818 - t843 * t843
+            t858 = t820 - t844 * t842
+            t859 = t821 - t844 * t843
+            t860 = t822 - t844 * t844
+            t861 = t824 - t845 * t842
+            t862 = t825 - t845 * t843
+            t863 = t826 - t845 * t844
+            t864 = t827 - t845 * t845
+            t865 = t829 - t846 * t842
+            t866 = t830 - t846 * t843
+            t867 = t831 - t846 * t844
+            t868 = t832 - t846 * t845
+            t869 = t833 - t846 * t846
+            t870 = t835 - t847 * t842
+            t871 = t836 - t847 * t843
+            t872 = t837 - t847 * t844
+            t873 = t838 - t847 * t845
+            t874 = t839 - t847 * t846
+            t875 = t840 - t847 * t847
+            t876 = tl.math.rsqrt(t855)
+            t877 = t856 * t876
+            t878 = t858 * t876
+            t879 = t861 * t876
+            t880 = t865 * t876
+            t881 = t870 * t876
+            t882 = t849 * t876
+            t883 = t850 - t877 * t882
+            t884 = t851 - t878 * t882
+            t885 = t852 - t879 * t882
+            t886 = t853 - t880 * t882
+            t887 = t854 - t881 * t882
+            t888 = t857 - t877 * t877
+            t889 = t859 - t878 * t877
+            t890 = t860 - t878 * t878
+            t891 = t862 - t879 * t877
+            t892 = t863 - t879 * t878
+            t893 = t864 - t879 * t879
+            t894 = t866 - t880 * t877
+            t895 = t867 - t880 * t878
+            t896 = t868 - t880 * t879
+            t897 = t869 - t880 * t880
+            t898 = t871 - t881 * t877
+            t899 = t872 - t881 * t878
+            t900 = t873 - t881 * t879
+            t901 = t874 - t881 * t880
+            t902 = t875 - t881 * t881
+            t903 = tl.math.rsqrt(t888)
+            t904 = t889 * t903
+            t905 = t891 * t903
+            t906 = t894 * t903
+            t907 = t898 * t903
+            t908 = t883 * t903
+            t909 = t884 - t904 * t908
+            t910 = t885 - t905 * t908
+            t911 = t886 - t906 * t908
+            t912 = t887 - t907 * t908
+            t913 = t890 - t904 * t904
+            t914 = t892 - t905 * t904
+            t915 = t893 - t905 * t905
+            t916 = t895 - t906 * t904
+            t917 = t896 - t906 * t905
+            t918 = t897 - t906 * t906
+            t919 = t899 - t907 * t904
+            t920 = t900 - t907 * t905
+            t921 = t901 - t907 * t906
+            t922 = t902 - t907 * t907
+            t923 = tl.math.rsqrt(t913)
+            t924 = t914 * t923
+            t925 = t916 * t923
+            t926 = t919 * t923
+            t927 = t909 * t923
+            t928 = t910 - t924 * t927
+            t929 = t911 - t925 * t927
+            t930 = t912 - t926 * t927
+            t931 = t915 - t924 * t924
+            t932 = t917 - t925 * t924
+            t933 = t918 - t925 * t925
+            t934 = t920 - t926 * t924
+            t935 = t921 - t926 * t925
+            t936 = t922 - t926 * t926
+            t937 = tl.math.rsqrt(t931)
+            t938 = t932 * t937
+            t939 = t934 * t937
+            t940 = t928 * t937
+            t941 = t929 - t938 * t940
+            t942 = t930 - t939 * t940
+            t943 = t933 - t938 * t938
+            t944 = t935 - t939 * t938
+            t945 = t936 - t939 * t939
+            t946 = tl.math.rsqrt(t943)
+            t947 = t944 * t946
+            t948 = t941 * t946
+            t949 = t942 - t947 * t948
+            t950 = t945 - t947 * t947
+            t951 = tl.math.rsqrt(t950)
+            t952 = t949 * t951
+            t953 = t952 * t951
+            t954 = t948 - t947 * t953
+            t955 = t954 * t946
+            t956 = t940 - t938 * t955
+            t957 = t956 - t939 * t953
+            t958 = t957 * t937
+            t959 = t927 - t924 * t958
+            t960 = t959 - t925 * t955
+            t961 = t960 - t926 * t953
+            t962 = t961 * t923
+            t963 = t908 - t904 * t962
+            t964 = t963 - t905 * t958
+            t965 = t964 - t906 * t955
+            t966 = t965 - t907 * t953
+            t967 = t966 * t903
+            t968 = t882 - t877 * t967
+            t969 = t968 - t878 * t962
+            t970 = t969 - t879 * t958
+            t971 = t970 - t880 * t955
+            t972 = t971 - t881 * t953
+            t973 = t972 * t876
+            t974 = t848 - t842 * t973
+            t975 = t974 - t843 * t967
+            t976 = t975 - t844 * t962
+            t977 = t976 - t845 * t958
+            t978 = t977 - t846 * t955
+            t979 = t978 - t847 * t953
+            t980 = t979 * t841
+            t981 = t805 - t798 * t980
+            t982 = t981 - t799 * t973
+            t983 = t982 - t800 * t967
+            t984 = t983 - t801 * t962
+            t985 = t984 - t802 * t958
+            t986 = t985 - t803 * t955
+            t987 = t986 - t804 * t953
+            t988 = t987 * t797
+            t989 = t752 - t744 * t988
+            t990 = t989 - t745 * t980
+            t991 = t990 - t746 * t973
+            t992 = t991 - t747 * t967
+            t993 = t992 - t748 * t962
+            t994 = t993 - t749 * t958
+            t995 = t994 - t750 * t955
+            t996 = t995 - t751 * t953
+            t997 = t996 * t743
+            t998 = t688 - t679 * t997
+            t999 = t998 - t680 * t988
+            t1000 = t999 - t681 * t980
+            t1001 = t1000 - t682 * t973
+            t1002 = t1001 - t683 * t967
+            t1003 = t1002 - t684 * t962
+            t1004 = t1003 - t685 * t958
+            t1005 = t1004 - t686 * t955
+            t1006 = t1005 - t687 * t953
+            t1007 = t1006 * t678
+            t1008 = t612 - t602 * t1007
+            t1009 = t1008 - t603 * t997
+            t1010 = t1009 - t604 * t988
+            t1011 = t1010 - t605 * t980
+            t1012 = t1011 - t606 * t973
+            t1013 = t1012 - t607 * t967
+            t1014 = t1013 - t608 * t962
+            t1015 = t1014 - t609 * t958
+            t1016 = t1015 - t610 * t955
+            t1017 = t1016 - t611 * t953
+            t1018 = t1017 * t601
+            t1019 = t523 - t512 * t1018
+            t1020 = t1019 - t513 * t1007
+            t1021 = t1020 - t514 * t997
+            t1022 = t1021 - t515 * t988
+            t1023 = t1022 - t516 * t980
+            t1024 = t1023 - t517 * t973
+            t1025 = t1024 - t518 * t967
+            t1026 = t1025 - t519 * t962
+            t1027 = t1026 - t520 * t958
+            t1028 = t1027 - t521 * t955
+            t1029 = t1028 - t522 * t953
+            t1030 = t1029 * t511
+            t1031 = t420 - t408 * t1030
+            t1032 = t1031 - t409 * t1018
+            t1033 = t1032 - t410 * t1007
+            t1034 = t1033 - t411 * t997
+            t1035 = t1034 - t412 * t988
+            t1036 = t1035 - t413 * t980
+            t1037 = t1036 - t414 * t973
+            t1038 = t1037 - t415 * t967
+            t1039 = t1038 - t416 * t962
+            t1040 = t1039 - t417 * t958
+            t1041 = t1040 - t418 * t955
+            t1042 = t1041 - t419 * t953
+            t1043 = t1042 * t407
+            t1044 = t302 - t289 * t1043
+            t1045 = t1044 - t290 * t1030
+            t1046 = t1045 - t291 * t1018
+            t1047 = t1046 - t292 * t1007
+            t1048 = t1047 - t293 * t997
+            t1049 = t1048 - t294 * t988
+            t1050 = t1049 - t295 * t980
+            t1051 = t1050 - t296 * t973
+            t1052 = t1051 - t297 * t967
+            t1053 = t1052 - t298 * t962
+            t1054 = t1053 - t299 * t958
+            t1055 = t1054 - t300 * t955
+            t1056 = t1055 - t301 * t953
+            t1057 = t1056 * t288
+            t1058 = t168 - t154 * t1057
+            t1059 = t1058 - t155 * t1043
+            t1060 = t1059 - t156 * t1030
+            t1061 = t1060 - t157 * t1018
+            t1062 = t1061 - t158 * t1007
+            t1063 = t1062 - t159 * t997
+            t1064 = t1063 - t160 * t988
+            t1065 = t1064 - t161 * t980
+            t1066 = t1065 - t162 * t973
+            t1067 = t1066 - t163 * t967
+            t1068 = t1067 - t164 * t962
+            t1069 = t1068 - t165 * t958
+            t1070 = t1069 - t166 * t955
+            t1071 = t1070 - t167 * t953
+            t1072 = t1071 * t153
+            t1073 = t17 - t2 * t1072
+            t1074 = t1073 - t3 * t1057
+            t1075 = t1074 - t4 * t1043
+            t1076 = t1075 - t5 * t1030
+            t1077 = t1076 - t6 * t1018
+            t1078 = t1077 - t7 * t1007
+            t1079 = t1078 - t8 * t997
+            t1080 = t1079 - t9 * t988
+            t1081 = t1080 - t10 * t980
+            t1082 = t1081 - t11 * t973
+            t1083 = t1082 - t12 * t967
+            t1084 = t1083 - t13 * t962
+            t1085 = t1084 - t14 * t958
+            t1086 = t1085 - t15 * t955
+            t1087 = t1086 - t16 * t953
+            t1088 = t1087 * t1
+            y0 = t1088
+            y1 = t1072
+            y2 = t1057
+            y3 = t1043
+            y4 = t1030
+            y5 = t1018
+            y6 = t1007
+            y7 = t997
+            y8 = t988
+            y9 = t980
+            y10 = t973
+            y11 = t967
+            y12 = t962
+            y13 = t958
+            y14 = t955
+            y15 = t953
+        d0, d1, d2, d3 = _ld4_again(dz + row * 16 + 0, tok_ok)
+        d4, d5, d6, d7 = _ld4_again(dz + row * 16 + 4, tok_ok)
+        d8, d9, d10, d11 = _ld4_again(dz + row * 16 + 8, tok_ok)
+        d12, d13, d14, d15 = _ld4_again(dz + row * 16 + 12, tok_ok)
+        x0, x1, x2, x3 = _ld4(x_in + row * 16 + 0, tok_ok)
+        x4, x5, x6, x7 = _ld4(x_in + row * 16 + 4, tok_ok)
+        x8, x9, x10, x11 = _ld4(x_in + row * 16 + 8, tok_ok)
+        x12, x13, x14, x15 = _ld4(x_in + row * 16 + 12, tok_ok)
+        q0, q1, q2, q3 = _ld4(q + row * 16 + 0, tok_ok)
+        q4, q5, q6, q7 = _ld4(q + row * 16 + 4, tok_ok)
+        q8, q9, q10, q11 = _ld4(q + row * 16 + 8, tok_ok)
+        q12, q13, q14, q15 = _ld4(q + row * 16 + 12, tok_ok)
+        xy = x0 * y0 + x1 * y1 + x2 * y2 + x3 * y3 + x4 * y4 + x5 * y5
+        xy += x6 * y6 + x7 * y7 + x8 * y8 + x9 * y9 + x10 * y10 + x11 * y11
+        xy += x12 * y12 + x13 * y13 + x14 * y14 + x15 * y15
+        yq = y0 * q0 + y1 * q1 + y2 * q2 + y3 * q3 + y4 * q4 + y5 * q5
+        yq += y6 * q6 + y7 * q7 + y8 * q8 + y9 * q9 + y10 * q10 + y11 * q11
+        yq += y12 * q12 + y13 * q13 + y14 * q14 + y15 * q15
+        dx = d0 * x0 + d1 * x1 + d2 * x2 + d3 * x3 + d4 * x4 + d5 * x5
+        dx += d6 * x6 + d7 * x7 + d8 * x8 + d9 * x9 + d10 * x10 + d11 * x11
+        dx += d12 * x12 + d13 * x13 + d14 * x14 + d15 * x15
+        dq_ = d0 * q0 + d1 * q1 + d2 * q2 + d3 * q3 + d4 * q4 + d5 * q5
+        dq_ += d6 * q6 + d7 * q7 + d8 * q8 + d9 * q9 + d10 * q10 + d11 * q11
+        dq_ += d12 * q12 + d13 * q13 + d14 * q14 + d15 * q15
+        c = tl.where(fro > 0, -ridge * xy / tl.where(fro > 0, fro, 1.0), 0.0)
+        tl.store(dgp + row, at * dx + (1.0 - at) * dq_ - yq + ridge * eps * xy, mask=tok_ok)
+        tl.store(c_out + row, c, mask=tok_ok)
+        if HAS_ALPHA:
+            tl.store(dalpha + row, dx - dq_, mask=tok_ok)
+        _st4(y_out + row * 16 + 0, y0, y1, y2, y3, tok_ok)
+        _st4(y_out + row * 16 + 4, y4, y5, y6, y7, tok_ok)
+        _st4(y_out + row * 16 + 8, y8, y9, y10, y11, tok_ok)
+        _st4(y_out + row * 16 + 12, y12, y13, y14, y15, tok_ok)
+        d0 = d0 * (1.0 - at) + y0
+        d1 = d1 * (1.0 - at) + y1
+        d2 = d2 * (1.0 - at) + y2
+        d3 = d3 * (1.0 - at) + y3
+        d4 = d4 * (1.0 - at) + y4
+        d5 = d5 * (1.0 - at) + y5
+        d6 = d6 * (1.0 - at) + y6
+        d7 = d7 * (1.0 - at) + y7
+        d8 = d8 * (1.0 - at) + y8
+        d9 = d9 * (1.0 - at) + y9
+        d10 = d10 * (1.0 - at) + y10
+        d11 = d11 * (1.0 - at) + y11
+        d12 = d12 * (1.0 - at) + y12
+        d13 = d13 * (1.0 - at) + y13
+        d14 = d14 * (1.0 - at) + y14
+        d15 = d15 * (1.0 - at) + y15
+        _st4(dq + row * 16 + 0, d0, d1, d2, d3, tok_ok)
+        _st4(dq + row * 16 + 4, d4, d5, d6, d7, tok_ok)
+        _st4(dq + row * 16 + 8, d8, d9, d10, d11, tok_ok)
+        _st4(dq + row * 16 + 12, d12, d13, d14, d15, tok_ok)

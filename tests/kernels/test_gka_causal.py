@@ -94,6 +94,23 @@ def test_interpreter_direct_lengths(triton_interpreter, poison_outputs, T):
     check(tensors, "direct")
 
 
+@pytest.mark.parametrize("T", [49, 52])
+def test_interpreter_direct_programs_past_the_last_chunk(triton_interpreter, poison_outputs, T):
+    """Enough (batch, head) pairs that the per-token solve's programs for positions past the last chunk's length
+    cover only the chunks before it, and whole programs have no token (chunk-major instances): T = 49 leaves one
+    token in the last chunk, T = 52 four (one position block)."""
+    from visionssm.kernels.gka.causal_launch import launch_config
+
+    B, H = 2, 10
+    cfg = launch_config(16, 16, True)
+    per_program = 32 * cfg["lane_warps"] // cfg["positions"]
+    chunks = -(-T // cfg["chunk"])
+    n_inst = B * H * chunks
+    programs = -(-n_inst // per_program)
+    assert (programs - 1) * per_program >= n_inst - B * H, "no program would be skipped at this shape"
+    check(make_inputs(B, T, H, 16, 16, use_beta=T % 2 == 1, seed=T), "direct")
+
+
 @pytest.mark.parametrize("T", [1, 5, 63, 65, 197])
 def test_interpreter_chebyshev_lengths(triton_interpreter, poison_outputs, T):
     tensors = make_inputs(1, T, 1, 16, 16, use_beta=T % 2 == 0, use_alpha=T % 3 == 0, seed=T)
