@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from visionssm.kernels.gka import causal_launch, gka
+from visionssm.kernels.gka import gka
 from visionssm.kernels.gka.benchmark import _fla, make_inputs
 from visionssm.kernels.gka.naive import gka_chunked
 from visionssm.kernels.tuning import launch_overrides
@@ -57,7 +57,6 @@ def run_shape(B: int, T: int, H: int, D: int, solvers: list[str], fla, layouts: 
     errors = {}
     for r in range(rounds):
         for (solver, name), (fwd_times, both_times) in times.items():
-            causal_launch._FWD_PLANS.clear()  # the plans hold the settings they were built under
             with launch_overrides("gka", **layouts[name]):
                 fwd = lambda s=solver: gka(*leaves, solver=s)
                 both = lambda s=solver: torch.autograd.grad(gka(*leaves, solver=s), leaves, do)
@@ -71,7 +70,6 @@ def run_shape(B: int, T: int, H: int, D: int, solvers: list[str], fla, layouts: 
                         per_kernel = sorted(kernel_times_us(both, reps=5).items(), key=lambda item: -item[1])
                         print(f"  # {solver} {name} {layouts[name]}: "
                               + ", ".join(f"{key} {us:.1f} us" for key, us in per_kernel if us >= 5), flush=True)
-    causal_launch._FWD_PLANS.clear()
     for (solver, name), (fwd_times, both_times) in times.items():
         fwd_ms, both_ms = statistics.median(fwd_times), statistics.median(both_times)
         extra = f", fwd {fwd_ms / fla_fwd:.2f}x fla" if fla_fwd else ""

@@ -101,7 +101,6 @@ def _chebyshev(rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_
     half = fro * step * 0.5
     rho2 = half * half
     omega = tl.full(step.shape, 2.0, tl.float32)
-    o_k = tl.arange(0, K)
     if STAGE == 2:
         x = load_tile(x_buf, row, m_t, K, 0, K)
         x_prev = load_tile(x_prev_buf, row, m_t, K, 0, K)
@@ -116,6 +115,7 @@ def _chebyshev(rhs, scale, row, m_t, Hm, Hm_hi, Hm_lo, kT, kT_hi, kT_lo, kc, kc_
                                                    kT_hi, kT_lo, kc, kc_hi, kc_lo, A, eG, lam, step, rho2, K, PREC,
                                                    IN_EXACT, True)
     if STAGE == 1:
+        o_k = tl.arange(0, K)
         tl.store(x_buf + row[:, None] * K + o_k[None, :], x, mask=m_t[:, None])
         tl.store(x_prev_buf + row[:, None] * K + o_k[None, :], x_prev, mask=m_t[:, None])
     else:
