@@ -1,6 +1,7 @@
 """Launch variants of the Comba kernels, timed side by side (GPU time, CUDA graphs).
 
-    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d64|d64nc|tiny|lm|all] [--rounds N] [--warm]
+    python benchmarks/comba_launch_sweep.py [variant ...] [--shapes d16|d16nc|d64|d64nc|tiny|lm|all] \
+        [--rounds N] [--warm]
 
 Each variant forces a few launch settings (``visionssm.kernels.tuning.launch_overrides("comba", ...)``; the
 settings are listed in ``visionssm.kernels.comba.launch``). At every shape each variant's output and gradients
@@ -47,9 +48,11 @@ VARIANTS = {
     "grad_regs200": {"grad_max_registers": 200},
     "grad_regs184": {"grad_max_registers": 184},
     "fwd_lp": {"fwd_lp": True},
+    "unbalanced": {"wave_slots": 0},
 }
 # (B, T, H, D, causal): vision shapes with 16-wide heads, the comba_vision_S and comba_vision_T mixers, two LM shapes
 SHAPES = {"d16": [(256, 196, 10, 16, True), (256, 196, 10, 16, False), (256, 49, 20, 16, True)],
+          "d16nc": [(256, 196, 10, 16, False), (256, 49, 20, 16, False)],
           "d64": [(256, 197, 6, 64, False), (256, 197, 6, 64, True)], "d64nc": [(256, 197, 6, 64, False)],
           "tiny": [(256, 197, 3, 64, False)],
           "lm": [(64, 1024, 4, 64, True), (4, 2048, 8, 128, True)]}

@@ -161,16 +161,12 @@ def _fwd_walk(q, k, v, p, g, beta, o_base, h_base, inv_base, w_base, u0_base, sc
 
 
 @triton.jit
-def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,
-                     BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
-                     INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
-                     LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
-    """The state walk (grid: value block, batch·head, directions on the grid). ``DIR_LOOP``: this program runs
-    both directions, the reversed one adding onto its own forward output; otherwise program_id(2) is the direction
-    and each writes its own fp32 partial (summed afterwards)."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+def _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_bh, T, NT, B, H,
+                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr, SAVE_H: tl.constexpr,
+                    SAVE_INV: tl.constexpr, INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
+                    LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
+    """The walks of one program laid out by ``comba_fwd_kernel``'s grid (both directions with ``DIR_LOOP``)."""
     for d in tl.static_range(N_DIR):
         if DIR_LOOP:
             o_base = o
@@ -184,3 +180,42 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
                       DIR_LOOP and d == 1, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL, STATE_LP)
         if DIR_LOOP and d + 1 < N_DIR:
             tl.debug_barrier()  # the reversed direction reads back what other threads of this program stored
+
+
+@triton.jit
+def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H, n_pair, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     N_DIR: tl.constexpr, DIR_LOOP: tl.constexpr, SAVE_H: tl.constexpr, SAVE_INV: tl.constexpr,
+                     INV_IN: tl.constexpr, LOAD_WY: tl.constexpr, PREC: tl.constexpr,
+                     LP_DOT: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr,
+                     BALANCE: tl.constexpr):
+    """The state walk (grid: value block, batch·head, directions on the grid). ``DIR_LOOP``: this program runs
+    both directions, the reversed one adding onto its own forward output; otherwise program_id(2) is the direction
+    and each writes its own fp32 partial (summed afterwards).
+
+    ``BALANCE`` (with ``DIR_LOOP``): only the first ``n_pair`` sequences get a program for both directions; each
+    later sequence gets two programs along grid axis 1, one per direction, which add onto an output the launch
+    zeroed (atomic adds). The programs of one direction are half as long, so a last wave of the grid that would hold
+    a few both-direction programs holds twice as many one-direction ones instead."""
+    i_v, i_p = tl.program_id(0), tl.program_id(1)
+    if BALANCE:
+        single = i_p >= n_pair
+        i_bh = tl.where(single, n_pair + (i_p - n_pair) // 2, i_p)
+        i_b, i_h = i_bh // H, i_bh % H
+        if single:
+            for d in tl.static_range(N_DIR):
+                if (i_p - n_pair) % 2 == d:
+                    state = (d * B * H + i_bh).to(tl.int64) * NT
+                    _fwd_walk(q, k, v, p, g, beta, o, h0 + state * K * V, inv + state * BT * BT,
+                              w + state * BT * K, u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT,
+                              LOG2_BT, BK, BV, d == 1, 2, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH,
+                              TAIL, STATE_LP)
+        else:
+            _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_bh, T, NT, B, H, K, V,
+                            BT, LOG2_BT, BK, BV, N_DIR, DIR_LOOP, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT,
+                            PREFETCH, TAIL, STATE_LP)
+    else:
+        i_b, i_h = i_p // H, i_p % H
+        _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_p, T, NT, B, H, K, V, BT,
+                        LOG2_BT, BK, BV, N_DIR, DIR_LOOP, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH,
+                        TAIL, STATE_LP)

@@ -16,6 +16,9 @@ inv_pass           compute every chunk's inverse in a chunk-parallel pass before
 pre_wy             also W = inv·pw and U0 = inv·βv in that pass (the walk then skips the K-side products)
 prefetch           the forward walk loads chunk i+1 while chunk i is computed
 bwd_prefetch       the same in the one-pass backward
+wave_slots         forward walk with ``dir_loop`` and one value block: programs the GPU runs at once (None: its SMs ×
+                   PROGRAMS_PER_SM; 0: off). When the last wave of both-direction programs would be at most half
+                   full, its sequences get one program per direction instead (half as long, twice as many)
 split_bwd          backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
 store_inv          the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
 state_lp           bf16 inputs: the states kept for the backward (h0, dh) are stored in bf16 and every backward
@@ -44,10 +47,18 @@ from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
 SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
-            "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers")
+            "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers",
+            "wave_slots")
 #: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
 #: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
 CHUNK = 16
+#: One-warp programs of the 16-wide forward walk an SM runs at once, as its GPU time shows (H100, 132 SMs, T196 H10
+#: D16 non-causal, benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log): 136.8 µs at B211 (2,110
+#: sequences, 2.00 waves of 1,056 programs), 171.2 at B212 and 183.0 at B256 (2.42 waves). With the last wave
+#: balanced (``wave_slots``) B256 took 162.7 µs, and fwd+bwd 0.508 against 0.519 ms (comba-balance-*-2026-11-24.log).
+#: The one-pass backward steps the same way (239.5 / 303.8 / 336.5 µs), but one program per direction did not pay
+#: there: 333.9 against 339.5 µs, before zeroing its six gradients (10.3 µs).
+PROGRAMS_PER_SM = 8
 
 
 def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = True) -> dict:
@@ -112,7 +123,8 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
            # With fewer walks than SM slots (B4 T2048 H8 D128, B64 T1024 H4 D64) the cap only cost: forward 1.22x /
            # 1.10x. Capping the gradient kernel instead spilled 1.7 KB and took 1.48x.
            "walk_max_registers": 168 if wide and programs >= 1024 else None,
-           "grad_max_registers": None}
+           "grad_max_registers": None,
+           "wave_slots": None}
     tuning.apply_overrides(OP, cfg, SETTINGS)
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
@@ -155,9 +167,26 @@ def _directions(cfg: dict, ND: int) -> tuple[int, int]:
     return (1, ND) if cfg["dir_loop"] else (ND, 1)
 
 
+def _pairs(cfg: dict, B: int, H: int, ND: int, device: torch.device, atomic: bool) -> int:
+    """Sequences whose forward walk gets one program for both directions (``BALANCE`` in ``comba_fwd_kernel``; all
+    B·H unless balancing pays): when the grid's last wave of both-direction programs would be at most half full, the
+    sequences of that wave (whole batch entries, so that their outputs are one block of memory to zero) get one
+    program per direction instead, which then fill at most one wave of programs half as long. ``atomic``: the
+    output takes atomic adds (:func:`_atomic_add`)."""
+    BH = B * H
+    slots = cfg["wave_slots"]
+    if slots is None:
+        slots = (torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+                 if device.type == "cuda" else 0)
+    if not (slots and atomic and ND == 2 and cfg["dir_loop"] and cfg["NV"] == 1):
+        return BH
+    pairs = BH // slots * slots // H * H
+    return pairs if pairs and 2 * (BH - pairs) <= slots else BH
+
+
 class FwdPlan:
     __slots__ = ("BT", "save_state", "save_inv", "partial", "o_shape", "h0_shape", "state_dtype", "inv_shape",
-                 "w_shape", "u0_shape", "pre", "main", "dummy", "bwd", "cached")
+                 "w_shape", "u0_shape", "pre", "main", "dummy", "bwd", "cached", "zero_from")
 
 
 class BwdPlan:
@@ -194,11 +223,16 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
         warps = (4 if cfg["BK"] * BVF >= 64 * 64 else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
         plan.pre = DirectLaunch(comba_inv_kernel, (NT - TAIL, B * H), dims,
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
-    plan.main = DirectLaunch(comba_fwd_kernel, (cfg["NV"], B * H, grid_dirs), dims,
+    pairs = _pairs(cfg, B, H, ND, device, _atomic_add(device.type, (), dtype))
+    # the batch entries whose outputs the one-direction programs add onto (None: every sequence has both directions
+    # in one program)
+    plan.zero_from = pairs // H if pairs < B * H else None
+    plan.main = DirectLaunch(comba_fwd_kernel, (cfg["NV"], 2 * B * H - pairs, grid_dirs), (*dims, pairs),
                              {**common, "BV": BV, "N_DIR": ND, "DIR_LOOP": cfg["dir_loop"], "SAVE_H": save_state,
                               "SAVE_INV": plan.save_inv and not pre, "INV_IN": pre and not wy, "LOAD_WY": wy,
                               "PREFETCH": cfg["prefetch"], "TAIL": TAIL,
-                              "STATE_LP": plan.state_dtype != torch.float32 and cfg["fwd_lp"]},
+                              "STATE_LP": plan.state_dtype != torch.float32 and cfg["fwd_lp"],
+                              "BALANCE": plan.zero_from is not None},
                              launch_options(cfg["num_warps"], max_registers=cfg["walk_max_registers"]))
     return plan
 
@@ -209,6 +243,8 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
     aligned = aligned16(q, k, v, p, g, beta)
     # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
     o = empty_output(plan.o_shape, device=device, dtype=torch.float32) if plan.partial else empty_output_like(v)
+    if plan.zero_from is not None:
+        o[plan.zero_from:].zero_()
     dummy = plan.dummy
     h0 = dummy if plan.h0_shape is None else empty_output(plan.h0_shape, device=device, dtype=plan.state_dtype)
     inv = dummy if plan.inv_shape is None else empty_output(plan.inv_shape, device=device, dtype=torch.float32)

@@ -229,6 +229,34 @@ def test_triton_interpreter_single_token_edge_cases(T, triton_interpreter, poiso
     check_against_reference(comba_op, x, causal=False)
 
 
+@pytest.mark.parametrize("T", [45, 49])
+def test_triton_interpreter_balanced_last_wave(T, triton_interpreter, poison_outputs):
+    """With room for 4 programs at once, 3 batch entries of 2 heads fill one wave of both-direction forward walks
+    with the first 2 entries; the last entry's sequences get one walk per direction, adding onto a zeroed output by
+    atomic adds (fp32 here: Triton's interpreter has no 16-bit atomics). T = 49 adds the single-token tail."""
+    launch = _reset_plans()
+    x = make_inputs(B=3, T=T, H=2, K=16, V=16)
+    with launch_overrides("comba", wave_slots=4, dir_loop=True):
+        check_against_reference(comba_op, x, causal=False, scale=0.8)
+        plan = launch.fwd_plan(x[0], x[2], x[4], x[5], causal=False, save_state=True)
+        assert plan.zero_from == 2
+
+
+@pytest.mark.parametrize("B, H, slots, pairs", [(3, 2, 4, 4), (5, 2, 4, 8), (3, 1, 2, 2), (2, 4, 4, 8),
+                                                 (3, 2, 5, 4), (4, 2, 5, 8), (3, 2, 0, 6)])
+def test_balanced_sequences(B, H, slots, pairs):
+    """Which sequences keep both directions of the forward walk in one program: those of the full waves, in whole
+    batch entries, and only where the rest then fits one wave of one-direction programs (B·H otherwise, and with
+    ``wave_slots`` 0, without atomic adds, for causal calls)."""
+    from visionssm.kernels.comba import launch
+
+    with launch_overrides("comba", wave_slots=slots, dir_loop=True):
+        cfg = launch.launch_config(16, 16, 196, B * H, 2)
+    assert launch._pairs(cfg, B, H, 2, torch.device("cpu"), atomic=True) == pairs
+    assert launch._pairs(cfg, B, H, 2, torch.device("cpu"), atomic=False) == B * H
+    assert launch._pairs(cfg, B, H, 1, torch.device("cpu"), atomic=True) == B * H
+
+
 def test_unknown_launch_setting_is_rejected(triton_interpreter):
     x = make_inputs(B=1, T=5, H=1)
     with launch_overrides("comba", chunk=32), pytest.raises(ValueError, match="chunk"):
@@ -354,6 +382,20 @@ def test_cuda_vision_shape(T, causal, poison_outputs):
     tail."""
     x = make_inputs(B=128, T=T, H=8, K=16, V=16, dtype=torch.bfloat16, device="cuda")
     check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [196, 49])
+def test_cuda_balanced_last_wave(T, poison_outputs):
+    """1,280 sequences with room for 1,000 programs at once: 1,000 keep both directions of the forward walk in one
+    program, the other 280 get one program per direction (bf16 atomic adds onto a zeroed output); the benchmark
+    shape B256 T196 H10 D16 runs this way on an H100."""
+    launch = _reset_plans()
+    x = make_inputs(B=160, T=T, H=8, K=16, V=16, dtype=torch.bfloat16, device="cuda")
+    with launch_overrides("comba", wave_slots=1000):
+        check_against_reference(comba_op, x, causal=False, fwd_tol=2e-2, grad_tol=4e-2)
+        plan = launch.fwd_plan(x[0], x[2], x[4], x[5], causal=False, save_state=True)
+        assert plan.zero_from == 125
 
 
 # ---------------------------------------------------------------------------------------------------------------
