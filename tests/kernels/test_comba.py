@@ -232,14 +232,17 @@ def test_triton_interpreter_single_token_edge_cases(T, triton_interpreter, poiso
 @pytest.mark.parametrize("T", [45, 49])
 def test_triton_interpreter_balanced_last_wave(T, triton_interpreter, poison_outputs):
     """With room for 4 programs at once, 3 batch entries of 2 heads fill one wave of both-direction forward walks
-    with the first 2 entries; the last entry's sequences get one walk per direction, adding onto a zeroed output by
-    atomic adds (fp32 here: Triton's interpreter has no 16-bit atomics). T = 49 adds the single-token tail."""
+    (of a training call) with the first 2 entries; the last entry's sequences get one walk per direction, adding
+    onto a zeroed output by atomic adds (fp32 here: Triton's interpreter has no 16-bit atomics). T = 49 adds the
+    single-token tail."""
     launch = _reset_plans()
     x = make_inputs(B=3, T=T, H=2, K=16, V=16)
     with launch_overrides("comba", wave_slots=4, dir_loop=True):
         check_against_reference(comba_op, x, causal=False, scale=0.8)
         plan = launch.fwd_plan(x[0], x[2], x[4], x[5], causal=False, save_state=True)
         assert plan.zero_from == 2
+        # forward-only calls keep both directions in every program (balancing measured slower there)
+        assert launch.fwd_plan(x[0], x[2], x[4], x[5], causal=False, save_state=False).zero_from is None
 
 
 @pytest.mark.parametrize("B, H, slots, pairs", [(3, 2, 4, 4), (5, 2, 4, 8), (3, 1, 2, 2), (2, 4, 4, 8),
