@@ -167,17 +167,17 @@ def _directions(cfg: dict, ND: int) -> tuple[int, int]:
     return (1, ND) if cfg["dir_loop"] else (ND, 1)
 
 
-def _pairs(cfg: dict, B: int, H: int, ND: int, device: torch.device, atomic: bool) -> int:
+def _pairs(cfg: dict, B: int, H: int, ND: int, sms: int, atomic: bool) -> int:
     """Sequences whose forward walk gets one program for both directions (``BALANCE`` in ``comba_fwd_kernel``; all
     B·H unless balancing pays): when the grid's last wave of both-direction programs would be at most half full, the
     sequences of that wave (whole batch entries, so that their outputs are one block of memory to zero) get one
-    program per direction instead, which then fill at most one wave of programs half as long. ``atomic``: the
-    output takes atomic adds (:func:`_atomic_add`)."""
+    program per direction instead, which then fill at most one wave of programs half as long. ``sms``: the GPU's
+    SM count (0 off the GPU); the programs it runs at once are ``wave_slots`` if set, else PROGRAMS_PER_SM per SM,
+    measured for one-warp walks only. ``atomic``: the output takes atomic adds (:func:`_atomic_add`)."""
     BH = B * H
     slots = cfg["wave_slots"]
     if slots is None:
-        slots = (torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
-                 if device.type == "cuda" else 0)
+        slots = sms * PROGRAMS_PER_SM if cfg["num_warps"] == 1 else 0
     if not (slots and atomic and ND == 2 and cfg["dir_loop"] and cfg["NV"] == 1):
         return BH
     pairs = BH // slots * slots // H * H
@@ -225,7 +225,8 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
     # training only: the forward without stored states took 0.1448 ms balanced against 0.1415 at B256 T196 H10 D16
     # (comba-balance-*-2026-11-24.log)
-    pairs = _pairs(cfg, B, H, ND, device, _atomic_add(device.type, (), dtype)) if save_state else B * H
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    pairs = _pairs(cfg, B, H, ND, sms, _atomic_add(device.type, (), dtype)) if save_state else B * H
     # the batch entries whose outputs the one-direction programs add onto (None: every sequence has both directions
     # in one program)
     plan.zero_from = pairs // H if pairs < B * H else None

@@ -255,9 +255,21 @@ def test_balanced_sequences(B, H, slots, pairs):
 
     with launch_overrides("comba", wave_slots=slots, dir_loop=True):
         cfg = launch.launch_config(16, 16, 196, B * H, 2)
-    assert launch._pairs(cfg, B, H, 2, torch.device("cpu"), atomic=True) == pairs
-    assert launch._pairs(cfg, B, H, 2, torch.device("cpu"), atomic=False) == B * H
-    assert launch._pairs(cfg, B, H, 1, torch.device("cpu"), atomic=True) == B * H
+    assert launch._pairs(cfg, B, H, 2, 0, atomic=True) == pairs
+    assert launch._pairs(cfg, B, H, 2, 0, atomic=False) == B * H
+    assert launch._pairs(cfg, B, H, 1, 0, atomic=True) == B * H
+
+
+def test_balanced_sequences_by_sm_count():
+    """Without ``wave_slots``: 8 one-warp walks per SM, so 2,110 of B256 H10's 2,560 sequences keep both directions on
+    132 SMs; 64-wide heads (four-warp walks, whose count per SM was not measured) and CPU tensors are not balanced."""
+    from visionssm.kernels.comba import launch
+
+    cfg = launch.launch_config(16, 16, 196, 2560, 2)
+    assert launch._pairs(cfg, 256, 10, 2, 132, atomic=True) == 2110
+    assert launch._pairs(cfg, 256, 10, 2, 0, atomic=True) == 2560
+    wide = launch.launch_config(64, 64, 197, 1536, 2)
+    assert wide["num_warps"] > 1 and launch._pairs(wide, 256, 6, 2, 132, atomic=True) == 1536
 
 
 def test_unknown_launch_setting_is_rejected(triton_interpreter):
