@@ -53,11 +53,11 @@ SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_l
 #: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
 CHUNK = 16
 #: One-warp programs of the 16-wide forward walk an SM runs at once, as its GPU time shows (H100, 132 SMs, T196 H10
-#: D16 non-causal, benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log): 136.8 µs at B211 (2,110
-#: sequences, 2.00 waves of 1,056 programs), 171.2 at B212 and 183.0 at B256 (2.42 waves). With the last wave
-#: balanced (``wave_slots``) B256 took 162.7 µs, and fwd+bwd 0.508 against 0.519 ms (comba-balance-*-2026-11-24.log).
-#: The one-pass backward steps the same way (239.5 / 303.8 / 336.5 µs), but one program per direction did not pay
-#: there: 333.9 against 339.5 µs, before zeroing its six gradients (10.3 µs).
+#: D16 non-causal, benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log): 136.4 µs at B211 (2,110
+#: sequences, 2.00 waves of 1,056 programs), 170.8 at B212 and 183.9 at B256 (2.42 waves). With the last wave
+#: balanced (``wave_slots``) B256 took 161.1 µs, and fwd+bwd 0.504 against 0.520 ms (comba-balance-*-2026-11-24.log).
+#: The one-pass backward steps the same way (239.4 / 303.9 / 339.2 µs), but one program per direction did not pay
+#: there: 333.9 against 339.5 µs, before zeroing its six gradients (10.3 µs; same log).
 PROGRAMS_PER_SM = 8
 
 
