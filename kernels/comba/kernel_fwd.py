@@ -198,24 +198,20 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
     zeroed (atomic adds). The programs of one direction are half as long, so a last wave of the grid that would hold
     a few both-direction programs holds twice as many one-direction ones instead."""
     i_v, i_p = tl.program_id(0), tl.program_id(1)
+    i_bh = i_p
+    both = True  # without BALANCE a compile-time True: the one-direction branch below is not compiled
     if BALANCE:
-        single = i_p >= n_pair
-        i_bh = tl.where(single, n_pair + (i_p - n_pair) // 2, i_p)
-        i_b, i_h = i_bh // H, i_bh % H
-        if single:
-            for d in tl.static_range(N_DIR):
-                if (i_p - n_pair) % 2 == d:
-                    state = (d * B * H + i_bh).to(tl.int64) * NT
-                    _fwd_walk(q, k, v, p, g, beta, o, h0 + state * K * V, inv + state * BT * BT,
-                              w + state * BT * K, u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT,
-                              LOG2_BT, BK, BV, d == 1, 2, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH,
-                              TAIL, STATE_LP)
-        else:
-            _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_bh, T, NT, B, H, K, V,
-                            BT, LOG2_BT, BK, BV, N_DIR, DIR_LOOP, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT,
-                            PREFETCH, TAIL, STATE_LP)
-    else:
-        i_b, i_h = i_p // H, i_p % H
-        _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_p, T, NT, B, H, K, V, BT,
+        both = i_p < n_pair
+        i_bh = tl.where(both, i_p, n_pair + (i_p - n_pair) // 2)
+    i_b, i_h = i_bh // H, i_bh % H
+    if both:
+        _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v, i_bh, T, NT, B, H, K, V, BT,
                         LOG2_BT, BK, BV, N_DIR, DIR_LOOP, SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH,
                         TAIL, STATE_LP)
+    else:
+        for d in tl.static_range(N_DIR):
+            if (i_p - n_pair) % 2 == d:
+                state = (d * B * H + i_bh).to(tl.int64) * NT
+                _fwd_walk(q, k, v, p, g, beta, o, h0 + state * K * V, inv + state * BT * BT, w + state * BT * K,
+                          u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT, LOG2_BT, BK, BV, d == 1, 2,
+                          SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL, STATE_LP)
