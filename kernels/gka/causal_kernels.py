@@ -324,51 +324,103 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
 
 
 @triton.jit
-def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg, T, NT, H: tl.constexpr,
-                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                        IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+                 WITH_DGP: tl.constexpr):
+    """What :func:`adjoint_grad_kernel` reads of chunk ``i_c`` of sequence ``i_bh``, all loads issued together: rows,
+    validity, β, G, G_end, Ã, c, dgp (``WITH_DGP``; else unread zeros), k, dO, x, y, z, H0, e^G and
+    a = Σ_t Ã[t, ·] c_t e^{G_t}."""
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
+    ct = tl.load(c + row, mask=m_t, other=0.0)
+    # read with the chunk's other inputs: where it is used, after the chunk's stores (which the compiler cannot
+    # move a load above), the warp would wait for it
+    if WITH_DGP:
+        dgpt = tl.load(dgp + row, mask=m_t, other=0.0)
+    else:
+        dgpt = tl.zeros([BT], tl.float32)
+    kc = load_tile(k, row, m_t, K, 0, K)
+    dO = load_tile(do, row, m_t, V, 0, V)
+    X = load_tile(x, row, m_t, K, 0, K)
+    Y = load_tile(y, row, m_t, K, 0, K)
+    if HAS_ALPHA:
+        a = tl.load(alpha + row, mask=m_t, other=0.0).to(tl.float32)
+        Z = a[:, None] * X + (1.0 - a[:, None]) * load_tile(q, row, m_t, K, 0, K).to(tl.float32)
+    else:
+        Z = X
+    Hc = tl.load(h0 + (i_bh * NT + i_c).to(tl.int64) * K * K + tl.arange(0, K)[:, None] * K
+                 + tl.arange(0, K)[None, :])
+    e = tl.exp(G)
+    a_c = tl.sum(Ad * (ct * e)[:, None], 0)
+    return row, m_t, b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c
+
+
+@triton.jit
+def _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC: tl.constexpr, IN_EXACT: tl.constexpr):
+    """A chunk's share of the adjoint states D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ,
+    with Σ_t e^{G_t} c_t H_t = Σ_t c_t e^{2 G_t} H0 + Σ_r β_r a_r k_r k_rᵀ."""
+    S = mm(tl.trans(Y * e[:, None]), X, PREC, False, False)
+    dD = (2.0 * tl.sum(ct * e * e, 0)) * Hc - S - tl.trans(S)
+    dD += 2.0 * mm(tl.trans(kc.to(tl.float32) * (b * a_c)[:, None]), kc, PREC, False, IN_EXACT)
+    return dD, mm(tl.trans(Z * e[:, None]), dO, PREC, False, IN_EXACT)
+
+
+@triton.jit
+def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, dv, dbeta, dg, T, NT, n_whole, n_late,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                        IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+                        SPLIT: tl.constexpr):
     """``adjoint_scan_kernel`` and ``grad_kernel`` in one program per (b, h), for heads narrow enough to keep the
     whole K×K and K×V adjoint states D, E in registers: walking the chunks backwards, a chunk's gradients use D, E at
     its end (:func:`_chunk_grads`), then its own share is added to them. Neither the per-chunk states nor the dg
-    offsets go through memory (the later chunks' Σ dG is a running sum), and each chunk's inputs are read once."""
+    offsets go through memory (the later chunks' Σ dG is a running sum), and each chunk's inputs are read once.
+
+    ``SPLIT``: the sequences from ``n_whole`` on (those of the grid's last wave) get two programs each, ordered
+    (late, early) per sequence. The late one runs the walk over the last ``n_late`` chunks alone; the early one first
+    sums those chunks' shares of D and E (the cheap part of a step), takes their Σ dG from the identity
+    ½⟨D, H0⟩ + ⟨E, S0⟩ at its first own chunk's end (as ``adjoint_scan_kernel`` does), then walks the chunks before
+    them."""
     i_bh = tl.program_id(0)
-    i_b, i_h = i_bh // H, i_bh % H
     Ds = tl.zeros([K, K], tl.float32)
     Es = tl.zeros([K, V], tl.float32)
-    later = 0.0
-    for j in range(NT):
+    later = tl.zeros([], tl.float32)
+    j_lo = 0
+    j_hi = NT
+    # nested: the outer test is a constexpr, so kernels without SPLIT compile none of this
+    if SPLIT:  # noqa: SIM102
+        if i_bh >= n_whole:
+            part = i_bh - n_whole
+            i_bh = n_whole + part // 2
+            if part % 2 == 0:
+                j_hi = n_late
+            else:
+                for j in range(n_late):
+                    i_c = NT - 1 - j
+                    _, _, b, _, g_end, _, ct, _, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
+                        q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA,
+                        False)
+                    dD, dE = _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
+                    decay = tl.exp(g_end)
+                    Ds = Ds * decay + dD
+                    Es = Es * decay + dE
+                base = (i_bh * NT + NT - n_late).to(tl.int64)
+                Hn = tl.load(h0 + base * K * K + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+                Sn = tl.load(s0 + base * K * V + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
+                later = 0.5 * tl.sum(tl.sum(Ds * Hn, 1), 0) + tl.sum(tl.sum(Es * Sn, 1), 0)
+                j_lo = n_late
+    for j in range(j_lo, j_hi):
         i_c = NT - 1 - j
-        o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-        b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
-        ct = tl.load(c + row, mask=m_t, other=0.0)
-        # read with the chunk's other inputs: where it is used, after the chunk's stores (which the compiler cannot
-        # move a load above), the warp would wait for it
-        dgpt = tl.load(dgp + row, mask=m_t, other=0.0)
-        kc = load_tile(k, row, m_t, K, 0, K)
-        dO = load_tile(do, row, m_t, V, 0, V)
-        X = load_tile(x, row, m_t, K, 0, K)
-        Y = load_tile(y, row, m_t, K, 0, K)
-        if HAS_ALPHA:
-            a = tl.load(alpha + row, mask=m_t, other=0.0).to(tl.float32)
-            Z = a[:, None] * X + (1.0 - a[:, None]) * load_tile(q, row, m_t, K, 0, K).to(tl.float32)
-        else:
-            Z = X
-        Hc = tl.load(h0 + (i_bh * NT + i_c).to(tl.int64) * K * K + tl.arange(0, K)[:, None] * K
-                     + tl.arange(0, K)[None, :])
-        e = tl.exp(G)
-        a_c = tl.sum(Ad * (ct * e)[:, None], 0)
+        row, m_t, b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
+            q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA, True)
         dG = _chunk_grads(v, dgpt, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es, K,
                           V, PREC, IN_EXACT, HAS_BETA)
         tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
         later += tl.sum(dG, 0)
-        # this chunk's share of D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ, with
-        # Σ_t e^{G_t} c_t H_t = Σ_t c_t e^{2 G_t} H0 + Σ_r β_r a_r k_r k_rᵀ
-        S = mm(tl.trans(Y * e[:, None]), X, PREC, False, False)
-        dD = (2.0 * tl.sum(ct * e * e, 0)) * Hc - S - tl.trans(S)
-        dD += 2.0 * mm(tl.trans(kc.to(tl.float32) * (b * a_c)[:, None]), kc, PREC, False, IN_EXACT)
+        dD, dE = _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
         decay = tl.exp(g_end)
         Ds = Ds * decay + dD
-        Es = Es * decay + mm(tl.trans(Z * e[:, None]), dO, PREC, False, IN_EXACT)
+        Es = Es * decay + dE
 
 
 @triton.jit

@@ -23,7 +23,10 @@ Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tun
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
   ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
   ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled);
-  ``fused_warps``: its warps.
+  ``fused_warps``: its warps; ``fused_wave_slots``: programs of it the GPU runs at once (None: its SMs ×
+  FUSED_PROGRAMS_PER_SM for the default one-warp uncapped kernel, else 0; 0: off): when the grid's last wave would
+  be at most half full, its sequences get two programs each, one walking the last ``fused_late_chunks`` chunks
+  (None: :func:`late_chunks`), the other the chunks before them.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from ..dispatch import interpreter_enabled
 from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options
 from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 
-__all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fwd_plan", "launch_config"]
+__all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fused_split", "fwd_plan", "late_chunks",
+           "launch_config"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
             "scan_warps", "state_rows", "columns", "coarse_launch", "coarse_warps", "fused_grad", "fused_stages",
-            "fused_regs", "fused_warps")
+            "fused_regs", "fused_warps", "fused_wave_slots", "fused_late_chunks")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
 #: Widest heads whose ``solver="auto"`` solve runs its coarse steps in the same launch as the full ones (wider heads:
@@ -52,6 +56,18 @@ DIRECT_ITER_TOL = 1e-7
 #: 3.868 with 28 full steps in one launch, the forward solve's spills 208 bytes instead of 3.8 KB; at D64 the
 #: separate launch took 2.050 / 5.547 against 1.795 / 5.212 ms.
 COARSE_MAX_WIDTH = 64
+#: One-warp programs of the fused adjoint-gradient kernel an SM runs at once (255 registers a thread), as its GPU
+#: time shows (H100, 132 SMs, B·10 sequences of T196 D16;
+#: benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log):
+#: 186.4 µs at B211 (2,110 sequences, 2.00 waves of 1,056 programs), 256.3 at B212, 268.3 at B256 (2.42 waves).
+FUSED_PROGRAMS_PER_SM = 8
+#: Time of a chunk step of the fused adjoint-gradient kernel that only adds the chunk's share to the adjoint states,
+#: as a fraction of a full step (gradients and share): the step is bound by its loads, which it shares with the full
+#: one. :func:`late_chunks` balances a split sequence's two programs by it. Fitted on an H100 (B256 T196 H10 D16,
+#: 13 chunks, 448 sequences split; benchmarks/results/kernels-gka-fused-split-*-2026-11-24.log and
+#: kernels-gka-fused-split-late-*-2026-11-24.log): the kernel took 266 µs unsplit and 250 / 246 / 244 / 241 / 237 /
+#: 239 / 244 / 250 µs with 5 to 12 late chunks, least at 9-10, where the two programs balance for a share of 0.6.
+STATE_STEP_SHARE = 0.6
 
 
 def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
@@ -120,6 +136,8 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     cfg["fused_stages"] = 2
     cfg["fused_regs"] = 0
     cfg["fused_warps"] = 1
+    cfg["fused_wave_slots"] = None
+    cfg["fused_late_chunks"] = None
     # "global_*" settings belong to the non-causal plans (global_launch), which check them
     forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
     if forced:
@@ -136,10 +154,35 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
     if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
         raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
+    for name in ("fused_wave_slots", "fused_late_chunks"):
+        if cfg[name] is not None and (isinstance(cfg[name], bool) or not isinstance(cfg[name], int) or cfg[name] < 0):
+            raise ValueError(f"gka launch settings: {name} must be None or an integer >= 0, got {cfg[name]!r}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
     return cfg
+
+
+def late_chunks(NT: int) -> int:
+    """Chunks the late program of a split sequence walks (of NT): its NT − L steps as long as the early program's L
+    state-only steps (STATE_STEP_SHARE of a step each) and NT − L full ones, within [1, NT − 1]."""
+    return min(max(round(NT / (2.0 - STATE_STEP_SHARE)), 1), NT - 1)
+
+
+def fused_split(cfg: dict, BH: int, NT: int, sms: int) -> tuple[int, int]:
+    """(n_whole, n_late) of the fused adjoint-gradient kernel: sequences [0, n_whole) get one program each; when the
+    grid's last wave would be at most half full, the sequences of that wave (all of them on a grid of less than half a
+    wave) get two, the late one walking the last n_late chunks (:func:`late_chunks` unless set). ``sms``: the GPU's
+    SM count (0 off the GPU); the programs it runs at once are ``fused_wave_slots`` if set, else
+    FUSED_PROGRAMS_PER_SM per SM for the measured one-warp uncapped kernel. Returns (BH, 0) for no split."""
+    slots = cfg["fused_wave_slots"]
+    if slots is None:
+        slots = sms * FUSED_PROGRAMS_PER_SM if cfg["fused_warps"] == 1 and not cfg["fused_regs"] else 0
+    last = BH % slots if slots else 0
+    if NT < 2 or not last or 2 * last > slots:
+        return BH, 0
+    late = cfg["fused_late_chunks"] or late_chunks(NT)
+    return BH - last, min(late, NT - 1)
 
 
 def _precision(dtype: torch.dtype, v_dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
@@ -254,8 +297,11 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
             cfg["adjoint_warps"])
     plan.fused = None
     if cfg["fused_grad"]:
-        plan.fused = DirectLaunch(adjoint_grad_kernel, (B * H,), (T, NT),
-                                  {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")},
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else 0
+        n_whole, n_late = fused_split(cfg, B * H, NT, sms)
+        plan.fused = DirectLaunch(adjoint_grad_kernel, (2 * B * H - n_whole,), (T, NT, n_whole, n_late),
+                                  {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
+                                  | {"SPLIT": n_whole < B * H},
                                   launch_options(cfg["fused_warps"], num_stages=cfg["fused_stages"],
                                                  max_registers=cfg["fused_regs"] or None))
         return plan
@@ -346,7 +392,7 @@ def causal_bwd(fwd: _FwdPlan, q, k, v, g, beta, alpha, x, fro, h0, s0, do, ridge
     dbeta = None if beta is None else empty_output_like(beta)
     dbeta_ = dummy if dbeta is None else dbeta
     if plan.fused is not None:
-        plan.fused(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, dk, dv, dbeta_, dg)
+        plan.fused(aligned, q, k, v, g, beta_, alpha_, do, x, y, c, dgp, h0, s0, dk, dv, dbeta_, dg)
         return dq, dk, dv, dg, dbeta, dalpha
     dend = empty_output(plan.dend_shape, device=dev, dtype=f32)
     eend = empty_output(plan.eend_shape, device=dev, dtype=f32)

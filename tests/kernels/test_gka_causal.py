@@ -212,6 +212,42 @@ def test_interpreter_fused_adjoint_grad(triton_interpreter, poison_outputs, solv
         gka(*wide, solver=solver)
 
 
+@pytest.mark.parametrize("T", [37, 49])
+def test_interpreter_fused_split_walks(triton_interpreter, poison_outputs, T):
+    """Sequences of a last wave split in two programs (the late chunks; their adjoint-state shares, then the early
+    chunks) give the gradients of one program per sequence: all six sequences split, with the rule's late chunk count,
+    and some split with one or two late chunks."""
+    tensors = make_inputs(2, T, 3, 16, 16, seed=T)
+    do = torch.randn(2, T, 3, 16, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
+    with launch_overrides("gka", fused_wave_slots=0):
+        _, whole = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
+    for slots, late in ((12, None), (4, 1), (5, 2)):
+        with launch_overrides("gka", fused_wave_slots=slots, fused_late_chunks=late):
+            _, split = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
+        for name, a, b in zip(GRAD_NAMES, split, whole):
+            assert_close(a, b, tol=1e-5, name=f"d{name} split ({slots} slots, {late} late chunks) vs whole")
+
+
+def test_fused_split_rule():
+    """The last wave's sequences are split only when it would be at most half full, by the SM count on the default
+    one-warp kernel, never on sequences of a single chunk; bad settings are refused by name."""
+    from visionssm.kernels.gka.causal_launch import fused_split, late_chunks, launch_config
+
+    cfg = launch_config(16, 16, per_token=True)
+    assert fused_split(cfg, 2560, 13, 132) == (2112, late_chunks(13))   # 2.42 waves of 1,056
+    assert fused_split(cfg, 5120, 4, 132) == (5120, 0)                 # last wave 85% full
+    assert fused_split(cfg, 2112, 13, 132) == (2112, 0)                # whole waves
+    assert fused_split(cfg, 8, 13, 132) == (0, late_chunks(13))        # less than half a wave: all split
+    assert fused_split(cfg, 8, 1, 132) == (8, 0)                       # one chunk: nothing to split
+    assert fused_split(cfg, 8, 13, 0) == (8, 0)                        # off the GPU unless slots are set
+    assert fused_split({**cfg, "fused_warps": 2}, 8, 13, 132) == (8, 0)
+    assert fused_split({**cfg, "fused_late_chunks": 20}, 8, 13, 132) == (0, 12)
+    assert all(1 <= late_chunks(n) < n for n in range(2, 40))
+    for name in ("fused_wave_slots", "fused_late_chunks"):
+        with launch_overrides("gka", **{name: -1}), pytest.raises(ValueError, match=name):
+            launch_config(16, 16, per_token=True)
+
+
 def test_converged_iteration_count():
     from visionssm.kernels.gka.causal_launch import converged_iters
 
@@ -330,6 +366,24 @@ def test_interpreter_coarse_steps_alone(triton_interpreter, poison_outputs, monk
                          ids=lambda s: "x".join(map(str, s)))
 def test_cuda_direct_fp32(poison_outputs, shape):
     check(make_inputs(*shape, device="cuda"), "direct")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [196, 49])
+def test_cuda_fused_split_walks(poison_outputs, T):
+    """On the GPU, with the SM count's rule: 330 sequences (less than half a wave) all split, against one program per
+    sequence (fp32 inputs, so that both are fp32-exact)."""
+    from visionssm.kernels.gka.causal_launch import fused_split, launch_config
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert fused_split(launch_config(16, 16, per_token=True), 330, -(-T // 16), sms)[0] == 0
+    tensors = make_inputs(33, T, 10, 16, 16, device="cuda", seed=T)
+    do = torch.randn(33, T, 10, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    _, split = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
+    with launch_overrides("gka", fused_wave_slots=0):
+        _, whole = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
+    for name, a, b in zip(GRAD_NAMES, split, whole):
+        assert_close(a, b, tol=1e-5, name=f"d{name} split vs whole")
 
 
 @pytest.mark.cuda
