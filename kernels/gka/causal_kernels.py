@@ -135,7 +135,8 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
     o_v = tl.arange(0, V)
     Hs = tl.zeros([BKR, K], tl.float32)
     Ss = tl.zeros([BKR, V], tl.float32)
-    for i_c in range(NT):
+    # the last chunk's own share would go into no stored state: the loop stops before it
+    for i_c in range(NT - 1):
         base = (i_bh * NT + i_c).to(tl.int64)
         tl.store(h0 + base * K * K + (i_r * BKR + o_r)[:, None] * K + o_k[None, :], Hs)
         tl.store(s0 + base * K * V + (i_r * BKR + o_r)[:, None] * V + o_v[None, :], Ss)
@@ -148,6 +149,9 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
         decay = tl.exp(g_end)
         Hs = Hs * decay + mm(kw, kc, PREC, False, IN_EXACT)
         Ss = Ss * decay + mm(kw, vc, PREC, False, IN_EXACT)
+    base = (i_bh * NT + NT - 1).to(tl.int64)
+    tl.store(h0 + base * K * K + (i_r * BKR + o_r)[:, None] * K + o_k[None, :], Hs)
+    tl.store(s0 + base * K * V + (i_r * BKR + o_r)[:, None] * V + o_v[None, :], Ss)
 
 
 @triton.jit
@@ -367,10 +371,61 @@ def _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC: tl.constexpr, IN_EXAC
 
 
 @triton.jit
+def _tail_step(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg, i_bh, T, NT, H: tl.constexpr,
+               K: tl.constexpr, V: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr, STORE: tl.constexpr):
+    """The backward walk's first step when the last chunk holds a single token s (T = 49 = 3·16 + 1), on vectors
+    instead of BT-row tiles: with D = E = 0 at its end and Ã = 1, :func:`_chunk_grads` reduces to
+
+        P = (z·k) do,   R = 2 c e (H0 k) + 2 c β (k·k) k − (y·k) x − (x·k) y + (do·v) z,
+        dβ = v·P + ½ k·(R without its last term),   dk = β R,   dv = β P,   dG = dgp − β dβ,
+
+    and its shares of D and E to 2 c e² H0 − e (y xᵀ + x yᵀ) + 2 β c e k kᵀ and e z doᵀ (e = e^{g_s}). Stores the
+    token's gradients where ``STORE`` (not for a program that walks only the chunks before it); returns (D, E, dG)."""
+    i_b, i_h = i_bh // H, i_bh % H
+    row = (i_b.to(tl.int64) * T + T - 1) * H + i_h
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    gs = tl.load(g + row).to(tl.float32)
+    if HAS_BETA:
+        bs = tl.load(beta + row).to(tl.float32)
+    else:
+        bs = 1.0
+    cs = tl.load(c + row)
+    dgps = tl.load(dgp + row)
+    kv = tl.load(k + row * K + o_k).to(tl.float32)
+    vv = tl.load(v + row * V + o_v).to(tl.float32)
+    dov = tl.load(do + row * V + o_v).to(tl.float32)
+    xv = tl.load(x + row * K + o_k)
+    yv = tl.load(y + row * K + o_k)
+    if HAS_ALPHA:
+        a = tl.load(alpha + row).to(tl.float32)
+        zv = a * xv + (1.0 - a) * tl.load(q + row * K + o_k).to(tl.float32)
+    else:
+        zv = xv
+    Hc = tl.load(h0 + (i_bh * NT + NT - 1).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
+    e = tl.exp(gs)
+    P = tl.sum(zv * kv, 0) * dov
+    R = (2.0 * cs * e) * tl.sum(Hc * kv[None, :], 1) + (2.0 * cs * bs * tl.sum(kv * kv, 0)) * kv
+    R -= tl.sum(yv * kv, 0) * xv + tl.sum(xv * kv, 0) * yv
+    db = tl.sum(vv * P, 0) + 0.5 * tl.sum(kv * R, 0)
+    R += tl.sum(dov * vv, 0) * zv
+    dG = dgps - bs * db
+    if STORE:
+        tl.store(dk + row * K + o_k, (bs * R).to(dk.dtype.element_ty))
+        tl.store(dv + row * V + o_v, (bs * P).to(dv.dtype.element_ty))
+        if HAS_BETA:
+            tl.store(dbeta + row, db.to(dbeta.dtype.element_ty))
+        tl.store(dg + row, dG.to(dg.dtype.element_ty))
+    Dt = (2.0 * cs * e * e) * Hc - e * (yv[:, None] * xv[None, :] + xv[:, None] * yv[None, :])
+    Dt += (2.0 * bs * cs * e) * (kv[:, None] * kv[None, :])
+    return Dt, e * (zv[:, None] * dov[None, :]), dG
+
+
+@triton.jit
 def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, dv, dbeta, dg, T, NT, n_whole, n_late,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                         IN_EXACT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                        SPLIT: tl.constexpr):
+                        SPLIT: tl.constexpr, TAIL: tl.constexpr):
     """``adjoint_scan_kernel`` and ``grad_kernel`` in one program per (b, h), for heads narrow enough to keep the
     whole K×K and K×V adjoint states D, E in registers: walking the chunks backwards, a chunk's gradients use D, E at
     its end (:func:`_chunk_grads`), then its own share is added to them. Neither the per-chunk states nor the dg
@@ -380,13 +435,16 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
     (late, early) per sequence. The late one runs the walk over the last ``n_late`` chunks alone; the early one first
     sums those chunks' shares of D and E (the cheap part of a step), takes their Σ dG from the identity
     ½⟨D, H0⟩ + ⟨E, S0⟩ at its first own chunk's end (as ``adjoint_scan_kernel`` does), then walks the chunks before
-    them."""
+    them. ``TAIL``: the last chunk holds a single token, whose step (the walk's first) runs on vectors
+    (:func:`_tail_step`)."""
     i_bh = tl.program_id(0)
     Ds = tl.zeros([K, K], tl.float32)
     Es = tl.zeros([K, V], tl.float32)
     later = tl.zeros([], tl.float32)
-    j_lo = 0
+    j_first = 1 if TAIL else 0  # the walk's first tile step
+    j_lo = j_first
     j_hi = NT
+    walks_tail = True  # this program walks the last chunk (with its gradients)
     # nested: the outer test is a constexpr, so kernels without SPLIT compile none of this
     if SPLIT:  # noqa: SIM102
         if i_bh >= n_whole:
@@ -395,7 +453,12 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
             if part % 2 == 0:
                 j_hi = n_late
             else:
-                for j in range(n_late):
+                walks_tail = False
+                if TAIL:
+                    # (its dG is part of the late chunks' Σ dG, taken from the identity below)
+                    Ds, Es, tail_dg = _tail_step(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg,
+                                                 i_bh, T, NT, H, K, V, HAS_BETA, HAS_ALPHA, False)
+                for j in range(j_first, n_late):
                     i_c = NT - 1 - j
                     _, _, b, _, g_end, _, ct, _, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
                         q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA,
@@ -409,6 +472,11 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                 Sn = tl.load(s0 + base * K * V + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
                 later = 0.5 * tl.sum(tl.sum(Ds * Hn, 1), 0) + tl.sum(tl.sum(Es * Sn, 1), 0)
                 j_lo = n_late
+    # nested for the same reason
+    if TAIL:  # noqa: SIM102
+        if walks_tail:
+            Ds, Es, later = _tail_step(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg, i_bh, T, NT,
+                                       H, K, V, HAS_BETA, HAS_ALPHA, True)
     for j in range(j_lo, j_hi):
         i_c = NT - 1 - j
         row, m_t, b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(

@@ -301,7 +301,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
         n_whole, n_late = fused_split(cfg, B * H, NT, sms)
         plan.fused = DirectLaunch(adjoint_grad_kernel, (2 * B * H - n_whole,), (T, NT, n_whole, n_late),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
-                                  | {"SPLIT": n_whole < B * H},
+                                  | {"SPLIT": n_whole < B * H, "TAIL": T % BT == 1},
                                   launch_options(cfg["fused_warps"], num_stages=cfg["fused_stages"],
                                                  max_registers=cfg["fused_regs"] or None))
         return plan

@@ -212,11 +212,12 @@ def test_interpreter_fused_adjoint_grad(triton_interpreter, poison_outputs, solv
         gka(*wide, solver=solver)
 
 
-@pytest.mark.parametrize("T", [37, 49])
+@pytest.mark.parametrize("T", [17, 37, 49])
 def test_interpreter_fused_split_walks(triton_interpreter, poison_outputs, T):
     """Sequences of a last wave split in two programs (the late chunks; their adjoint-state shares, then the early
     chunks) give the gradients of one program per sequence: all six sequences split, with the rule's late chunk count,
-    and some split with one or two late chunks."""
+    and some split with one or two late chunks; at T = 17 and 49 the last chunk is a single token (the vector step),
+    at T = 17 with one late chunk that token alone."""
     tensors = make_inputs(2, T, 3, 16, 16, seed=T)
     do = torch.randn(2, T, 3, 16, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
     with launch_overrides("gka", fused_wave_slots=0):
