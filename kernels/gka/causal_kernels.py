@@ -16,7 +16,8 @@ backward  ``dz_kernel``          dz_t = U_tᵀ do_t:                            
                                  over the whole sequence)
           ``grad_kernel``        dk, dv, dβ and dg of one chunk (in-chunk reverse cumsum of dG_t = dgp_t − β_t dβ_t)
           ``adjoint_grad_kernel`` (16-wide heads) the last two in one program per (b, h) walking the chunks backwards
-                                 with D, E in registers: no per-chunk states or dg offsets in memory
+                                 with D, E in registers: no per-chunk states or dg offsets in memory (a last
+                                 wave's sequences split in two programs; a single-token last chunk on vectors)
 
 Matmul precision (``PREC``): "ieee" / "tf32x3" (fp32 inputs: exact fp32 products, or 3-pass TF32 where exact
 fp32 tiles would not fit registers), "split" (16-bit inputs: every fp32 operand is split into bf16 hi + lo parts and

@@ -154,9 +154,10 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
         raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
     if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
         raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
-    for name in ("fused_wave_slots", "fused_late_chunks"):
-        if cfg[name] is not None and (isinstance(cfg[name], bool) or not isinstance(cfg[name], int) or cfg[name] < 0):
-            raise ValueError(f"gka launch settings: {name} must be None or an integer >= 0, got {cfg[name]!r}")
+    for name, least in (("fused_wave_slots", 0), ("fused_late_chunks", 1)):
+        value = cfg[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"gka launch settings: {name} must be None or an integer >= {least}, got {value!r}")
     if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
         raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
                          f"{cfg['columns']}")
@@ -181,7 +182,7 @@ def fused_split(cfg: dict, BH: int, NT: int, sms: int) -> tuple[int, int]:
     last = BH % slots if slots else 0
     if NT < 2 or not last or 2 * last > slots:
         return BH, 0
-    late = cfg["fused_late_chunks"] or late_chunks(NT)
+    late = late_chunks(NT) if cfg["fused_late_chunks"] is None else cfg["fused_late_chunks"]
     return BH - last, min(late, NT - 1)
 
 

@@ -244,8 +244,8 @@ def test_fused_split_rule():
     assert fused_split({**cfg, "fused_warps": 2}, 8, 13, 132) == (8, 0)
     assert fused_split({**cfg, "fused_late_chunks": 20}, 8, 13, 132) == (0, 12)
     assert all(1 <= late_chunks(n) < n for n in range(2, 40))
-    for name in ("fused_wave_slots", "fused_late_chunks"):
-        with launch_overrides("gka", **{name: -1}), pytest.raises(ValueError, match=name):
+    for name, value in (("fused_wave_slots", -1), ("fused_late_chunks", 0), ("fused_late_chunks", 2.5)):
+        with launch_overrides("gka", **{name: value}), pytest.raises(ValueError, match=name):
             launch_config(16, 16, per_token=True)
 
 
