@@ -15,7 +15,7 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
            "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "launch_options", "needs_grad", "next_pow2"]
+           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "sm_count"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -72,6 +72,14 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two ≥ n (1 for n ≤ 1): Triton block sizes."""
     return 1 << (max(1, n) - 1).bit_length()
+
+
+def sm_count(device: torch.device, off_gpu: int) -> int:
+    """The streaming multiprocessors of CUDA ``device``, which launch heuristics size grids by; ``off_gpu`` for other
+    devices (Triton's interpreter on CPU), where each heuristic picks what its tests need."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return off_gpu
 
 
 def heads_per_program(H: int, BD: int, max_width: int = 128) -> int:

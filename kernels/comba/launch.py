@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, next_pow2
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, next_pow2, sm_count
 from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
@@ -225,7 +225,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
     # training only: the forward without stored states took 0.1448 ms balanced against 0.1415 at B256 T196 H10 D16
     # (comba-balance-*-2026-11-24.log)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    sms = sm_count(device, 0)
     pairs = _pairs(cfg, B, H, ND, sms, _atomic_add(device.type, (), dtype)) if save_state else B * H
     # the batch entries whose outputs the one-direction programs add onto (None: every sequence has both directions
     # in one program)

@@ -12,7 +12,16 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, heads_per_program, next_pow2
+from ..utils import (
+    DirectLaunch,
+    aligned16,
+    cdiv,
+    empty_output,
+    empty_output_like,
+    heads_per_program,
+    next_pow2,
+    sm_count,
+)
 from .kernel import (
     gated_rmsnorm_bwd_kernel,
     gated_rmsnorm_fwd_kernel,
@@ -70,7 +79,7 @@ def lowrank_config(NR: int, H: int, D: int, rank: int, device: torch.device) -> 
     cfg["heads_per_program_bwd"] = HB_bwd
     cfg["num_warps"] = 8 if cfg["block_rows"] * cfg["heads_per_program"] * BD >= 4096 else 4
     cfg["num_warps_bwd"] = 8
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = sm_count(device, 4)
     cfg["programs_bwd"] = max(1, cdiv(2 * sms, cdiv(H, HB_bwd)))
     cfg = tuning.apply_overrides(OP, cfg, SETTINGS)
     BR = cfg["block_rows"]

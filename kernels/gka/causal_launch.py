@@ -35,7 +35,7 @@ import torch
 
 from .. import tuning
 from ..dispatch import interpreter_enabled
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, sm_count
 from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fused_split", "fwd_plan", "late_chunks",
@@ -298,7 +298,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
             cfg["adjoint_warps"])
     plan.fused = None
     if cfg["fused_grad"]:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else 0
+        sms = sm_count(q.device, 0)
         n_whole, n_late = fused_split(cfg, B * H, NT, sms)
         plan.fused = DirectLaunch(adjoint_grad_kernel, (2 * B * H - n_whole,), (T, NT, n_whole, n_late),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
