@@ -93,7 +93,7 @@ def test_every_readme_command_is_run_or_says_why_not():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Files named in README.md and CONTRIBUTING.md
+# Files named in the documents (README.md, CONTRIBUTING.md, the tracking README, the results history)
 
 # Paths in the documents that stand for the reader's own files, or for files a command writes.
 PLACEHOLDERS = ("/data/imagenet", "out/", "OUT/", "data/", "/tmp/", "output/", "DATA", "results/", "reports/",
@@ -130,7 +130,8 @@ def _exists(path: str, folder: Path) -> bool:
     return any(any(base.glob(path)) if "*" in path else (base / path).exists() for base in (ROOT, folder))
 
 
-@pytest.mark.parametrize("document", ["README.md", "CONTRIBUTING.md", "tracking/README.md"])
+@pytest.mark.parametrize("document", ["README.md", "CONTRIBUTING.md", "tracking/README.md",
+                                      "benchmarks/results/HISTORY.md"])
 def test_documents_name_files_that_exist(document):
     folder = (ROOT / document).parent
     missing = sorted(p for p in _named_paths((ROOT / document).read_text(), folder) if not _exists(p, folder)

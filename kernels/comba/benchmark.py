@@ -6,9 +6,10 @@ tokens, 6 heads of 64) — and then two LM shapes with 64- and 128-wide heads (t
 short loses the LM rows rather than the vision targets). FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
 
-Ours and SDPA are also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or forward
-+ autograd backward): GPU time without the host's per-call work (Python, autograd, launches), which the plain
-columns include wherever the host is the slower side — at the vision shapes in eager mode it is.
+Every implementation is also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or
+forward + autograd backward): GPU time without the host's per-call work (Python, autograd, launches), which the
+plain columns include wherever the host is the slower side — at the vision shapes in eager mode it is, for FLA's
+staged kernels too. Ratios to FLA set graph against graph and plain against plain.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from visionssm.utils.benchmark import measure_impls
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
 SDPA_GRAPH = "sdpa (CUDA graph)"
+FLA = "fla_chunk_comba"
+FLA_GRAPH = f"{FLA} (CUDA graph)"
 #: Timed by replaying a captured CUDA graph.
-GRAPHED = (OURS_GRAPH, SDPA_GRAPH)
+GRAPHED = (OURS_GRAPH, SDPA_GRAPH, FLA_GRAPH)
 OURS = ("visionssm", OURS_GRAPH)
 SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (256, 197, 6, 64), (64, 1024, 4, 64), (4, 2048, 8, 128)]
 
@@ -97,11 +100,11 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             sdpa = ((sq, sk, sv), lambda a, c=causal: F.scaled_dot_product_attention(*a, is_causal=c), sdo)
             impls = {"visionssm": ours, "sdpa": sdpa, OURS_GRAPH: ours, SDPA_GRAPH: sdpa}
             if causal and fla_chunk_comba is not None:
-                impls["fla_chunk_comba"] = ((q, k, v, p, g, beta), lambda a: fla_chunk_comba(
+                impls[FLA] = impls[FLA_GRAPH] = ((q, k, v, p, g, beta), lambda a: fla_chunk_comba(
                     q=a[0], k=a[1], v=a[2], p=a[3], g=a[4], beta=a[5])[0], do)
             rows += measure_impls("comba", shape, tag, impls, ours=OURS, graphed=GRAPHED,
                                   bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd),
-                                  copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else ("fla_chunk_comba",))
+                                  copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else (FLA, FLA_GRAPH))
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     _print_fla_ratios(rows)
@@ -110,11 +113,13 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 def _print_fla_ratios(rows: list[dict]) -> None:
+    """Ours against FLA's, graph against graph and plain against plain."""
     by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
     for (shape, mode, impl), ms in by_key.items():
-        fla = by_key.get((shape, mode, "fla_chunk_comba"))
-        if impl == "visionssm" and fla:
-            print(f"# visionssm / fla_chunk_comba  {shape} {mode}: {ms / fla:.2f}x")
+        for ours, anchor, label in ((OURS_GRAPH, FLA_GRAPH, "both CUDA graph"), ("visionssm", FLA, "both plain")):
+            fla = by_key.get((shape, mode, anchor))
+            if impl == ours and fla:
+                print(f"# visionssm / {FLA}, {label}  {shape} {mode}: {ms / fla:.2f}x")
 
 
 def _print_graph_ratios(rows: list[dict]) -> None:
