@@ -15,7 +15,7 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
            "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "sm_count"]
+           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "sm_count", "wave_slots"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -80,6 +80,15 @@ def sm_count(device: torch.device, off_gpu: int) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return off_gpu
+
+
+def wave_slots(setting: int | None, sms: int, per_sm: int, measured: bool) -> int:
+    """Programs of a kernel the GPU runs at once, for the plans that balance a grid's last wave: ``setting`` when one
+    is forced (0: no balancing), else ``per_sm`` (counted for one launch layout) times the SM count when ``measured``
+    says the kernel runs that layout, else 0 (a layout whose count was not measured is not balanced)."""
+    if setting is not None:
+        return setting
+    return sms * per_sm if measured else 0
 
 
 def heads_per_program(H: int, BD: int, max_width: int = 128) -> int:

@@ -41,7 +41,17 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, next_pow2, sm_count
+from ..utils import (
+    DirectLaunch,
+    aligned16,
+    cdiv,
+    empty_output,
+    empty_output_like,
+    launch_options,
+    next_pow2,
+    sm_count,
+    wave_slots,
+)
 from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
@@ -175,9 +185,7 @@ def _pairs(cfg: dict, B: int, H: int, ND: int, sms: int, atomic: bool) -> int:
     SM count (0 off the GPU); the programs it runs at once are ``wave_slots`` if set, else PROGRAMS_PER_SM per SM,
     measured for one-warp walks only. ``atomic``: the output takes atomic adds (:func:`_atomic_add`)."""
     BH = B * H
-    slots = cfg["wave_slots"]
-    if slots is None:
-        slots = sms * PROGRAMS_PER_SM if cfg["num_warps"] == 1 else 0
+    slots = wave_slots(cfg["wave_slots"], sms, PROGRAMS_PER_SM, cfg["num_warps"] == 1)
     if not (slots and atomic and ND == 2 and cfg["dir_loop"] and cfg["NV"] == 1):
         return BH
     pairs = BH // slots * slots // H * H

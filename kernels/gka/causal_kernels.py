@@ -362,13 +362,15 @@ def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H
 
 
 @triton.jit
-def _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC: tl.constexpr, IN_EXACT: tl.constexpr):
-    """A chunk's share of the adjoint states D and E at its start: Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ,
-    with Σ_t e^{G_t} c_t H_t = Σ_t c_t e^{2 G_t} H0 + Σ_r β_r a_r k_r k_rᵀ."""
+def _through_chunk(Ds, Es, g_end, b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC: tl.constexpr, IN_EXACT: tl.constexpr):
+    """The adjoint states D, E carried from a chunk's end to its start: decayed by e^{G_end}, plus the chunk's share
+    Σ_t e^{G_t} (dH_t + dH_tᵀ) and Σ_t e^{G_t} z_t do_tᵀ, with Σ_t e^{G_t} c_t H_t = Σ_t c_t e^{2 G_t} H0 +
+    Σ_r β_r a_r k_r k_rᵀ."""
     S = mm(tl.trans(Y * e[:, None]), X, PREC, False, False)
     dD = (2.0 * tl.sum(ct * e * e, 0)) * Hc - S - tl.trans(S)
     dD += 2.0 * mm(tl.trans(kc.to(tl.float32) * (b * a_c)[:, None]), kc, PREC, False, IN_EXACT)
-    return dD, mm(tl.trans(Z * e[:, None]), dO, PREC, False, IN_EXACT)
+    decay = tl.exp(g_end)
+    return Ds * decay + dD, Es * decay + mm(tl.trans(Z * e[:, None]), dO, PREC, False, IN_EXACT)
 
 
 @triton.jit
@@ -464,10 +466,7 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                     _, _, b, _, g_end, _, ct, _, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
                         q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA,
                         False)
-                    dD, dE = _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
-                    decay = tl.exp(g_end)
-                    Ds = Ds * decay + dD
-                    Es = Es * decay + dE
+                    Ds, Es = _through_chunk(Ds, Es, g_end, b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
                 base = (i_bh * NT + NT - n_late).to(tl.int64)
                 Hn = tl.load(h0 + base * K * K + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
                 Sn = tl.load(s0 + base * K * V + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
@@ -486,10 +485,7 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                           V, PREC, IN_EXACT, HAS_BETA)
         tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)
         later += tl.sum(dG, 0)
-        dD, dE = _state_share(b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
-        decay = tl.exp(g_end)
-        Ds = Ds * decay + dD
-        Es = Es * decay + dE
+        Ds, Es = _through_chunk(Ds, Es, g_end, b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
 
 
 @triton.jit

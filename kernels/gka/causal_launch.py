@@ -35,7 +35,16 @@ import torch
 
 from .. import tuning
 from ..dispatch import interpreter_enabled
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, launch_options, sm_count
+from ..utils import (
+    DirectLaunch,
+    aligned16,
+    cdiv,
+    empty_output,
+    empty_output_like,
+    launch_options,
+    sm_count,
+    wave_slots,
+)
 from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fused_split", "fwd_plan", "late_chunks",
@@ -176,9 +185,8 @@ def fused_split(cfg: dict, BH: int, NT: int, sms: int) -> tuple[int, int]:
     wave) get two, the late one walking the last n_late chunks (:func:`late_chunks` unless set). ``sms``: the GPU's
     SM count (0 off the GPU); the programs it runs at once are ``fused_wave_slots`` if set, else
     FUSED_PROGRAMS_PER_SM per SM for the measured one-warp uncapped kernel. Returns (BH, 0) for no split."""
-    slots = cfg["fused_wave_slots"]
-    if slots is None:
-        slots = sms * FUSED_PROGRAMS_PER_SM if cfg["fused_warps"] == 1 and not cfg["fused_regs"] else 0
+    slots = wave_slots(cfg["fused_wave_slots"], sms, FUSED_PROGRAMS_PER_SM,
+                       cfg["fused_warps"] == 1 and not cfg["fused_regs"])
     last = BH % slots if slots else 0
     if NT < 2 or not last or 2 * last > slots:
         return BH, 0

@@ -375,8 +375,9 @@ def test_cuda_fused_split_walks(poison_outputs, T):
     """On the GPU, with the SM count's rule: 330 sequences (less than half a wave) all split, against one program per
     sequence (fp32 inputs, so that both are fp32-exact)."""
     from visionssm.kernels.gka.causal_launch import fused_split, launch_config
+    from visionssm.kernels.utils import sm_count
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count(torch.device("cuda"), 0)
     assert fused_split(launch_config(16, 16, per_token=True), 330, -(-T // 16), sms)[0] == 0
     tensors = make_inputs(33, T, 10, 16, 16, device="cuda", seed=T)
     do = torch.randn(33, T, 10, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(4))
