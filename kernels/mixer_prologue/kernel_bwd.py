@@ -56,12 +56,15 @@ def prologue_bwd_kernel(
     proj, conv_w, beta_bias, alpha_bias, A_log, dt_bias, feedback, correction,
     dq, dk, dv, dp, dg, dbeta, dalpha,
     dconv, dproj, partials,
-    L, stride_b, stride_t, beta_col, alpha_col, decay_col, dstride_b, dstride_t,
+    L, stride_b_units, stride_t_units, beta_col, alpha_col, decay_col, dstride_b_units, dstride_t_units,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr, LEFT: tl.constexpr,
     BT: tl.constexpr, HB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_BETA_BIAS: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ALPHA_BIAS: tl.constexpr, HAS_DECAY: tl.constexpr,
-    FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr,
+    FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
+    # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
+    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
+    dstride_b, dstride_t = dstride_b_units.to(tl.int64) * ROW_ALIGN, dstride_t_units * ROW_ALIGN
     pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     drow0 = dproj + pid_b.to(tl.int64) * dstride_b
@@ -124,15 +127,18 @@ def prologue_bwd_kernel(
 @triton.jit
 def conv_bwd_kernel(
     dconv, proj, conv_w, dproj, dw_partial,
-    L, stride_b, stride_t, dstride_b, dstride_t,
+    L, stride_b_units, stride_t_units, dstride_b_units, dstride_t_units,
     C: tl.constexpr, KS: tl.constexpr, LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKS: tl.constexpr,
+    BKS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     """dx[s, c] = Σ_j w[c, j] · dconv[s + LEFT − j, c];  dw[c, j] = Σ_t dconv[t, c] · x[t + j − LEFT, c].
 
     One program per (BT tokens, batch element, BC channels), all independent: the shifted reads of ``dconv`` and
     ``x`` overlap their neighbours' and come from cache. Its weight-gradient partial sum goes to row
     (batch element, token block) of ``dw_partial``."""
+    # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
+    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
+    dstride_b, dstride_t = dstride_b_units.to(tl.int64) * ROW_ALIGN, dstride_t_units * ROW_ALIGN
     pid_t, pid_b, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c2 = (pid_c * BC + tl.arange(0, BC))[None, :]
     mask_c = c2 < C

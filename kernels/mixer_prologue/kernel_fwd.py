@@ -1,8 +1,9 @@
 """The prologue's forward kernel: one program per (BT tokens, batch element, HB heads).
 
-It reads q, k, v and the gate logits straight from the input projection's output (row stride ``stride_t``; the
-convolution's neighbouring tokens are re-read from cache), and writes the mixer kernel's inputs, contiguous:
-q, k, v, p as (B, L, H, ·) in the output dtype, g / beta / alpha as (B, L, H) float32.
+It reads q, k, v and the gate logits straight from the input projection's output (row stride ``stride_t``, passed
+in units of ``ROW_ALIGN`` elements; the convolution's neighbouring tokens are re-read from cache), and writes the
+mixer kernel's inputs, contiguous: q, k, v, p as (B, L, H, ·) in the output dtype, g / beta / alpha as (B, L, H)
+float32.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from .kernel_common import _head_param, _program_tile, _short_conv, _sigmoid, _s
 def prologue_fwd_kernel(
     proj, conv_w, beta_bias, alpha_bias, A_log, dt_bias, feedback, correction,
     q_out, k_out, v_out, p_out, g_out, beta_out, alpha_out,
-    L, stride_b, stride_t, beta_col, alpha_col, decay_col,
+    L, stride_b_units, stride_t_units, beta_col, alpha_col, decay_col,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr, LEFT: tl.constexpr,
     BT: tl.constexpr, HB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_BETA_BIAS: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_ALPHA_BIAS: tl.constexpr, HAS_DECAY: tl.constexpr,
-    FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr,
+    FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
+    # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
+    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
     _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     out2 = (pid_b.to(tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)

@@ -62,6 +62,17 @@ def launch_config(L: int, H: int, K: int, V: int, C: int) -> dict:
     return tuning.apply_overrides(OP, cfg, SETTINGS)
 
 
+def row_alignment(*strides: int) -> int:
+    """``ROW_ALIGN`` of the kernels: the largest power of two up to 16 dividing every stride (in elements) of proj
+    and of its gradient. The kernels take the strides in units of it and multiply them back by the constexpr, so the
+    compiler knows the rows' alignment: of an integer argument Triton proves divisibility by 16 and nothing less, and
+    with comba_vision_T's projection (598 features, padded to 600) the kernels read proj 2 bytes at a time (sm_90a:
+    98 16-bit loads a thread in the forward kernel, 12 16-byte ones with the factor 8 known). H100, B256 L196, same
+    process: forward 121.5 -> 85.0 µs, backward (both kernels) 369 -> 293 µs; outputs and gradients bit for bit the
+    same."""
+    return next(a for a in (16, 8, 4, 2, 1) if all(s % a == 0 for s in strides))
+
+
 class Plan:
     __slots__ = ("B", "L", "N", "H", "K", "V", "C", "KS", "cols", "gate_cols", "flags", "uncovered", "fwd", "bwd",
                  "bwd_args", "conv_bwd", "partial_rows", "conv_rows", "dummy", "dtype")
@@ -92,20 +103,23 @@ def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool
     plan.conv_rows = conv_grid[0] * B
     left = KS - 1 if causal else (KS - 1) // 2
     beta_col, alpha_col, decay_col = (c if c is not None else 0 for c in cols)
+    # proj's strides and its gradient's (allocated (B, L, N)), passed in units of row_align elements
+    row_align = row_alignment(*proj.stride()[:2], N)
+    units = (proj.stride(0) // row_align, proj.stride(1) // row_align, L * N // row_align, N // row_align)
     constexprs = {"H": H, "K": K, "V": V, "KS": KS, "LEFT": left, "BT": cfg["block_tokens"], "HB": HB,
-                  "BK": next_pow2(K), "BV": next_pow2(V), "EPS": eps, **flags}
+                  "BK": next_pow2(K), "BV": next_pow2(V), "EPS": eps, "ROW_ALIGN": row_align, **flags}
     options = {"num_warps": cfg["num_warps"]}
-    plan.fwd = DirectLaunch(prologue_fwd_kernel, grid, (L, proj.stride(0), proj.stride(1), beta_col, alpha_col,
+    plan.fwd = DirectLaunch(prologue_fwd_kernel, grid, (L, *units[:2], beta_col, alpha_col,
                                                         decay_col), constexprs, options)
     # one backward launch per dtype combination of the incoming gradients (a compiled kernel is typed)
     plan.bwd = {}
-    plan.bwd_args = (prologue_bwd_kernel, grid_bwd, (L, proj.stride(0), proj.stride(1), beta_col, alpha_col,
-                                                     decay_col, L * N, N),
+    plan.bwd_args = (prologue_bwd_kernel, grid_bwd, (L, *units[:2], beta_col, alpha_col, decay_col, *units[2:]),
                      {**constexprs, "BT": cfg["bwd_block_tokens"]}, options)
-    plan.conv_bwd = DirectLaunch(conv_bwd_kernel, conv_grid, (L, proj.stride(0), proj.stride(1), L * N, N),
+    plan.conv_bwd = DirectLaunch(conv_bwd_kernel, conv_grid, (L, *units),
                                  {"C": C, "KS": KS, "LEFT": left, "BT": cfg["conv_block_tokens"],
                                   "BC": cfg["conv_block_channels"],
-                                  "BKS": next_pow2(KS)}, {"num_warps": cfg["conv_num_warps"]})
+                                  "BKS": next_pow2(KS), "ROW_ALIGN": row_align},
+                                 {"num_warps": cfg["conv_num_warps"]})
     return plan
 
 

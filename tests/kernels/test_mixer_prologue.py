@@ -185,6 +185,14 @@ def test_triton_interpreter_unused_columns(triton_interpreter, poison_outputs):
     assert torch.equal(grads["proj"][..., -3:], torch.zeros_like(grads["proj"][..., -3:]))
 
 
+def test_row_alignment_is_the_largest_common_power_of_two():
+    from visionssm.kernels.mixer_prologue.launch import row_alignment
+
+    assert row_alignment(117600, 600, 600) == 8  # comba_vision_T's projection at 196 tokens
+    assert row_alignment(1200) == 16 and row_alignment(1216, 1200) == 16 and row_alignment(2400) == 16
+    assert row_alignment(598) == 2 and row_alignment(601) == 1 and row_alignment(608, 604) == 4
+
+
 def test_triton_interpreter_low_precision(triton_interpreter, poison_outputs):
     proj, weight, kwargs = make_problem("comba", L=9, causal=False, transition="iplr", dtype=torch.bfloat16)
     check_against_reference(proj, weight, kwargs, fwd_tol=1e-2, grad_tol=2e-2)
@@ -294,6 +302,16 @@ def test_cuda_vision_shapes(mode, L, H, K, V, causal, transition, dtype, poison_
 @pytest.mark.parametrize("causal", [True, False])
 def test_cuda_iplr_is_the_iplr_recurrence(causal, aligned, poison_outputs):
     _iplr_check("cuda", torch.bfloat16, causal, aligned, tol=3e-2, L=70, K=64)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("unused, view_of", [(0, None), (2, None), (3, None), (10, None), (0, (0, 6))])
+def test_cuda_every_row_alignment(unused, view_of, poison_outputs):
+    """comba_vision_T's projection (598 columns) with row strides 598, 600, 601, 608 and 604 (a column slice): the
+    kernels' promised stride factor (ROW_ALIGN 2, 8, 1, 16, 2) changes how they load and store rows, not what."""
+    proj, weight, kwargs = make_problem("comba", B=4, L=196, H=3, K=64, V=64, gate_width=16, causal=False,
+                                        dtype=torch.bfloat16, device="cuda", unused=unused)
+    check_against_reference(proj, weight, kwargs, fwd_tol=1e-2, grad_tol=2e-2, view_of=view_of)
 
 
 @pytest.mark.cuda
