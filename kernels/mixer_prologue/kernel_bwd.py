@@ -63,8 +63,8 @@ def prologue_bwd_kernel(
     FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
-    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
-    dstride_b, dstride_t = dstride_b_units.to(tl.int64) * ROW_ALIGN, dstride_t_units * ROW_ALIGN
+    stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
+    dstride_b, dstride_t = dstride_b_units * ROW_ALIGN, dstride_t_units * ROW_ALIGN
     pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     drow0 = dproj + pid_b.to(tl.int64) * dstride_b
@@ -137,8 +137,8 @@ def conv_bwd_kernel(
     ``x`` overlap their neighbours' and come from cache. Its weight-gradient partial sum goes to row
     (batch element, token block) of ``dw_partial``."""
     # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
-    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
-    dstride_b, dstride_t = dstride_b_units.to(tl.int64) * ROW_ALIGN, dstride_t_units * ROW_ALIGN
+    stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
+    dstride_b, dstride_t = dstride_b_units * ROW_ALIGN, dstride_t_units * ROW_ALIGN
     pid_t, pid_b, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c2 = (pid_c * BC + tl.arange(0, BC))[None, :]
     mask_c = c2 < C

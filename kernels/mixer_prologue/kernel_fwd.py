@@ -25,7 +25,7 @@ def prologue_fwd_kernel(
     FEEDBACK: tl.constexpr, IPLR: tl.constexpr, EPS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
-    stride_b, stride_t = stride_b_units.to(tl.int64) * ROW_ALIGN, stride_t_units * ROW_ALIGN
+    stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
     _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
     out2 = (pid_b.to(tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)

@@ -63,14 +63,16 @@ def launch_config(L: int, H: int, K: int, V: int, C: int) -> dict:
 
 
 def row_alignment(*strides: int) -> int:
-    """``ROW_ALIGN`` of the kernels: the largest power of two up to 16 dividing every stride (in elements) of proj
-    and of its gradient. The kernels take the strides in units of it and multiply them back by the constexpr, so the
-    compiler knows the rows' alignment: of an integer argument Triton proves divisibility by 16 and nothing less, and
-    with comba_vision_T's projection (598 features, padded to 600) the kernels read proj 2 bytes at a time (sm_90a:
-    98 16-bit loads a thread in the forward kernel, 12 16-byte ones with the factor 8 known). H100, B256 L196, same
-    process: forward 121.5 -> 85.0 µs, backward (both kernels) 369 -> 293 µs; outputs and gradients bit for bit the
-    same."""
-    return next(a for a in (16, 8, 4, 2, 1) if all(s % a == 0 for s in strides))
+    """``ROW_ALIGN`` of the kernels: the largest power of two below 16 dividing every stride (in elements) of proj and
+    of its gradient, or 1 when 16 divides them all. The kernels take the strides in units of it and multiply them back
+    by the constexpr, so that the compiler knows the rows' alignment: of an integer argument Triton proves
+    divisibility by 16 itself, and nothing less. With comba_vision_T's projection (598 features, padded to 600) the
+    kernels read proj 2 bytes at a time (sm_90a: 98 16-bit loads a thread in the forward kernel, 12 16-byte ones with
+    the factor 8 known). H100, B256 L196, same process: forward 121.5 -> 85.0 µs, backward (both kernels) 369 -> 293
+    µs, outputs and gradients bit for bit the same. (Strides that 16 divides gain nothing from units of 16: 1-2% slower
+    at gka_vision_T's 672.)"""
+    common = next(a for a in (16, 8, 4, 2, 1) if all(s % a == 0 for s in strides))
+    return 1 if common == 16 else common
 
 
 class Plan:
@@ -103,8 +105,9 @@ def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool
     plan.conv_rows = conv_grid[0] * B
     left = KS - 1 if causal else (KS - 1) // 2
     beta_col, alpha_col, decay_col = (c if c is not None else 0 for c in cols)
-    # proj's strides and its gradient's (allocated (B, L, N)), passed in units of row_align elements
-    row_align = row_alignment(*proj.stride()[:2], N)
+    # proj's strides and its gradient's (allocated (B, L, N)), passed in units of row_align elements; a stride of
+    # 2^31 elements or more stays as it is (Triton passes it as a 64-bit integer, its units might be 32-bit)
+    row_align = row_alignment(*proj.stride()[:2], N) if max(proj.stride(0), L * N) < 2**31 else 1
     units = (proj.stride(0) // row_align, proj.stride(1) // row_align, L * N // row_align, N // row_align)
     constexprs = {"H": H, "K": K, "V": V, "KS": KS, "LEFT": left, "BT": cfg["block_tokens"], "HB": HB,
                   "BK": next_pow2(K), "BV": next_pow2(V), "EPS": eps, "ROW_ALIGN": row_align, **flags}

@@ -185,12 +185,13 @@ def test_triton_interpreter_unused_columns(triton_interpreter, poison_outputs):
     assert torch.equal(grads["proj"][..., -3:], torch.zeros_like(grads["proj"][..., -3:]))
 
 
-def test_row_alignment_is_the_largest_common_power_of_two():
+def test_row_alignment_is_the_common_power_of_two_triton_cannot_see():
     from visionssm.kernels.mixer_prologue.launch import row_alignment
 
     assert row_alignment(117600, 600, 600) == 8  # comba_vision_T's projection at 196 tokens
-    assert row_alignment(1200) == 16 and row_alignment(1216, 1200) == 16 and row_alignment(2400) == 16
     assert row_alignment(598) == 2 and row_alignment(601) == 1 and row_alignment(608, 604) == 4
+    # 16 and its multiples Triton proves itself: the strides go as they are
+    assert row_alignment(1200) == 1 and row_alignment(1216, 1200) == 1 and row_alignment(235200, 1200, 1200) == 1
 
 
 def test_triton_interpreter_low_precision(triton_interpreter, poison_outputs):
@@ -308,10 +309,19 @@ def test_cuda_iplr_is_the_iplr_recurrence(causal, aligned, poison_outputs):
 @pytest.mark.parametrize("unused, view_of", [(0, None), (2, None), (3, None), (10, None), (0, (0, 6))])
 def test_cuda_every_row_alignment(unused, view_of, poison_outputs):
     """comba_vision_T's projection (598 columns) with row strides 598, 600, 601, 608 and 604 (a column slice): the
-    kernels' promised stride factor (ROW_ALIGN 2, 8, 1, 16, 2) changes how they load and store rows, not what."""
+    kernels' promised stride factor (ROW_ALIGN 2, 8, 1, 1, 2) changes how they load and store rows, not what."""
     proj, weight, kwargs = make_problem("comba", B=4, L=196, H=3, K=64, V=64, gate_width=16, causal=False,
                                         dtype=torch.bfloat16, device="cuda", unused=unused)
     check_against_reference(proj, weight, kwargs, fwd_tol=1e-2, grad_tol=2e-2, view_of=view_of)
+
+
+@pytest.mark.cuda
+def test_cuda_unit_strides(poison_outputs):
+    """One token of an 8-column projection: every stride is one unit of ROW_ALIGN = 8, an argument Triton turns
+    into the compile-time constant 1 inside the kernels (an integer, not a tensor)."""
+    proj, weight, kwargs = make_problem("min", B=2, L=1, H=1, K=2, V=3, device="cuda")
+    assert proj.shape[-1] == 8
+    check_against_reference(proj, weight, kwargs)
 
 
 @pytest.mark.cuda
