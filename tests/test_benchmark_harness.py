@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from visionssm.kernels.utils import assert_close, relative_error
-from visionssm.utils.benchmark import Timing, environment, save_results, side_by_side, time_fn
+from visionssm.utils.benchmark import Timing, environment, print_ratios, save_results, side_by_side, time_fn
 
 
 def test_time_fn_on_cpu_counts_repeats():
@@ -40,6 +40,19 @@ def test_side_by_side_ratios():
     assert "ours/anchor" in lines[0]
     assert lines[2].split()[-1] == "0.50x"
     assert lines[3].split()[-1] == "n/a"
+
+
+def test_print_ratios_pairs_each_row_with_its_anchor(capsys):
+    rows = [
+        {"shape": "s1", "mode": "fwd", "impl": "ours (graph)", "ms": 1.0},
+        {"shape": "s1", "mode": "fwd", "impl": "anchor (graph)", "ms": 4.0},
+        {"shape": "s1", "mode": "fwd", "impl": "ours", "ms": 3.0},
+        {"shape": "s1", "mode": "fwd", "impl": "anchor", "ms": 2.0},
+        {"shape": "s2", "mode": "fwd", "impl": "ours (graph)", "ms": 1.0},  # no anchor row: no line
+    ]
+    print_ratios(rows, (("ours (graph)", "anchor (graph)", "anchor, both graph"), ("ours", "anchor", "anchor, plain")))
+    assert capsys.readouterr().out.splitlines() == ["# visionssm / anchor, both graph  s1 fwd: 0.25x",
+                                                    "# visionssm / anchor, plain  s1 fwd: 1.50x"]
 
 
 def test_relative_error_and_assert_close():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import measure_impls
+from visionssm.utils.benchmark import measure_impls, print_ratios
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -107,25 +107,6 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                                   copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else (FLA, FLA_GRAPH))
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
-    _print_fla_ratios(rows)
-    _print_graph_ratios(rows)
+    print_ratios(rows, ((OURS_GRAPH, FLA_GRAPH, f"{FLA}, both CUDA graph"), ("visionssm", FLA, f"{FLA}, both plain")))
+    print_ratios(rows, ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"),))
     return rows
-
-
-def _print_fla_ratios(rows: list[dict]) -> None:
-    """Ours against FLA's, graph against graph and plain against plain."""
-    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
-    for (shape, mode, impl), ms in by_key.items():
-        for ours, anchor, label in ((OURS_GRAPH, FLA_GRAPH, "both CUDA graph"), ("visionssm", FLA, "both plain")):
-            fla = by_key.get((shape, mode, anchor))
-            if impl == ours and fla:
-                print(f"# visionssm / {FLA}, {label}  {shape} {mode}: {ms / fla:.2f}x")
-
-
-def _print_graph_ratios(rows: list[dict]) -> None:
-    """GPU time against GPU time: both sides replayed from CUDA graphs."""
-    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
-    for (shape, mode, impl), ms in by_key.items():
-        sdpa = by_key.get((shape, mode, SDPA_GRAPH))
-        if impl == OURS_GRAPH and sdpa:
-            print(f"# visionssm / sdpa, both CUDA graph  {shape} {mode}: {ms / sdpa:.2f}x")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, sdpa_graph_ms, time_fn
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios, sdpa_graph_ms, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -96,21 +96,10 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                                   bytes_moved=lambda bwd, s=(B, T, H, D): _bytes(*s, bwd), copy_gbps=copy_gbps,
                                   forward_only=(FLA, FLA_GRAPH))
             torch.cuda.empty_cache()
-    _print_ratios(rows)
+    # GPU time against GPU time, and the LM shape's forward against FLA's, graph against graph and plain against plain
+    print_ratios(rows, ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"),
+                        (OURS_GRAPH, FLA_GRAPH, f"{FLA}, both CUDA graph"), ("visionssm", FLA, f"{FLA}, both plain")))
     return rows
-
-
-def _print_ratios(rows: list[dict]) -> None:
-    """GPU time against GPU time (both CUDA graphs), and the LM shape's forward against FLA's, graph against graph
-    and plain against plain."""
-    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
-    pairs = ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"), (OURS_GRAPH, FLA_GRAPH, f"{FLA}, both CUDA graph"),
-             ("visionssm", FLA, f"{FLA}, both plain"))
-    for (shape, mode, impl), ms in by_key.items():
-        for ours, anchor, label in pairs:
-            theirs = by_key.get((shape, mode, anchor))
-            if impl == ours and theirs:
-                print(f"# visionssm / {label}  {shape} {mode}: {ms / theirs:.2f}x")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, time_op
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios, time_op
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -66,17 +66,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             rows += measure_impls("ska", shape, tag, _impls(B, T, H, causal), ours=OURS, graphed=GRAPHED,
                                   bytes_moved=lambda bwd, s=(B, T, H): _bytes(*s, bwd), copy_gbps=copy_gbps)
             torch.cuda.empty_cache()
-    _print_ratios(rows)
+    print_ratios(rows, ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"), ("visionssm", "sdpa", "sdpa, eager")))
     return rows
-
-
-def _print_ratios(rows: list[dict]) -> None:
-    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
-    for (shape, mode, impl), ms in by_key.items():
-        for ours, anchor, what in ((OURS_GRAPH, SDPA_GRAPH, "both CUDA graph"), ("visionssm", "sdpa", "eager")):
-            base = by_key.get((shape, mode, anchor))
-            if impl == ours and base:
-                print(f"# visionssm / sdpa, {what}  {shape} {mode}: {ms / base:.2f}x")
 
 
 # ---------------------------------------------------------------------------------------------------------------

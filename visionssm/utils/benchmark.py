@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results", "sdpa_graph_ms",
-           "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "time_op", "with_bandwidth"]
+           "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "print_ratios", "time_op",
+           "with_bandwidth"]
 
 
 @dataclasses.dataclass
@@ -194,6 +195,18 @@ def measure_impls(op: str, shape: str, tag: str, impls: dict, *, ours: Sequence[
             if row is not None:
                 rows.append(row)
     return rows
+
+
+def print_ratios(rows: list[dict], pairs: Sequence[tuple[str, str, str]]) -> None:
+    """For each ``(ours, anchor, label)`` of ``pairs``, print ``# visionssm / <label>  <shape> <mode>: <ratio>x`` for
+    every row of implementation ``ours`` whose shape and mode also have a row of ``anchor`` (the kernel suites'
+    summary lines, e.g. CUDA graph against CUDA graph)."""
+    by_key = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows}
+    for (shape, mode, impl), ms in by_key.items():
+        for ours, anchor, label in pairs:
+            theirs = by_key.get((shape, mode, anchor))
+            if impl == ours and theirs:
+                print(f"# visionssm / {label}  {shape} {mode}: {ms / theirs:.2f}x")
 
 
 def kernel_times_us(step: Callable[[], object], reps: int = 10) -> dict[str, float]:
