@@ -251,6 +251,7 @@ def launch_options(num_warps: int, *, num_stages: int | None = None, max_registe
 #: launcher turns out to take other arguments.
 DIRECT_LAUNCH = True
 _COMPILED_KERNEL: list = []  # [triton's CompiledKernel class or None], resolved on first use (Triton is lazy)
+_LAUNCH_CONTEXT: list = []  # [(current device, current raw stream, Triton's runtime knobs)], resolved on first use
 
 
 def _compiled_kernel_type():
@@ -261,6 +262,28 @@ def _compiled_kernel_type():
             CompiledKernel = None  # noqa: N806
         _COMPILED_KERNEL.append(CompiledKernel)
     return _COMPILED_KERNEL[0]
+
+
+def _launch_context() -> tuple | None:
+    """The functions Triton's own launch path asks for the current device and its current stream (PyTorch's), and
+    Triton's runtime knobs, where launch hooks are installed; ``None`` for a Triton without them."""
+    if not _LAUNCH_CONTEXT:
+        try:
+            from triton import knobs
+            from triton.runtime import driver
+
+            active = driver.active
+            _LAUNCH_CONTEXT.append((active.get_current_device, active.get_current_stream, knobs.runtime))
+        except (ImportError, AttributeError):
+            _LAUNCH_CONTEXT.append(None)
+    return _LAUNCH_CONTEXT[0]
+
+
+def launch_hooks_installed(runtime) -> bool:
+    """Whether a launch enter or exit hook is installed in Triton's runtime knobs ``runtime`` (a profiler such as
+    proton installs them; each is a chain of hooks in current Triton, a callable or ``None`` in older ones)."""
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 
 
 def aligned16(*tensors: torch.Tensor | None) -> bool:
@@ -277,15 +300,19 @@ class DirectLaunch:
     """One kernel launch with the grid, the trailing integer arguments, the constexprs and the options fixed.
 
     The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the compiled kernel; later
-    launches call that compiled kernel's launcher directly (``compiled[grid](*all_args)``, what the JIT itself does
-    after its per-call argument binding, specialization and cache-key work, ~20 µs of host time per launch). The
-    compiled kernel is only valid for what the JIT specialized on, so the caller must keep one object per device,
+    launches call that compiled kernel's launcher ``run`` directly, with the arguments its own runner
+    (``compiled[grid]``) passes it. That skips the JIT's per-call argument binding, specialization and cache-key
+    work (~10 µs of host time per launch on an H100 machine), and the runner's launch metadata and empty hook chains
+    (a further 5–9 µs: 8.9 against 13.7 µs best, 9.6 against 18.6 median, for a kernel of 18 pointers). Where a
+    launch hook is installed (a profiler), the runner is called instead, so that the hook sees every launch.
+
+    The compiled kernel is only valid for what the JIT specialized on, so the caller must keep one object per device,
     tensor dtypes and ``None``-ness, integers, constexprs and options (Comba's launch plans are keyed so); the
     tensors' 16-byte alignment is checked per call (``aligned``), and the direct path is taken only for aligned
     tensors with a kernel compiled for aligned tensors. Constexprs must be the kernel's trailing parameters (given in
     any order); otherwise every launch goes through the JIT."""
 
-    __slots__ = ("kernel", "grid", "dims", "kwargs", "args_tail", "runner", "direct")
+    __slots__ = ("kernel", "grid", "dims", "kwargs", "args_tail", "runner", "direct", "run", "function", "metadata")
 
     def __init__(self, kernel, grid: tuple, dims: tuple, constexprs: dict, options: dict):
         names = list(getattr(kernel, "arg_names", None) or [])
@@ -295,7 +322,7 @@ class DirectLaunch:
         self.dims = dims
         self.kwargs = {**constexprs, **options}
         self.args_tail = (*dims, *ordered.values())
-        self.runner = None
+        self.runner = self.run = self.function = self.metadata = None
         # the direct launcher takes every kernel argument positionally, constexprs included, in signature order
         self.direct = (_compiled_kernel_type() is not None and len(ordered) == len(constexprs)
                        and names[len(names) - len(ordered):] == list(ordered))
@@ -305,11 +332,18 @@ class DirectLaunch:
         runner = self.runner
         if runner is not None and aligned:
             try:
-                runner(*args, *self.args_tail)
+                context = _launch_context()
+                if context is None or launch_hooks_installed(context[2]):
+                    runner(*args, *self.args_tail)
+                else:
+                    grid = self.grid
+                    self.run(grid[0], grid[1], grid[2], context[1](context[0]()), self.function, self.metadata,
+                             None, None, None, *args, *self.args_tail)
                 return
             except (TypeError, SystemError, IndexError):  # argument parsing: another Triton's calling convention
                 DIRECT_LAUNCH = False
                 self.runner = None
         compiled = self.kernel[self.grid](*args, *self.dims, **self.kwargs)
         if aligned and self.direct and DIRECT_LAUNCH and isinstance(compiled, _compiled_kernel_type()):
-            self.runner = compiled[self.grid]
+            self.runner = compiled[self.grid]  # also loads the compiled module: function and metadata exist from here
+            self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
