@@ -370,3 +370,60 @@ def test_layer_norm_fused_training_switch(monkeypatch):
     assert "fused_training=False" in repr(common.LayerNorm(8, fused_training=False))
     with pytest.raises(TypeError, match="fused_training"):
         common.LayerNorm(8, fused_training="no")
+
+
+def test_block_norms_write_autocast_dtype_for_linear_inputs():
+    """A block's norms hand their result to a linear projection first (the MLP's; the mixer's where the mixer says
+    so), so under autocast they write it in autocast's dtype; the final norm (pooled by the head) does not."""
+    from visionssm.layers.base import SequenceMixer
+    from visionssm.layers.common import LayerNorm
+
+    model = timm.create_model(TINY)
+    assert all(b.norm1.autocast_output and b.norm2.autocast_output for b in model.blocks)
+    assert isinstance(model.norm, LayerNorm) and not model.norm.autocast_output
+
+    class Scaled(SequenceMixer):  # uses its input before any projection: keeps float32 input under autocast
+        def __init__(self, dim, *, causal=False, device=None, dtype=None):
+            super().__init__(dim, causal=causal)
+            self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
+
+        def reset_parameters(self):
+            self.proj.reset_parameters()
+
+        def forward(self, x):
+            return self.proj(x * x.square().mean(-1, keepdim=True).rsqrt())
+
+    other = timm.create_model(TINY, mixer=Scaled, mixer_kwargs={})
+    assert all(not b.norm1.autocast_output and b.norm2.autocast_output for b in other.blocks)
+    plain = timm.create_model(TINY, fused_norm=False)
+    assert not any(hasattr(m, "autocast_output") for m in plain.modules())
+
+
+@pytest.mark.cuda
+def test_cuda_block_norms_in_autocast_dtype():
+    """Inference with the norms writing autocast's dtype gives the logits of float32 norms cast by the projections
+    (up to the norms' rare last-place differences); a training step's norms stay float32."""
+    from visionssm.kernels.utils import assert_close
+    from visionssm.layers.common import LayerNorm
+
+    torch.manual_seed(0)
+    model = timm.create_model(TINY).cuda().eval()
+    norms = [m for m in model.modules() if isinstance(m, LayerNorm) and m is not model.norm]
+    x = torch.randn(4, 3, 96, 96, device="cuda")
+    logits, dtypes = [], []
+    hooks = [n.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype)) for n in norms]
+    for direct in (True, False):
+        for m in norms:
+            m.autocast_output = direct
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            logits.append(model(x).float())
+    assert dtypes == [torch.bfloat16] * len(norms) + [torch.float32] * len(norms)
+    assert_close(logits[0], logits[1], tol=1e-2, name="logits")
+    dtypes.clear()
+    for m in norms:
+        m.autocast_output = True
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model.train()(x).float().sum().backward()
+    assert dtypes == [torch.float32] * len(norms)
+    for h in hooks:
+        h.remove()

@@ -49,6 +49,16 @@ def test_mixer_contract(name):
     assert set(before) == {n for n, _ in layer.named_parameters()}
 
 
+@pytest.mark.parametrize("name", sorted(name for name in MIXERS if MIXERS[name].cls.linear_input))
+def test_linear_input_means_autocast_casts_the_input_first(name):
+    """``linear_input = True`` (the contract): under autocast the mixer's result does not depend on whether its input
+    arrives in float32 or already in autocast's dtype, so a backbone's pre-norm may write it in that dtype."""
+    layer = _far_from_init(LAYERS[name](False))
+    x = _input()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(layer(x), layer(x.bfloat16()))
+
+
 @torch.no_grad()
 def _far_from_init(layer):
     """Random weights of a visible size: some mixers start with their token mixing almost off (MambaVision's)."""

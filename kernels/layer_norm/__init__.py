@@ -29,7 +29,7 @@ MAX_CHANNELS = 8192
 _FUSED = None
 
 
-def _well_formed(x, weight, bias, eps) -> bool:
+def _well_formed(x, weight, bias, eps, out_dtype) -> bool:
     """Cheap checks that accept only arguments :func:`_validate` accepts (the common case, on every call); anything
     else goes through :func:`_validate`, which names what is wrong."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or x.dim() < 1:
@@ -40,12 +40,14 @@ def _well_formed(x, weight, bias, eps) -> bool:
     device = x.device
     if weight.device != device or type(eps) is not float or not 0.0 < eps < math.inf:
         return False
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype in _DTYPE_SET):
+        return False
     return bias is None or (isinstance(bias, torch.Tensor) and bias.dtype in _DTYPE_SET and bias.shape == shape
                             and bias.device == device)
 
 
-def _validate(x, weight, bias, eps) -> None:
-    if _well_formed(x, weight, bias, eps):
+def _validate(x, weight, bias, eps, out_dtype) -> None:
+    if _well_formed(x, weight, bias, eps, out_dtype):
         return
     check_dtype("x", x, _IO_DTYPES)
     if x.dim() < 1 or x.numel() == 0:
@@ -61,17 +63,25 @@ def _validate(x, weight, bias, eps) -> None:
     check_same_device(x=x, weight=weight, bias=bias)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype in _DTYPE_SET):
+        raise TypeError(f"out_dtype must be None or one of {', '.join(map(str, _IO_DTYPES))}, got {out_dtype!r}")
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-               eps: float = 1e-5) -> torch.Tensor:
+               eps: float = 1e-5, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """LayerNorm of ``x`` (..., C) over its last axis, times ``weight`` (C,) plus ``bias`` (C,) or None; returns
-    x's shape and dtype (computed in fp32)."""
-    _validate(x, weight, bias, eps)
+    x's shape, in ``out_dtype`` (default: x's dtype), computed in fp32 (float64 for float64 inputs) and rounded once.
+
+    ``out_dtype`` lets a norm whose result goes straight into a 16-bit matrix product (a pre-norm block under
+    autocast) write it in that precision: the float32 result rounded to nearest, without a cast's pass over the
+    activations (the gradient then arrives in that dtype too)."""
+    _validate(x, weight, bias, eps, out_dtype)
+    if out_dtype is None:
+        out_dtype = x.dtype
     if (_dispatch.select_backend(x, weight, bias) == "triton" and x.shape[-1] <= MAX_CHANNELS
             and not tuning.overrides(OP).get("reference", False)):
-        return _fused()(x, weight, bias, eps=float(eps))
-    return layer_norm_reference(x, weight, bias, eps=float(eps))
+        return _fused()(x, weight, bias, eps=float(eps), out_dtype=out_dtype)
+    return layer_norm_reference(x, weight, bias, eps=float(eps)).to(out_dtype)
 
 
 def _fused():

@@ -26,14 +26,14 @@ class LayerNormFunction(torch.autograd.Function):
 
 # torch.compile runs the kernels as they are (a graph break), as for the mixer ops.
 @torch.compiler.disable
-def fused_layer_norm(x, weight, bias, *, eps: float) -> torch.Tensor:
+def fused_layer_norm(x, weight, bias, *, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """Triton LayerNorm over the last axis (validated arguments expected; see :func:`visionssm.kernels.layer_norm`).
     The kernels read a contiguous x of any rank as (N, C) rows, so no reshaping views are made (host time)."""
     x = x.contiguous()
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
-    plan = get_plan(x, weight, bias, eps)
+    plan = get_plan(x, weight, bias, eps, out_dtype)
     if needs_grad(x, weight, bias):
-        return LayerNormFunction.apply(x, weight, bias, plan, x.dtype)
+        return LayerNormFunction.apply(x, weight, bias, plan, out_dtype)
     with device_guard(x):
-        return run_fwd(plan, x, weight, bias, x.dtype)
+        return run_fwd(plan, x, weight, bias, out_dtype)

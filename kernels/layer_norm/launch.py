@@ -80,6 +80,7 @@ def run_bwd(plan: Plan, x, weight, dy):
 _PLANS = tuning.PlanCache()
 
 
-def get_plan(x, weight, bias, eps: float) -> Plan:
-    key = (x.shape, x.dtype, x.device, weight.dtype, None if bias is None else bias.dtype, eps)
+def get_plan(x, weight, bias, eps: float, out_dtype: torch.dtype) -> Plan:
+    # the output's dtype is part of the key: the forward kernel is compiled for it
+    key = (x.shape, x.dtype, x.device, weight.dtype, None if bias is None else bias.dtype, eps, out_dtype)
     return _PLANS.get_or_build(key, lambda: _build(x, bias is not None, eps))

@@ -67,6 +67,31 @@ def test_triton_interpreter_backward_programs_cover_the_rows(triton_interpreter,
         layer_norm(x, weight, bias)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_triton_interpreter_out_dtype(out_dtype, triton_interpreter, poison_outputs):
+    """A 16-bit result from float32 input: the float32 result rounded once (within one unit of the last place here:
+    Triton's interpreter rounds toward zero, the GPU to nearest, which the cuda test checks bit for bit), and every
+    gradient through a gradient in that dtype equal to the float64 reference's for the same output gradient."""
+    x, weight, bias = make_problem((2, 33, 24), seed=5)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    y = layer_norm(*leaves, eps=1e-6, out_dtype=out_dtype)
+    assert y.dtype == out_dtype and y.shape == x.shape
+    with torch.no_grad():
+        y32 = layer_norm(x, weight, bias, eps=1e-6)
+        assert ((y.float() - y32).abs() <= torch.finfo(out_dtype).eps * y32.abs()).all()
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(out_dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    wide = [t.double().requires_grad_() for t in (x, weight, bias)]
+    with dispatch.backend("torch"):
+        ref_y = layer_norm(*wide, eps=1e-6)
+        assert layer_norm(x, weight, bias, eps=1e-6, out_dtype=out_dtype).dtype == out_dtype  # the reference path
+    ref_grads = torch.autograd.grad(ref_y, wide, dy.double())
+    assert_close(y, ref_y, tol=1e-2, name="y")
+    for name, got, want in zip(("dx", "dweight", "dbias"), grads, ref_grads):
+        assert got.dtype == torch.float32
+        assert_close(got, want, tol=1e-4, name=name)
+
+
 @pytest.mark.parametrize("elementwise_affine,bias", [(True, True), (True, False), (False, False)])
 def test_module_is_nn_layernorm(elementwise_affine, bias):
     reference = nn.LayerNorm(24, eps=1e-6, elementwise_affine=elementwise_affine, bias=bias)
@@ -134,6 +159,46 @@ def test_cuda_module_under_autocast_is_nn_layernorm():
     assert outs[0][0].dtype == outs[1][0].dtype == torch.float32
     for name, got, want in zip(("y", "dx", "dweight", "dbias"), *outs):
         assert_close(got, want, tol=1e-2 if name == "dx" else 1e-4, name=name)
+
+
+@pytest.mark.cuda
+def test_cuda_module_autocast_output():
+    """``autocast_output=True`` under CUDA autocast: calls without a gradient return autocast's dtype, the float32
+    result rounded to nearest (within one unit in the last place, and float32 rounding near zero: the two compiled
+    kernels may sum a row in different orders);
+    calls with one, and calls outside autocast, float32 as before."""
+    module = LayerNorm(192, eps=1e-6).cuda()
+    with torch.no_grad():
+        module.weight.normal_()
+        module.bias.normal_()
+    direct = LayerNorm(192, eps=1e-6, autocast_output=True).cuda()
+    direct.load_state_dict(module.state_dict())
+    assert "autocast_output=True" in repr(direct)
+    x = make_problem((8, 197, 192), device="cuda")[0]
+    with torch.no_grad():
+        want = module(x)
+        for dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast("cuda", dtype=dtype):
+                got = direct(x)
+            assert got.dtype == dtype
+            off = (got.float() - want).abs() > torch.finfo(dtype).eps * want.abs() + 1e-5
+            assert not off.any() and (got != want.to(dtype)).float().mean() < 1e-3
+        assert direct(x).dtype == torch.float32
+    leaf = x.clone().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = direct(leaf)
+    assert y.dtype == torch.float32
+    y.square().sum().backward()
+    assert leaf.grad is not None and direct.weight.grad is not None
+
+
+def test_bad_out_dtype_raises_naming_it():
+    x, weight, bias = make_problem()
+    for bad in (torch.int32, "bfloat16", [torch.float32]):
+        with pytest.raises(TypeError, match="out_dtype"):
+            layer_norm(x, weight, bias, out_dtype=bad)
+    with pytest.raises(TypeError, match="autocast_output"):
+        LayerNorm(8, autocast_output=1)
 
 
 @pytest.mark.parametrize("name,error,args", [

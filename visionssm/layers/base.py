@@ -14,6 +14,9 @@ can host any of them (``timm.create_model('mamba_vision_T', mixer='gka')``):
   MambaVision's layer does to stay weight-exact, says by how many tokens through :meth:`SequenceMixer.lookahead`).
 * **forward**: ``(B, L, dim) -> (B, L, dim)`` in the input's dtype, for any ``L ≥ 1``; any other shape raises a
   ``ValueError`` naming ``x`` (:meth:`SequenceMixer.check_input`).
+* **Input under autocast**: a mixer whose first use of its input is a linear projection says so with the class
+  attribute ``linear_input = True``. Under autocast that projection casts the input to autocast's dtype first, so a
+  backbone may hand it the input in that dtype already (its pre-norm writes it so, and the cast is saved).
 * **Weight decay**: parameters that must not decay (decay rates, gate biases, skip scales) are listed by name in the
   class attribute ``no_weight_decay_names``; backbones collect them through :meth:`SequenceMixer.no_weight_decay`.
 * **Initialisation**: a mixer initialises its own parameters (``reset_parameters``); backbones leave mixers alone
@@ -41,6 +44,8 @@ class SequenceMixer(nn.Module):
 
     #: Names of this mixer's own parameters that are kept out of weight decay.
     no_weight_decay_names: tuple[str, ...] = ()
+    #: The mixer's first use of its input is a linear projection (see the module docstring).
+    linear_input: bool = False
 
     def __init__(self, dim: int, *, causal: bool) -> None:
         super().__init__()

@@ -79,6 +79,7 @@ class CombaMixer(SequenceMixer):
     """
 
     no_weight_decay_names = ("A_log", "dt_bias", "b_logit", "correction")
+    linear_input = True
 
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
                  conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,

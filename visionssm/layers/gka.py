@@ -76,6 +76,7 @@ class GKAMixer(SequenceMixer):
     """
 
     no_weight_decay_names = ("beta_bias", "alpha_bias", "A_log", "dt_bias")
+    linear_input = True
 
     def __init__(self, dim: int, *, causal: bool = True, expand: float = 0.5, head_dim: int = 16,
                  conv_size: int = 3, ridge: float = 0.02, num_iters: int = 30, solver: str = "auto",

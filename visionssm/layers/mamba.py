@@ -59,6 +59,7 @@ class MambaVisionMixer(SequenceMixer):
     """
 
     no_weight_decay_names = ("A_log", "D")
+    linear_input = True
 
     def __init__(
             self,

@@ -57,6 +57,7 @@ class SKAMixer(SequenceMixer):
     """
 
     no_weight_decay_names = ("alpha", "gamma")
+    linear_input = True
 
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, head_dim: int = 64,
                  rank: int = 16, ridge: float = 1e-3, power: int = 2, num_iters: int = 6, normalize: bool = True,
