@@ -100,7 +100,7 @@ class LayerNorm(nn.LayerNorm):
     ``autocast_output=True``: under CUDA autocast, calls that need no gradient return the kernels' result in
     autocast's dtype instead of float32. For a norm whose result goes only into linear layers, which cast it to that
     dtype first (a pre-norm block's norm before its MLP), that saves the cast's pass over the activations (H100,
-    batch 256, inference GPU time: comba_vision_T 9.70–9.81 → 9.11–9.18 ms, comba_vision_S 19.20–19.25 → 17.95–17.99
+    batch 256, inference GPU time: comba_vision_T 9.64–9.81 → 9.11–9.20 ms, comba_vision_S 19.20–19.26 → 17.95–18.01
     ms). Calls that need a gradient keep float32: the backward kernel with a 16-bit output gradient took 2.3× the
     time of the float32 one in a comba_vision_S training step (6.87 against 2.98 ms for its 25 norms), more than the
     casts it saved. Neither option is part of the state dict."""
