@@ -118,12 +118,13 @@ class LayerNorm(nn.LayerNorm):
         if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
                 or (autocast and x.device.type != "cuda")):
             return super().forward(x)
-        if not self.fused_training and needs_grad(x, self.weight, self.bias):
+        grad = needs_grad(x, self.weight, self.bias)
+        if grad and not self.fused_training:
             return super().forward(x)
         out_dtype = None
         if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
             x = x.float()
-            if self.autocast_output and not needs_grad(x, self.weight, self.bias):
+            if self.autocast_output and not grad:
                 out_dtype = torch.get_autocast_dtype("cuda")
         return kernels.layer_norm(x, self.weight, self.bias, eps=self.eps, out_dtype=out_dtype)
 
