@@ -401,29 +401,32 @@ def test_block_norms_write_autocast_dtype_for_linear_inputs():
 
 @pytest.mark.cuda
 def test_cuda_block_norms_in_autocast_dtype():
-    """Inference with the norms writing autocast's dtype gives the logits of float32 norms cast by the projections
-    (up to the norms' rare last-place differences); a training step's norms stay float32."""
+    """The norms writing autocast's dtype give the logits of float32 norms cast by the projections (up to the norms'
+    rare last-place differences), in inference and in a training step, and the same gradients: the projections'
+    backward hands the norms the 16-bit gradient that the cast's backward widened before."""
     from visionssm.kernels.utils import assert_close
     from visionssm.layers.common import LayerNorm
 
     torch.manual_seed(0)
-    model = timm.create_model(TINY).cuda().eval()
+    model = timm.create_model(TINY).cuda()
     norms = [m for m in model.modules() if isinstance(m, LayerNorm) and m is not model.norm]
     x = torch.randn(4, 3, 96, 96, device="cuda")
-    logits, dtypes = [], []
+    logits, dtypes, grads = [], [], []
     hooks = [n.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype)) for n in norms]
     for direct in (True, False):
         for m in norms:
             m.autocast_output = direct
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            logits.append(model(x).float())
-    assert dtypes == [torch.bfloat16] * len(norms) + [torch.float32] * len(norms)
+            logits.append(model.eval()(x).float())
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model.train()(x).float().square().mean().backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    dtype_direct, dtype_cast = [torch.bfloat16] * len(norms), [torch.float32] * len(norms)
+    assert dtypes == dtype_direct * 2 + dtype_cast * 2
     assert_close(logits[0], logits[1], tol=1e-2, name="logits")
-    dtypes.clear()
-    for m in norms:
-        m.autocast_output = True
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        model.train()(x).float().sum().backward()
-    assert dtypes == [torch.float32] * len(norms)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert_close(grads[0][name], grads[1][name], tol=2e-2, name=f"{name}.grad")
     for h in hooks:
         h.remove()

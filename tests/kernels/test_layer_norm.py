@@ -163,10 +163,10 @@ def test_cuda_module_under_autocast_is_nn_layernorm():
 
 @pytest.mark.cuda
 def test_cuda_module_autocast_output():
-    """``autocast_output=True`` under CUDA autocast: calls without a gradient return autocast's dtype, the float32
-    result rounded to nearest (all but a few elements exactly; the rest within one unit in the last place, or float32
-    rounding near zero: the two compiled kernels may sum a row in different orders); calls with a gradient, and calls
-    outside autocast, float32 as before."""
+    """``autocast_output=True`` under CUDA autocast returns autocast's dtype, the float32 result rounded to nearest
+    (all but a few elements exactly; the rest within one unit in the last place, or float32 rounding near zero: the
+    two compiled kernels may sum a row in different orders), with or without a gradient; outside autocast float32 as
+    before. A gradient arriving in that dtype gives the gradients of the float32 module fed the same values."""
     module = LayerNorm(192, eps=1e-6).cuda()
     with torch.no_grad():
         module.weight.normal_()
@@ -184,12 +184,18 @@ def test_cuda_module_autocast_output():
             off = (got.float() - want).abs() > torch.finfo(dtype).eps * want.abs() + 1e-5
             assert not off.any() and (got != want.to(dtype)).float().mean() < 1e-3
         assert direct(x).dtype == torch.float32
-    leaf = x.clone().requires_grad_()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = direct(leaf)
-    assert y.dtype == torch.float32
-    y.square().sum().backward()
-    assert leaf.grad is not None and direct.weight.grad is not None
+    dy = torch.randn(x.shape, device="cuda").bfloat16()
+    outs = []
+    for m in (direct, module):
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(leaf)
+        y.backward(dy.to(y.dtype))
+        outs.append((y.dtype, leaf.grad, m.weight.grad, m.bias.grad))
+    assert (outs[0][0], outs[1][0]) == (torch.bfloat16, torch.float32)
+    for name, got, want in zip(("dx", "dweight", "dbias"), outs[0][1:], outs[1][1:]):
+        assert got.dtype == torch.float32
+        assert_close(got, want, tol=1e-5, name=name)
 
 
 def test_bad_out_dtype_raises_naming_it():

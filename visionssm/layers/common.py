@@ -97,13 +97,13 @@ class LayerNorm(nn.LayerNorm):
     PyTorch's C++ one (≈ 0.44 ms more per forward+backward in a comba_vision_T training step on an H100 machine), the
     better trade where a training step is bound by host time (small models).
 
-    ``autocast_output=True``: under CUDA autocast, calls that need no gradient return the kernels' result in
-    autocast's dtype instead of float32. For a norm whose result goes only into linear layers, which cast it to that
-    dtype first (a pre-norm block's norm before its MLP), that saves the cast's pass over the activations (H100,
-    batch 256, inference GPU time: comba_vision_T 9.64–9.81 → 9.11–9.20 ms, comba_vision_S 19.20–19.26 → 17.95–18.01
-    ms). Calls that need a gradient keep float32: the backward kernel with a 16-bit output gradient took 2.3× the
-    time of the float32 one in a comba_vision_S training step (6.87 against 2.98 ms for its 25 norms), more than the
-    casts it saved. Neither option is part of the state dict."""
+    ``autocast_output=True``: under CUDA autocast, the kernels' result comes in autocast's dtype instead of float32
+    (rounded to nearest once; the gradient then arrives in that dtype). For a norm whose result goes only into linear
+    layers, which cast it to that dtype first (a pre-norm block's norm before its MLP), that saves the cast's pass over
+    the activations, and in training the cast's backward too; the values the linear layers see, and the gradients,
+    are the same. Calls that ``fused_training=False`` sends to ``F.layer_norm`` keep float32. H100, batch 256:
+    inference GPU time comba_vision_T 9.64–9.81 → 9.11–9.20 ms, comba_vision_S 19.20–19.26 → 17.95–18.01 ms; a
+    comba_vision_S training step 65.7 → 62.8 ms. Neither option is part of the state dict."""
 
     def __init__(self, *args, fused_training: bool = True, autocast_output: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -124,7 +124,7 @@ class LayerNorm(nn.LayerNorm):
         out_dtype = None
         if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
             x = x.float()
-            if self.autocast_output and not grad:
+            if self.autocast_output:
                 out_dtype = torch.get_autocast_dtype("cuda")
         return kernels.layer_norm(x, self.weight, self.bias, eps=self.eps, out_dtype=out_dtype)
 

@@ -89,9 +89,9 @@ class CombaBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.ls2 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        # Each norm feeds a linear projection first (the MLP's, and the mixer's where it says so): under autocast and
-        # without a gradient it writes its result in autocast's dtype, which that projection would cast it to
-        # (comba_vision_T: 24 casts of (B·197, 192) float32 activations per inference forward fewer)
+        # Each norm feeds a linear projection first (the MLP's, and the mixer's where it says so): under autocast it
+        # writes its result in autocast's dtype, which that projection would cast it to (comba_vision_T: 24 casts of
+        # (B·197, 192) float32 activations per forward fewer, and in training their backward casts)
         for norm, feeds_linear in ((self.norm1, getattr(self.mixer, "linear_input", False)), (self.norm2, True)):
             if isinstance(norm, LayerNorm) and feeds_linear:
                 norm.autocast_output = True
