@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["BACKENDS", "backend", "get_forced_backend", "interpreter_enabled", "select_backend", "set_backend",
-           "triton_available"]
+__all__ = ["BACKENDS", "backend", "fx_tracing", "get_forced_backend", "interpreter_enabled", "select_backend",
+           "set_backend", "triton_available"]
 
 BACKENDS = ("triton", "torch")
 BACKEND_ENV = "VISIONSSM_KERNELS"
@@ -82,15 +82,20 @@ def backend(name: str | None) -> Iterator[None]:
         _state.forced = previous
 
 
+def fx_tracing() -> bool:
+    """True while FX traces symbolically (timm's feature extraction), where tensors are proxies."""
+    # Newer torch splits symbolic tracing (export-hostile) from dynamo/export; older torch has one flag.
+    symbolic = torch.fx._symbolic_trace
+    is_symbolic_tracing = getattr(symbolic, "is_fx_symbolic_tracing", None) or getattr(symbolic, "is_fx_tracing", None)
+    return bool(is_symbolic_tracing and is_symbolic_tracing())
+
+
 def _exporting() -> bool:
     if torch.jit.is_scripting() or torch.jit.is_tracing():
         return True
     if torch.onnx.is_in_onnx_export():
         return True
-    # Newer torch splits symbolic tracing (export-hostile) from dynamo/export; older torch has one flag.
-    symbolic = torch.fx._symbolic_trace
-    is_symbolic_tracing = getattr(symbolic, "is_fx_symbolic_tracing", None) or getattr(symbolic, "is_fx_tracing", None)
-    return bool(is_symbolic_tracing and is_symbolic_tracing())
+    return fx_tracing()
 
 
 def select_backend(*tensors: torch.Tensor | None) -> str:

@@ -15,6 +15,7 @@ from timm.models import group_parameters
 from torch import nn
 
 import visionssm.models.comba_vision  # noqa: F401  (registers the models)
+from visionssm.kernels.utils import assert_close
 from visionssm.layers.comba import CombaMixer
 from visionssm.models.comba_vision import CombaVision
 
@@ -240,6 +241,44 @@ def test_backward_every_parameter_and_grad_checkpointing():
         torch.testing.assert_close(model(x), reference, rtol=1e-4, atol=1e-5)
         final, _ = model.forward_intermediates(x, indices=1)
         torch.testing.assert_close(final, model.forward_features(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["reference-ops", "interpreter"])
+def test_chained_blocks_equal_the_block_sequence(kernels, request):
+    """forward_features chains the blocks (each residual add inside the next norm, the last inside the final norm):
+    features and every gradient equal the plain sequence of block calls, with the reference ops on CPU and with the
+    kernels (Triton's interpreter); a forward hook on a block turns the chain off, and sees its call."""
+    if kernels:
+        request.getfixturevalue("triton_interpreter")
+        request.getfixturevalue("poison_outputs")
+    torch.manual_seed(0)
+    model = timm.create_model(TINY, depth=2)
+    x = torch.randn(2, 3, 48, 64)
+    cotangent = torch.randn(2, 12, 64)
+
+    def run(chained):
+        model.zero_grad(set_to_none=True)
+        if chained:
+            assert model._chain_blocks()
+            out = model.forward_features(x)
+        else:
+            out = model.norm(model.blocks(model.embed(x)[0]))
+        (out * cotangent).sum().backward()
+        return [out.detach(), *(p.grad for _, p in model.named_parameters())]
+
+    names = ["features", *(name for name, _ in model.named_parameters())]
+    for name, got, want in zip(names, run(True), run(False)):
+        assert (got is None) == (want is None) == name.startswith("head."), name
+        if got is not None:
+            assert_close(got, want, tol=1e-5, name=name)
+    seen = []
+    hook = model.blocks[1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        assert not model._chain_blocks()
+        model.forward_features(x)
+    finally:
+        hook.remove()
+    assert seen == [(2, 12, 64)]
 
 
 def test_no_weight_decay_and_group_matcher(tiny):

@@ -1,5 +1,6 @@
 """LayerNorm over the last axis, the norm of the isotropic backbones' blocks:
-``layer_norm(x, weight, bias, *, eps, out_dtype=None)``.
+``layer_norm(x, weight, bias, *, eps, out_dtype=None)``, and with the residual add before it (a pre-norm block's
+second norm): ``add_layer_norm(x, residual, weight, bias, *, eps, out_dtype=None) -> (norm, residual + x)``.
 
 The same function as ``torch.nn.functional.layer_norm(x, (C,), weight, bias, eps)`` (:mod:`.naive` is that, and the
 CPU path), its result optionally in another dtype. Backends (:mod:`visionssm.kernels.dispatch`): one Triton kernel
@@ -19,9 +20,9 @@ import torch
 from .. import dispatch as _dispatch
 from .. import tuning
 from ..utils import check_dtype, check_same_device
-from .naive import layer_norm_reference
+from .naive import add_layer_norm_reference, layer_norm_reference
 
-__all__ = ["OP", "layer_norm", "layer_norm_reference"]
+__all__ = ["OP", "add_layer_norm", "add_layer_norm_reference", "layer_norm", "layer_norm_reference"]
 
 OP = "layer_norm"
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -86,11 +87,33 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return layer_norm_reference(x, weight, bias, eps=float(eps)).to(out_dtype)
 
 
-def _fused():
-    """The Triton entry point, imported on first use (importing visionssm never imports Triton)."""
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   *, eps: float = 1e-5, out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer_norm(residual + x, weight, bias, eps=eps, out_dtype=out_dtype), residual + x)`` in one pass.
+
+    ``residual`` has x's shape; the sum has ``residual + x``'s dtype (PyTorch's promotion: a float32 residual stream
+    plus a 16-bit branch is float32) and is rounded to it before it is normalised, so both results equal the unfused
+    composition's. The norm comes in ``out_dtype`` (default: the sum's dtype). The gradient of each input is written
+    in its own dtype by the backward kernel, the residual stream's gradient added in there."""
+    _validate(x, weight, bias, eps, out_dtype)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    check_dtype("residual", residual, _IO_DTYPES)
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    check_same_device(x=x, residual=residual)
+    if (_dispatch.select_backend(x, residual, weight, bias) == "triton" and x.shape[-1] <= MAX_CHANNELS
+            and not tuning.overrides(OP).get("reference", False)):
+        return _fused(True)(x, residual, weight, bias, eps=float(eps), out_dtype=out_dtype)
+    y, summed = add_layer_norm_reference(x, residual, weight, bias, eps=float(eps))
+    return y.to(out_dtype or summed.dtype), summed
+
+
+def _fused(add: bool = False):
+    """The Triton entry points, imported on first use (importing visionssm never imports Triton)."""
     global _FUSED
     if _FUSED is None:
-        from .autograd import fused_layer_norm
+        from .autograd import fused_add_layer_norm, fused_layer_norm
 
-        _FUSED = fused_layer_norm
-    return _FUSED
+        _FUSED = (fused_layer_norm, fused_add_layer_norm)
+    return _FUSED[add]

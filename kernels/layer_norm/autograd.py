@@ -1,4 +1,4 @@
-"""The autograd wrapper of the LayerNorm kernels and their entry point."""
+"""The autograd wrappers of the LayerNorm kernels (alone and with the residual add) and their entry points."""
 
 from __future__ import annotations
 
@@ -20,8 +20,37 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         with device_guard(x):
-            dx, dweight, dbias = run_bwd(ctx.plan, x, weight, dy)
+            dx, _, dweight, dbias = run_bwd(ctx.plan, x, weight, dy)
         return dx, dweight, dbias, None, None
+
+
+class AddLayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, plan, out_dtype):
+        with device_guard(x):
+            y, summed = run_fwd(plan, x, weight, bias, out_dtype, residual, summed_dtype(x, residual))
+        ctx.save_for_backward(summed, weight)
+        ctx.plan = plan
+        # the sum's gradient is also written in the dtype of the input whose dtype differs from the sum's (a 16-bit
+        # branch added to a float32 residual stream): no cast after the kernel (autograd casts any other mismatch)
+        ctx.x_other = x.dtype != summed.dtype
+        ctx.other_dtype = x.dtype if ctx.x_other else residual.dtype if residual.dtype != summed.dtype else None
+        ctx.out_dtype = out_dtype
+        ctx.set_materialize_grads(False)  # an unused output (the sum, after the final norm) costs no zero tensor
+        return y, summed
+
+    @staticmethod
+    def backward(ctx, dy, dsummed):
+        summed, weight = ctx.saved_tensors
+        with device_guard(summed):
+            if dy is None:
+                dy = torch.zeros(summed.shape, device=summed.device, dtype=ctx.out_dtype)
+            dsum, dx_other, dweight, dbias = run_bwd(ctx.plan, summed, weight, dy, dsummed, ctx.other_dtype)
+        if dx_other is None:
+            return dsum, dsum, dweight, dbias, None, None
+        if ctx.x_other:
+            return dx_other, dsum, dweight, dbias, None, None
+        return dsum, dx_other, dweight, dbias, None, None
 
 
 # torch.compile runs the kernels as they are (a graph break), as for the mixer ops.
@@ -37,3 +66,26 @@ def fused_layer_norm(x, weight, bias, *, eps: float, out_dtype: torch.dtype) -> 
         return LayerNormFunction.apply(x, weight, bias, plan, out_dtype)
     with device_guard(x):
         return run_fwd(plan, x, weight, bias, out_dtype)
+
+
+def summed_dtype(x: torch.Tensor, residual: torch.Tensor) -> torch.dtype:
+    """The dtype of ``residual + x`` (PyTorch's type promotion)."""
+    return torch.promote_types(x.dtype, residual.dtype)
+
+
+@torch.compiler.disable
+def fused_add_layer_norm(x, residual, weight, bias, *, eps: float,
+                         out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton ``(LayerNorm(residual + x), residual + x)`` (validated arguments expected; see
+    :func:`visionssm.kernels.add_layer_norm`); ``out_dtype=None``: the sum's dtype."""
+    x = x.contiguous()
+    residual = residual.contiguous()
+    weight = weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    if out_dtype is None:
+        out_dtype = summed_dtype(x, residual)
+    plan = get_plan(x, weight, bias, eps, out_dtype, residual)
+    if needs_grad(x, residual, weight, bias):
+        return AddLayerNormFunction.apply(x, residual, weight, bias, plan, out_dtype)
+    with device_guard(x):
+        return run_fwd(plan, x, weight, bias, out_dtype, residual, summed_dtype(x, residual))

@@ -32,7 +32,7 @@ class Plan:
     __slots__ = ("fwd", "bwd", "bwd_args", "programs", "dummy", "has_bias", "C")
 
 
-def _build(x, has_bias: bool, eps: float) -> Plan:
+def _build(x, has_bias: bool, eps: float, add_residual: bool) -> Plan:
     C = x.shape[-1]
     N = x.numel() // C
     cfg = launch_config(N, C)
@@ -46,41 +46,56 @@ def _build(x, has_bias: bool, eps: float) -> Plan:
     plan.programs = cdiv(N, rows)
     constexprs = {"C": C, "BR": BR, "BC": next_pow2(C), "HAS_BIAS": has_bias, "EPS": eps}
     options = {"num_warps": cfg["num_warps"]}
-    plan.fwd = DirectLaunch(layer_norm_fwd_kernel, (cdiv(N, BR),), (N,), constexprs, options)
+    plan.fwd = DirectLaunch(layer_norm_fwd_kernel, (cdiv(N, BR),), (N,), {**constexprs, "ADD_RESIDUAL": add_residual},
+                            options)
     plan.bwd = {}
     plan.bwd_args = (layer_norm_bwd_kernel, (plan.programs,), (N, rows), constexprs, options)
     return plan
 
 
-def run_fwd(plan: Plan, x, weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """y of x's shape in ``out_dtype``; x is contiguous, read as (N, C) rows."""
+def run_fwd(plan: Plan, x, weight, bias, out_dtype: torch.dtype, residual=None, summed_dtype=None):
+    """y of x's shape in ``out_dtype``; x is contiguous, read as (N, C) rows. With ``residual`` (contiguous, x's
+    shape): (y, summed), summed = residual + x in ``summed_dtype``, y its norm."""
     y = empty_output_like(x) if out_dtype == x.dtype else empty_output(x.shape, device=x.device, dtype=out_dtype)
     bias_ = plan.dummy if bias is None else bias
-    plan.fwd(aligned16(x, weight, bias_, y), x, weight, bias_, y)
-    return y
+    if residual is None:
+        plan.fwd(aligned16(x, weight, bias_, y), x, plan.dummy, plan.dummy, weight, bias_, y)
+        return y
+    summed = empty_output(x.shape, device=x.device, dtype=summed_dtype)
+    plan.fwd(aligned16(x, residual, summed, weight, bias_, y), x, residual, summed, weight, bias_, y)
+    return y, summed
 
 
-def run_bwd(plan: Plan, x, weight, dy):
-    """(dx, dweight, dbias or None)."""
+def run_bwd(plan: Plan, x, weight, dy, dsummed=None, other_dtype=None):
+    """(dx, dx in ``other_dtype`` or None, dweight, dbias or None); ``dsummed`` (x's shape) is added to dx."""
     dy = dy.contiguous()
     dx = empty_output_like(x)
+    dx_other = None if other_dtype is None else empty_output(x.shape, device=x.device, dtype=other_dtype)
     # the weight's and the bias's partial rows in one buffer, reduced by one launch
     partials = empty_output((1 + plan.has_bias, plan.programs, plan.C), device=x.device, dtype=torch.float32)
     dw = partials[0]
     db = partials[1] if plan.has_bias else plan.dummy
-    launch = plan.bwd.get(dy.dtype)
+    if dsummed is not None:
+        dsummed = dsummed.contiguous()
+    key = (dy.dtype, None if dsummed is None else dsummed.dtype, other_dtype)
+    launch = plan.bwd.get(key)
     if launch is None:
-        launch = plan.bwd[dy.dtype] = DirectLaunch(*plan.bwd_args)
-    launch(aligned16(x, weight, dy, dx, dw, db), x, weight, dy, dx, dw, db)
+        kernel, grid, dims, constexprs, options = plan.bwd_args
+        constexprs = {**constexprs, "ADD_DSUMMED": dsummed is not None, "OTHER_DTYPE": other_dtype is not None}
+        launch = plan.bwd[key] = DirectLaunch(kernel, grid, dims, constexprs, options)
+    dsummed_ = plan.dummy if dsummed is None else dsummed
+    dx_other_ = plan.dummy if dx_other is None else dx_other
+    launch(aligned16(x, weight, dy, dsummed_, dx, dx_other_, dw, db), x, weight, dy, dsummed_, dx, dx_other_, dw, db)
     sums = partials.sum(1).to(weight.dtype)
-    return dx, sums[0], sums[1] if plan.has_bias else None
+    return dx, dx_other, sums[0], sums[1] if plan.has_bias else None
 
 
 # Plans per call signature.
 _PLANS = tuning.PlanCache()
 
 
-def get_plan(x, weight, bias, eps: float, out_dtype: torch.dtype) -> Plan:
-    # the output's dtype is part of the key: the forward kernel is compiled for it
-    key = (x.shape, x.dtype, x.device, weight.dtype, None if bias is None else bias.dtype, eps, out_dtype)
-    return _PLANS.get_or_build(key, lambda: _build(x, bias is not None, eps))
+def get_plan(x, weight, bias, eps: float, out_dtype: torch.dtype, residual=None) -> Plan:
+    # the output's dtype is part of the key: the forward kernel is compiled for it (and the residual's, with the add)
+    key = (x.shape, x.dtype, x.device, weight.dtype, None if bias is None else bias.dtype, eps, out_dtype,
+           None if residual is None else residual.dtype)
+    return _PLANS.get_or_build(key, lambda: _build(x, bias is not None, eps, residual is not None))

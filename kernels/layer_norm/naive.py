@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["layer_norm_reference"]
+__all__ = ["add_layer_norm_reference", "layer_norm_reference"]
 
 
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
@@ -18,3 +18,10 @@ def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     wide = torch.float64 if torch.float64 in (x.dtype, weight.dtype) else torch.float32
     y = F.layer_norm(x.to(wide), (x.shape[-1],), weight.to(wide), None if bias is None else bias.to(wide), eps)
     return y.to(x.dtype)
+
+
+def add_layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             *, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer_norm(residual + x), residual + x)``, the norm in the sum's dtype."""
+    summed = residual + x
+    return layer_norm_reference(summed, weight, bias, eps=eps), summed

@@ -1,6 +1,7 @@
 """LayerNorm op: the Triton kernels against the float64 reference (forward and every gradient, odd row and channel
-counts, no bias, 16-bit inputs, NaN-poisoned outputs), the layers' LayerNorm module against ``nn.LayerNorm``
-(same state dict, same results, autocast's float32 semantics), bad input."""
+counts, no bias, 16-bit inputs, NaN-poisoned outputs), alone and with the residual add before them
+(``add_layer_norm``), the layers' LayerNorm module against ``nn.LayerNorm`` (same state dict, same results,
+autocast's float32 semantics) and its fused add against the composition, bad input."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import torch
 from torch import nn
 
 from visionssm.kernels import dispatch, layer_norm
-from visionssm.kernels.layer_norm import layer_norm_reference
+from visionssm.kernels.layer_norm import add_layer_norm, layer_norm_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
-from visionssm.layers.common import LayerNorm
+from visionssm.layers.common import LayerNorm, add_and_norm
 
 
 def make_problem(shape=(3, 7, 24), bias=True, dtype=torch.float32, device="cpu", seed=0):
@@ -92,6 +93,79 @@ def test_triton_interpreter_out_dtype(out_dtype, triton_interpreter, poison_outp
         assert_close(got, want, tol=1e-4, name=name)
 
 
+def check_add_against_reference(shape, x_dtype, residual_dtype, out_dtype, bias, uses, seed=0, tol=(1e-5, 1e-4),
+                                device="cpu"):
+    """add_layer_norm against the float64 composition, forward and every gradient, through the outputs in ``uses``
+    ("y", "summed"): the gradients reaching y and the sum are rounded to their dtypes first, as autograd hands them
+    on, so that the comparison measures the kernels alone."""
+    x, weight, bias_ = make_problem(shape, bias=bias, device=device, seed=seed)
+    residual = (1.0 + torch.randn(shape, generator=torch.Generator().manual_seed(seed + 1))).to(device, residual_dtype)
+    leaves = [t.clone().requires_grad_() for t in (x.to(x_dtype), residual, weight, bias_) if t is not None]
+    y, summed = add_layer_norm(leaves[0], leaves[1], leaves[2], leaves[3] if bias else None, eps=1e-6,
+                               out_dtype=out_dtype)
+    assert summed.dtype == torch.promote_types(x_dtype, residual_dtype) and y.dtype == (out_dtype or summed.dtype)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    with dispatch.backend("torch"):
+        ref_y, ref_summed = add_layer_norm(*wide[:3], wide[3] if bias else None, eps=1e-6)
+    gen = torch.Generator().manual_seed(seed + 2)
+    cots = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device, t.dtype).double()
+            for t in (y, summed)]
+    outs = [(name, got, want, cot) for name, got, want, cot in zip(("y", "summed"), (y, summed), (ref_y, ref_summed),
+                                                                    cots) if name in uses]
+    grads = torch.autograd.grad(sum((got.double() * cot).sum() for _, got, _, cot in outs), leaves,
+                                materialize_grads=True)
+    ref_grads = torch.autograd.grad(sum((want * cot).sum() for _, _, want, cot in outs), wide, materialize_grads=True)
+    low = lambda t: t.dtype in (torch.bfloat16, torch.float16)  # noqa: E731
+    if low(summed):  # the kernels normalise the rounded sum, the float64 reference the exact one
+        tol = (1e-2, 2e-2)
+    assert_close(y, ref_y, tol=1e-2 if low(y) else tol[0], name="y")
+    assert_close(summed, ref_summed, tol=1e-2 if low(summed) else 1e-6, name="summed")
+    for name, got, leaf, want in zip(("dx", "dresidual", "dweight", "dbias"), grads, leaves, ref_grads):
+        assert got.dtype == leaf.dtype, name
+        assert_close(got, want, tol=2e-2 if low(got) else tol[1], name=name)
+
+
+@pytest.mark.parametrize("x_dtype,residual_dtype,out_dtype", [
+    (torch.float32, torch.float32, None),
+    (torch.bfloat16, torch.float32, None),  # a block's branch onto its float32 residual stream
+    (torch.bfloat16, torch.float32, torch.bfloat16),  # ... with the norm in autocast's dtype
+    (torch.float32, torch.bfloat16, None),
+    (torch.bfloat16, torch.bfloat16, None),
+], ids=str)
+@pytest.mark.parametrize("uses", [("y", "summed"), ("y",), ("summed",)], ids="+".join)
+def test_triton_interpreter_add_layer_norm(x_dtype, residual_dtype, out_dtype, uses, triton_interpreter,
+                                           poison_outputs):
+    check_add_against_reference((2, 33, 24), x_dtype, residual_dtype, out_dtype, True, uses)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 5), (67, 192), (3, 130)], ids=str)
+def test_triton_interpreter_add_layer_norm_shapes(shape, triton_interpreter, poison_outputs):
+    check_add_against_reference(shape, torch.bfloat16, torch.float32, None, False, ("y", "summed"), seed=7)
+    with launch_overrides("layer_norm", block_rows=2, bwd_programs_per_sm=3):
+        check_add_against_reference(shape, torch.float32, torch.float32, None, True, ("y", "summed"), seed=8)
+
+
+def test_add_layer_norm_reference_path_is_the_composition():
+    x, weight, bias = make_problem((2, 5, 24))
+    residual = make_problem((2, 5, 24), seed=9)[0]
+    y, summed = add_layer_norm(x.bfloat16(), residual, weight, bias, eps=1e-6, out_dtype=torch.bfloat16)
+    want = residual + x.bfloat16()
+    assert summed.dtype == torch.float32 and torch.equal(summed, want)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, layer_norm(want, weight, bias, eps=1e-6).bfloat16())
+
+
+@pytest.mark.parametrize("name,error,args", [
+    ("residual", TypeError, lambda x, r: (x, r.int())),
+    ("residual", TypeError, lambda x, r: (x, r.tolist())),
+    ("residual", ValueError, lambda x, r: (x, r[:, :1])),
+    ("x", TypeError, lambda x, r: (x.int(), r)),
+], ids=lambda c: c if isinstance(c, str) else "")
+def test_add_layer_norm_bad_input_raises_naming_the_argument(name, error, args):
+    x, weight, bias = make_problem()
+    with pytest.raises(error, match=name):
+        add_layer_norm(*args(x, x.clone()), weight, bias)
+
+
 @pytest.mark.parametrize("elementwise_affine,bias", [(True, True), (True, False), (False, False)])
 def test_module_is_nn_layernorm(elementwise_affine, bias):
     reference = nn.LayerNorm(24, eps=1e-6, elementwise_affine=elementwise_affine, bias=bias)
@@ -127,6 +201,46 @@ def test_triton_interpreter_module_gradients_match_nn_layernorm(triton_interpret
         outs.append((y, leaf.grad, m.weight.grad, m.bias.grad))
     for name, got, want in zip(("y", "dx", "dweight", "dbias"), *outs):
         assert_close(got, want, tol=1e-5, name=name)
+
+
+def test_module_forward_add_is_the_composition(triton_interpreter, poison_outputs):
+    """LayerNorm.forward_add (the kernels' fused add) and add_and_norm equal the norm of the sum, forward and
+    gradients; a hooked norm, or another norm class, is called on the sum."""
+    module = LayerNorm(40, eps=1e-6)
+    with torch.no_grad():
+        module.weight.normal_()
+        module.bias.normal_()
+    x, residual = make_problem((3, 11, 40), seed=10)[0], make_problem((3, 11, 40), seed=11)[0]
+    outs = []
+    for fused in (True, False):
+        leaves = [x.clone().requires_grad_(), residual.clone().requires_grad_()]
+        if fused:
+            y, summed = module.forward_add(*leaves)
+        else:
+            summed = leaves[1] + leaves[0]
+            y = module(summed)
+        (y.square().sum() + summed.sin().sum()).backward()
+        outs.append((y, summed, leaves[0].grad, leaves[1].grad, module.weight.grad.clone()))
+        module.weight.grad = module.bias.grad = None
+    for name, got, want in zip(("y", "summed", "dx", "dresidual", "dweight"), *outs):
+        assert_close(got, want, tol=1e-5, name=name)
+    seen = []
+    hook = module.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    y, summed = add_and_norm(module, x, residual)
+    hook.remove()
+    assert len(seen) == 1 and torch.equal(seen[0], summed)
+    plain = nn.LayerNorm(40, eps=1e-6)
+    y, summed = add_and_norm(plain, x, residual)
+    assert torch.equal(summed, residual + x) and torch.equal(y, plain(residual + x))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("C", [192, 384])
+def test_cuda_add_layer_norm_backbone_shapes(C, poison_outputs):
+    # a block's bf16 branch onto its float32 residual stream (batch 64 × 197 tokens), the norm in fp32 and in bf16
+    for out_dtype in (None, torch.bfloat16):
+        check_add_against_reference((64, 197, C), torch.bfloat16, torch.float32, out_dtype, True, ("y", "summed"),
+                                    seed=C, device="cuda")
 
 
 @pytest.mark.cuda

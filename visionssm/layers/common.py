@@ -12,10 +12,12 @@ from torch import nn
 from torch.nn.modules import module as _module_state
 
 from visionssm import kernels
+from visionssm.kernels.dispatch import fx_tracing
+from visionssm.kernels.layer_norm import add_layer_norm
 from visionssm.kernels.utils import check_int, check_positive, needs_grad
 
-__all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "aligned_projection", "init_log_decay_", "is_plain_linear",
-           "l2_normalize", "require_int", "require_positive"]
+__all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "add_and_norm", "aligned_projection", "init_log_decay_",
+           "is_hooked", "is_plain_linear", "l2_normalize", "require_int", "require_positive"]
 
 
 # the kernels' own argument checks: one rule for the ops and the layers
@@ -35,9 +37,13 @@ def is_plain_linear(module: nn.Module) -> bool:
     """Whether ``module`` is a plain ``nn.Linear`` that no forward hook (its own or a global one) watches: only then
     may a layer read its weight and bias directly instead of calling it. A subclass or a wrapper in its place (LoRA,
     quantisation) or a hook (feature extraction, FLOP counters) must see the call."""
-    hooked = module._forward_hooks or module._forward_pre_hooks or _module_state._global_forward_hooks \
-        or _module_state._global_forward_pre_hooks
-    return type(module) is nn.Linear and not hooked
+    return type(module) is nn.Linear and not is_hooked(module)
+
+
+def is_hooked(module: nn.Module) -> bool:
+    """Whether a forward hook (``module``'s own or a global one) watches calls of ``module``."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or _module_state._global_forward_hooks
+                or _module_state._global_forward_pre_hooks)
 
 
 def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) -> torch.Tensor:
@@ -113,24 +119,49 @@ class LayerNorm(nn.LayerNorm):
         self.fused_training = fused_training
         self.autocast_output = autocast_output
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _kernel_out_dtype(self, x: torch.Tensor, *others: torch.Tensor) -> tuple[bool, torch.dtype | None]:
+        """(whether the kernels take this call, the dtype they write under autocast or None)."""
         autocast = torch.is_autocast_enabled(x.device.type)
         if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
                 or (autocast and x.device.type != "cuda")):
-            return super().forward(x)
-        grad = needs_grad(x, self.weight, self.bias)
-        if grad and not self.fused_training:
-            return super().forward(x)
-        out_dtype = None
+            return False, None
+        if not self.fused_training and needs_grad(x, *others, self.weight, self.bias):
+            return False, None
         if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
+            return True, torch.get_autocast_dtype("cuda") if self.autocast_output else torch.float32
+        return True, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused, out_dtype = self._kernel_out_dtype(x)
+        if not fused:
+            return super().forward(x)
+        if out_dtype is not None:  # autocast: the norm of the float32 input, as F.layer_norm there
             x = x.float()
-            if self.autocast_output:
-                out_dtype = torch.get_autocast_dtype("cuda")
         return kernels.layer_norm(x, self.weight, self.bias, eps=self.eps, out_dtype=out_dtype)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(residual + x), residual + x)``, the add done inside the norm's kernels where :meth:`forward`
+        would run them (a pre-norm block's residual add before its second norm: one pass over the residual stream
+        fewer each way, and no add or gradient cast of its own)."""
+        fused, out_dtype = self._kernel_out_dtype(residual, x)
+        if not fused or residual.shape != x.shape:
+            summed = residual + x
+            return self(summed), summed
+        return add_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + ("" if self.fused_training else ", fused_training=False")
                 + (", autocast_output=True" if self.autocast_output else ""))
+
+
+def add_and_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(residual + x), residual + x)``: fused by :meth:`LayerNorm.forward_add` for this package's LayerNorm
+    that no forward hook watches, the plain composition (``norm`` called) otherwise and under FX tracing (which keeps
+    the norm as one call)."""
+    if isinstance(norm, LayerNorm) and not is_hooked(norm) and not fx_tracing():
+        return norm.forward_add(x, residual)
+    summed = residual + x
+    return norm(summed), summed
 
 
 class GatedRMSNorm(nn.Module):

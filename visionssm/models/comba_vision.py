@@ -53,8 +53,9 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
+from visionssm.kernels.dispatch import fx_tracing
 from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
-from visionssm.layers.common import LayerNorm
+from visionssm.layers.common import LayerNorm, add_and_norm, is_hooked
 
 __all__ = ["CombaVision"]
 
@@ -97,8 +98,19 @@ class CombaBlock(nn.Module):
                 norm.autocast_output = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.mixer(self.norm1(x))))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x, branch = self.forward_split(x)
+        return x + branch
+
+    def forward_split(self, x: torch.Tensor, branch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block applied to ``x + branch`` (``x`` when ``branch`` is None), returned as ``(x', branch')`` whose sum
+        is the block's output. Each residual add is done inside the norm after it (:func:`add_and_norm`: one pass over
+        the residual stream fewer each way), so a backbone chaining its blocks this way leaves no add of its own."""
+        if branch is None:
+            h = self.norm1(x)
+        else:
+            h, x = add_and_norm(self.norm1, branch, x)
+        h, x = add_and_norm(self.norm2, self.drop_path1(self.ls1(self.mixer(h))), x)
+        return x, self.drop_path2(self.ls2(self.mlp(h)))
 
 
 class CombaVision(nn.Module):
@@ -284,10 +296,19 @@ class CombaVision(nn.Module):
         whose sides are not multiples of the patch size are zero-padded at the bottom/right)."""
         x, _ = self.embed(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            x = checkpoint_seq(self.blocks, x)
-        else:
-            x = self.blocks(x)
-        return self.norm(x)
+            return self.norm(checkpoint_seq(self.blocks, x))
+        if not self._chain_blocks():
+            return self.norm(self.blocks(x))
+        branch = None
+        for block in self.blocks:
+            x, branch = block.forward_split(x, branch)
+        return add_and_norm(self.norm, branch, x)[0]
+
+    def _chain_blocks(self) -> bool:
+        """Whether the blocks may run chained (each residual add inside the next norm, the last inside the final
+        norm): not where their calls must be seen (a forward hook on a block, FX tracing, which keeps each block as
+        one call) or where a block is not a :class:`CombaBlock`."""
+        return not fx_tracing() and all(type(b) is CombaBlock and not is_hooked(b) for b in self.blocks)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
