@@ -368,9 +368,8 @@ def test_fused_norm_choice_and_checkpoints_interchange(tiny):
 
     assert norms(tiny) == {(LayerNorm, True)}  # the default: visionssm's kernels
     assert norms(timm.create_model("comba_vision_S", num_classes=0)) == {(LayerNorm, True)}
-    # the host-bound preset: the kernels for inference only
-    assert norms(timm.create_model("comba_vision_T", num_classes=0)) == {(LayerNorm, False)}
-    assert norms(timm.create_model("comba_vision_T", num_classes=0, fused_norm=True)) == {(LayerNorm, True)}
+    assert norms(timm.create_model("comba_vision_T", num_classes=0)) == {(LayerNorm, True)}
+    assert norms(timm.create_model("comba_vision_T", num_classes=0, fused_norm="inference")) == {(LayerNorm, False)}
     x = torch.randn(2, 3, 96, 96)
     for fused_norm, expected in ((False, {(nn.LayerNorm, None)}), ("inference", {(LayerNorm, False)})):
         other = timm.create_model(TINY, fused_norm=fused_norm).eval()

@@ -136,9 +136,10 @@ class CombaVision(nn.Module):
             so checkpoints load into either.
         fused_norm: ``True``: the blocks' and the final LayerNorm on visionssm's Triton kernels
             (:class:`visionssm.layers.common.LayerNorm`: a third of PyTorch's GPU time forward+backward at these
-            widths, but in training a Python autograd node, ≈ 0.4 ms more host time per norm and step than
-            ``nn.LayerNorm``); ``"inference"``: the kernels where no gradient is needed, PyTorch's LayerNorm where
-            one is; ``False``: ``nn.LayerNorm``. Same parameters either way. Ignored when ``norm_layer`` is given.
+            widths, the residual adds inside them, but in training a Python autograd node, more host time per norm
+            and step than ``nn.LayerNorm``); ``"inference"``: the kernels where no gradient is needed, PyTorch's
+            LayerNorm and adds where one is (for a host-bound training step); ``False``: ``nn.LayerNorm``. Same
+            parameters either way. Ignored when ``norm_layer`` is given.
         init_values: LayerScale initial value (``None``: no LayerScale).
         drop_rate: dropout before the classifier.
         pos_drop_rate: dropout after the position embedding.
@@ -383,14 +384,12 @@ def _create_comba_vision(variant: str, pretrained: bool = False, **kwargs) -> Co
 def comba_vision_T(pretrained: bool = False, **kwargs) -> CombaVision:
     """Comba-T: DeiT-T proportions (width 192, 3 heads, 12 blocks), 5.8 M parameters.
 
-    Its norms use visionssm's LayerNorm kernels for inference only (``fused_norm="inference"``): a training step of
-    this model is bound by host time, not GPU time, at batch 256 on an H100 (≈ 57 ms of host work a step with the
-    Triton backward, 46 without, against 43–49 ms of GPU work), so the Triton backward's 25 Python autograd nodes
-    cost more (≈ 11 ms of host time a step) than they save (≈ 6 ms of GPU time). Without a gradient they have no
-    autograd node and are faster than PyTorch's. Comba-S does twice the GPU work per step with the same host work
-    and uses them in training too."""
+    Its training step is close to host-bound at batch 256 on an H100, so its norms' Python autograd nodes were once
+    kept out of training (``fused_norm="inference"``). With the residual adds inside the norms and the kernels
+    relaunched directly they pay: a batch-256 step takes 31.6 against 40.8 ms of GPU time and 47.0 against 52.4 ms
+    eager (median, interleaved), for 2.5 ms more host time a step (batch 2: 47.7 against 45.2 ms)."""
     model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3, "mlp_ratio": 4.0,
-                  "mixer_kwargs": {"gate_rank": 16}, "fused_norm": "inference"}
+                  "mixer_kwargs": {"gate_rank": 16}}
     return _create_comba_vision("comba_vision_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
