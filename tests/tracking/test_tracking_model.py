@@ -50,6 +50,28 @@ def test_isotropic_mixers_are_non_causal():
     assert (a[..., 0, 0] - b[..., 0, 0]).abs().max() > 1e-5
 
 
+def test_isotropic_adapter_chains_comba_blocks():
+    """The adapter runs Comba blocks chained (residual adds inside the norms): the same search map, and the same
+    gradients, as the blocks called one after another (forced by a forward hook on one of them)."""
+    from visionssm.models.comba_vision import can_chain
+
+    torch.manual_seed(0)
+    backbone = build_pair_backbone("test_comba_vision")
+    z, x = torch.randn(1, 3, 128, 128), torch.randn(1, 3, 256, 256)
+    results = []
+    for hooked in (False, True):
+        handle = backbone.blocks[0].register_forward_hook(lambda m, i, o: None) if hooked else None
+        assert can_chain(backbone.blocks) is not hooked
+        backbone.zero_grad(set_to_none=True)
+        out = backbone(z, x)
+        out.square().mean().backward()
+        results.append([out.detach(), backbone.blocks[0].norm1.weight.grad, backbone.pos_embed_x.grad])
+        if handle is not None:
+            handle.remove()
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_imagenet_checkpoint_is_loaded_into_the_adapter(tmp_path):
     torch.manual_seed(1)
     source = create_classifier("test_comba_vision")

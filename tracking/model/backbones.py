@@ -28,6 +28,7 @@ import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 from timm.models import checkpoint_seq
 
+from visionssm.models.comba_vision import blocks_then_norm
 from visionssm.utils.checkpoint import read_state_dict
 
 
@@ -118,7 +119,11 @@ class IsotropicPairBackbone(PairBackbone):
     def forward(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         _check_sizes(z, x, self.template_size, self.search_size)
         tz, tx = self._embed(z, self.pos_embed_z), self._embed(x, self.pos_embed_x)
-        tokens = self.norm(self._run_blocks(self.blocks, torch.cat([tz, tx], dim=1)))
+        tokens = torch.cat([tz, tx], dim=1)
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            tokens = self.norm(checkpoint_seq(self.blocks, tokens))
+        else:  # Comba blocks chained, their residual adds inside the norms; any other blocks one after another
+            tokens = blocks_then_norm(self.blocks, self.norm, tokens)
         g = self.search_size // self.stride
         return tokens[:, tz.shape[1]:].reshape(x.shape[0], g, g, -1).permute(0, 3, 1, 2).contiguous()
 

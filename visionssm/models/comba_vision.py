@@ -57,7 +57,7 @@ from visionssm.kernels.dispatch import fx_tracing
 from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
 from visionssm.layers.common import LayerNorm, add_and_norm, is_hooked
 
-__all__ = ["CombaVision"]
+__all__ = ["CombaBlock", "CombaVision", "blocks_then_norm", "can_chain"]
 
 
 @register_notrace_function  # shape-dependent branch: FX keeps it as one call
@@ -111,6 +111,24 @@ class CombaBlock(nn.Module):
             h, x = add_and_norm(self.norm1, branch, x)
         h, x = add_and_norm(self.norm2, self.drop_path1(self.ls1(self.mixer(h))), x)
         return x, self.drop_path2(self.ls2(self.mlp(h)))
+
+
+def can_chain(blocks: nn.Module) -> bool:
+    """Whether ``blocks`` may run chained (each residual add inside the next norm, the last inside the final norm):
+    every one an unhooked :class:`CombaBlock` (a hook must see the block's call) and no FX tracing (which keeps each
+    block as one call)."""
+    return not fx_tracing() and all(type(b) is CombaBlock and not is_hooked(b) for b in blocks)
+
+
+def blocks_then_norm(blocks: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(blocks(x))``; chained (:meth:`CombaBlock.forward_split`) where :func:`can_chain` allows, so that no
+    residual add runs on its own."""
+    if not can_chain(blocks):
+        return norm(blocks(x))
+    branch = None
+    for block in blocks:
+        x, branch = block.forward_split(x, branch)
+    return add_and_norm(norm, branch, x)[0]
 
 
 class CombaVision(nn.Module):
@@ -298,18 +316,7 @@ class CombaVision(nn.Module):
         x, _ = self.embed(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return self.norm(checkpoint_seq(self.blocks, x))
-        if not self._chain_blocks():
-            return self.norm(self.blocks(x))
-        branch = None
-        for block in self.blocks:
-            x, branch = block.forward_split(x, branch)
-        return add_and_norm(self.norm, branch, x)[0]
-
-    def _chain_blocks(self) -> bool:
-        """Whether the blocks may run chained (each residual add inside the next norm, the last inside the final
-        norm): not where their calls must be seen (a forward hook on a block, FX tracing, which keeps each block as
-        one call) or where a block is not a :class:`CombaBlock`."""
-        return not fx_tracing() and all(type(b) is CombaBlock and not is_hooked(b) for b in self.blocks)
+        return blocks_then_norm(self.blocks, self.norm, x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
