@@ -17,7 +17,7 @@ from torch import nn
 import visionssm.models.comba_vision  # noqa: F401  (registers the models)
 from visionssm.kernels.utils import assert_close
 from visionssm.layers.comba import CombaMixer
-from visionssm.models.comba_vision import CombaVision, can_chain
+from visionssm.models.comba_vision import CombaVision, blocks_then_norm, can_chain
 
 TINY = "test_comba_vision"
 
@@ -279,6 +279,8 @@ def test_chained_blocks_equal_the_block_sequence(kernels, request):
     finally:
         hook.remove()
     assert seen == [(2, 12, 64)]
+    tokens = torch.randn(2, 12, 64)
+    assert torch.equal(blocks_then_norm(nn.Sequential(), model.norm, tokens), model.norm(tokens))  # no blocks
 
 
 def test_no_weight_decay_and_group_matcher(tiny):

@@ -128,7 +128,7 @@ def blocks_then_norm(blocks: nn.Module, norm: nn.Module, x: torch.Tensor) -> tor
     branch = None
     for block in blocks:
         x, branch = block.forward_split(x, branch)
-    return add_and_norm(norm, branch, x)[0]
+    return norm(x) if branch is None else add_and_norm(norm, branch, x)[0]
 
 
 class CombaVision(nn.Module):
