@@ -28,7 +28,7 @@ class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, plan, out_dtype):
         with device_guard(x):
-            y, summed = run_fwd(plan, x, weight, bias, out_dtype, residual, summed_dtype(x, residual))
+            y, summed = run_fwd(plan, x, weight, bias, out_dtype, residual)
         ctx.save_for_backward(summed, weight)
         ctx.plan = plan
         # the sum's gradient is also written in the dtype of the input whose dtype differs from the sum's (a 16-bit
@@ -68,11 +68,6 @@ def fused_layer_norm(x, weight, bias, *, eps: float, out_dtype: torch.dtype) -> 
         return run_fwd(plan, x, weight, bias, out_dtype)
 
 
-def summed_dtype(x: torch.Tensor, residual: torch.Tensor) -> torch.dtype:
-    """The dtype of ``residual + x`` (PyTorch's type promotion)."""
-    return torch.promote_types(x.dtype, residual.dtype)
-
-
 @torch.compiler.disable
 def fused_add_layer_norm(x, residual, weight, bias, *, eps: float,
                          out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,9 +78,9 @@ def fused_add_layer_norm(x, residual, weight, bias, *, eps: float,
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     if out_dtype is None:
-        out_dtype = summed_dtype(x, residual)
+        out_dtype = torch.promote_types(x.dtype, residual.dtype)  # the sum's
     plan = get_plan(x, weight, bias, eps, out_dtype, residual)
     if needs_grad(x, residual, weight, bias):
         return AddLayerNormFunction.apply(x, residual, weight, bias, plan, out_dtype)
     with device_guard(x):
-        return run_fwd(plan, x, weight, bias, out_dtype, residual, summed_dtype(x, residual))
+        return run_fwd(plan, x, weight, bias, out_dtype, residual)

@@ -53,15 +53,15 @@ def _build(x, has_bias: bool, eps: float, add_residual: bool) -> Plan:
     return plan
 
 
-def run_fwd(plan: Plan, x, weight, bias, out_dtype: torch.dtype, residual=None, summed_dtype=None):
+def run_fwd(plan: Plan, x, weight, bias, out_dtype: torch.dtype, residual=None):
     """y of x's shape in ``out_dtype``; x is contiguous, read as (N, C) rows. With ``residual`` (contiguous, x's
-    shape): (y, summed), summed = residual + x in ``summed_dtype``, y its norm."""
+    shape): (y, summed), summed = residual + x in their promoted dtype, y its norm."""
     y = empty_output_like(x) if out_dtype == x.dtype else empty_output(x.shape, device=x.device, dtype=out_dtype)
     bias_ = plan.dummy if bias is None else bias
     if residual is None:
         plan.fwd(aligned16(x, weight, bias_, y), x, plan.dummy, plan.dummy, weight, bias_, y)
         return y
-    summed = empty_output(x.shape, device=x.device, dtype=summed_dtype)
+    summed = empty_output(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, residual.dtype))
     plan.fwd(aligned16(x, residual, summed, weight, bias_, y), x, residual, summed, weight, bias_, y)
     return y, summed
 

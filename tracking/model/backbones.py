@@ -75,10 +75,12 @@ class PairBackbone(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True):
         self.grad_checkpointing = enable
 
-    def _run_blocks(self, blocks: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    def _blocks_then_norm(self, blocks: nn.Module, norm: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """``norm(blocks(tokens))``: checkpointed when set and training; otherwise Comba blocks run chained, their
+        residual adds inside the norms (:func:`blocks_then_norm`), and any other blocks one after another."""
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint_seq(blocks, tokens)
-        return blocks(tokens)
+            return norm(checkpoint_seq(blocks, tokens))
+        return blocks_then_norm(blocks, norm, tokens)
 
 
 def _check_sizes(z: torch.Tensor, x: torch.Tensor, template_size: int, search_size: int):
@@ -119,11 +121,7 @@ class IsotropicPairBackbone(PairBackbone):
     def forward(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         _check_sizes(z, x, self.template_size, self.search_size)
         tz, tx = self._embed(z, self.pos_embed_z), self._embed(x, self.pos_embed_x)
-        tokens = torch.cat([tz, tx], dim=1)
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            tokens = self.norm(checkpoint_seq(self.blocks, tokens))
-        else:  # Comba blocks chained, their residual adds inside the norms; any other blocks one after another
-            tokens = blocks_then_norm(self.blocks, self.norm, tokens)
+        tokens = self._blocks_then_norm(self.blocks, self.norm, torch.cat([tz, tx], dim=1))
         g = self.search_size // self.stride
         return tokens[:, tz.shape[1]:].reshape(x.shape[0], g, g, -1).permute(0, 3, 1, 2).contiguous()
 
@@ -161,7 +159,7 @@ class HierarchicalPairBackbone(PairBackbone):
         tz, _ = self._tokens(z)
         tx, (h, w) = self._tokens(x)
         tokens = torch.cat([tz + self.token_type[0], tx + self.token_type[1]], dim=1)
-        tokens = self.norm(self._run_blocks(self.blocks, tokens))
+        tokens = self._blocks_then_norm(self.blocks, self.norm, tokens)
         return tokens[:, tz.shape[1]:].transpose(1, 2).reshape(x.shape[0], -1, h, w).contiguous()
 
 
@@ -184,7 +182,7 @@ class TinyPairBackbone(PairBackbone):
         tz = self.patch_embed(z).flatten(2).transpose(1, 2) + self.pos_embed_z
         fx = self.patch_embed(x)
         tx = fx.flatten(2).transpose(1, 2) + self.pos_embed_x
-        tokens = self.norm(self._run_blocks(self.blocks, torch.cat([tz, tx], dim=1)))
+        tokens = self._blocks_then_norm(self.blocks, self.norm, torch.cat([tz, tx], dim=1))
         return tokens[:, tz.shape[1]:].transpose(1, 2).reshape(fx.shape).contiguous()
 
 
