@@ -306,6 +306,7 @@ def test_table_json_csv_png(tiny_run):
         assert row["infer_img_s"] == pytest.approx(2 / (row["infer_ms"] / 1e3))
         assert row["gpus"] == 1 and row["dp_infer_img_s"] == row["infer_img_s"]
         assert row["infer_peak_MiB"] is None  # no CUDA memory on a CPU run
+        assert row["infer_host_ms"] is None and row["infer_host_bound"] is None  # a CPU call is all host
     reference = sum(p.numel() for p in __import__("timm").create_model("test_resnet").parameters()) / 1e6
     assert by_model["test_resnet"]["params_M"] == pytest.approx(reference)
 
@@ -315,6 +316,22 @@ def test_table_json_csv_png(tiny_run):
     assert float(csv_rows[1]["infer_img_s"]) == pytest.approx(by_model["test_vit"]["infer_img_s"])
     png = json_path.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_table_marks_host_bound_throughputs():
+    from visionssm.benchmark.report import HOST_BOUND_MARK, format_table
+
+    base = {"model": "anchor", "infer_img_s": 2000.0, "train_img_s": 500.0, "infer_host_bound": False,
+            "train_host_bound": False}
+    ours = {"model": "ours", "infer_img_s": 1000.0, "train_img_s": 400.0, "infer_host_bound": True,
+            "train_host_bound": None}
+    lines = format_table([base, ours], "anchor").splitlines()
+    row = next(line for line in lines if line.startswith("ours"))
+    assert f"1,000{HOST_BOUND_MARK}" in row.split() and "400" in row.split()
+    assert HOST_BOUND_MARK not in next(line for line in lines if line.startswith("anchor"))
+    assert any(line.startswith(f"({HOST_BOUND_MARK} host-bound") for line in lines)
+    unmarked = format_table([base, {**ours, "infer_host_bound": False}], "anchor")
+    assert HOST_BOUND_MARK not in unmarked
 
 
 def test_failing_model_is_recorded_and_others_still_measured(monkeypatch, tmp_path, capsys):

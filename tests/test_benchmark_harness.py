@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from visionssm.kernels.utils import assert_close, relative_error
-from visionssm.utils.benchmark import Timing, environment, print_ratios, save_results, side_by_side, time_fn
+from visionssm.utils.benchmark import (
+    HOST_BOUND_SHARE,
+    Timing,
+    environment,
+    print_ratios,
+    save_results,
+    side_by_side,
+    time_fn,
+)
 
 
 def test_time_fn_on_cpu_counts_repeats():
@@ -16,6 +24,36 @@ def test_time_fn_on_cpu_counts_repeats():
     assert isinstance(timing, Timing) and timing.repeats == 7
     assert len(calls) == 7 + 1
     assert 0 <= timing.p20_ms <= timing.median_ms <= timing.p80_ms
+
+
+def test_host_bound_compares_the_host_side_with_the_time_per_call():
+    assert Timing(2.0, 1.9, 2.1, 5).host_bound is None  # not measured (CPU runs, CUDA graphs)
+    assert Timing(2.0, 1.9, 2.1, 5, host_ms=2.0 * HOST_BOUND_SHARE).host_bound is True
+    assert Timing(2.0, 1.9, 2.1, 5, host_ms=2.0 * HOST_BOUND_SHARE - 0.01).host_bound is False
+    assert time_fn(lambda: None, warmup=1, repeats=3, device="cpu", host_repeats=3).host_ms is None
+
+
+@pytest.mark.cuda
+def test_host_time_tells_a_host_bound_call_from_a_gpu_bound_one():
+    """A call that waits on the host (a sleep) is host-bound; one that queues a long GPU job and returns is not,
+    although back to back its host side would wait for the launch queue as long as the GPU takes."""
+    import time
+
+    x = torch.randn(2048, 2048, device="cuda")
+
+    def gpu_heavy():
+        for _ in range(20):
+            x @ x
+
+    def host_heavy():
+        time.sleep(0.003)
+        x[:8] @ x[:, :8]
+
+    gpu = time_fn(gpu_heavy, warmup=3, repeats=10, host_repeats=5)
+    host = time_fn(host_heavy, warmup=3, repeats=10, host_repeats=5)
+    assert gpu.host_bound is False and gpu.host_ms < 0.5 * gpu.median_ms, gpu
+    assert host.host_bound is True and host.host_ms >= 3.0, host
+    assert time_fn(host_heavy, warmup=1, repeats=3, cuda_graph=False).host_ms is None  # not asked for
 
 
 def test_save_results_writes_stamped_json_and_csv(tmp_path):

@@ -21,7 +21,10 @@ one process per GPU (``torch.multiprocessing``, or the processes of ``accelerate
 (as in the GKA paper's Table 3). On one GPU or a CPU the data-parallel columns repeat the single-device numbers.
 With ``--cuda-graph`` the single-device inference, latency and whole training step (forward, loss, backward and a
 capturable fused AdamW) are captured once and replayed: the GPU's time without the host's per-op work, which small
-models at batch 256 can be bound by in eager mode (data-parallel training stays eager).
+models at batch 256 can be bound by in eager mode (data-parallel training stays eager). Eager runs also time a few
+calls' host side alone, each started with the GPU idle (``*_host_ms`` in the files); a throughput whose host side is
+at least 90% of its time per call is marked ``‡`` in the table: the CPU that enqueues the work sets that rate or
+comes close to it, and it moves with that CPU's speed and load.
 
 It prints one line per model with ratios to ``--baseline`` and writes ``throughput-<device>-<date>.json``/``.csv``
 (with the GPU, software versions and date) and a ``.png`` chart of inference throughput against parameters or

@@ -12,8 +12,11 @@ from visionssm.utils.benchmark import Timing, time_fn
 
 from .config import BenchmarkConfig
 
-__all__ = ["count_flops", "create_model", "inference_step", "maybe_compile", "measure_model", "release_memory",
-           "training_step"]
+__all__ = ["HOST_REPEATS", "count_flops", "create_model", "inference_step", "maybe_compile", "measure_model",
+           "release_memory", "training_step"]
+
+#: Calls timed on the host alone (each from an idle GPU) per eager measurement.
+HOST_REPEATS = 10
 
 
 def create_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> torch.nn.Module:
@@ -106,7 +109,8 @@ def count_flops(model: torch.nn.Module, img_size: int, device: torch.device | st
 def _timing_fields(prefix: str, timing: Timing, batch: int) -> dict:
     return {f"{prefix}_img_s": batch / (timing.median_ms / 1e3) if timing.median_ms > 0 else None,
             f"{prefix}_ms": timing.median_ms, f"{prefix}_p20_ms": timing.p20_ms, f"{prefix}_p80_ms": timing.p80_ms,
-            f"{prefix}_spread": timing.spread}
+            f"{prefix}_spread": timing.spread, f"{prefix}_host_ms": timing.host_ms,
+            f"{prefix}_host_bound": timing.host_bound}
 
 
 def _reset_memory(device: torch.device) -> None:
@@ -181,7 +185,10 @@ def measure_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> dict
             flop_dtype = cfg.torch_dtype if cfg.precision == "pure" else torch.float32
             row["gflops"] = count_flops(model, cfg.img_size, device, flop_dtype)
         runner = maybe_compile(model, cfg)
-        timing_kwargs = {"warmup": cfg.warmup, "repeats": cfg.repeats, "device": device}
+        # eager runs also time the host's side of a call alone, which says whether the CPU set the rate
+        host_repeats = 0 if cfg.cuda_graph else min(HOST_REPEATS, cfg.repeats)
+        timing_kwargs = {"warmup": cfg.warmup, "repeats": cfg.repeats, "device": device,
+                         "host_repeats": host_repeats}
         if "infer" in cfg.modes:
             _reset_memory(device)
             step = inference_step(model, runner, cfg, cfg.batch_size, device)
@@ -199,7 +206,7 @@ def measure_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> dict
             step = inference_step(model, runner, cfg, 1, device)
             latency = time_fn(step, cuda_graph=cfg.cuda_graph, **timing_kwargs)
             row.update({"latency_ms": latency.median_ms, "latency_p20_ms": latency.p20_ms,
-                        "latency_p80_ms": latency.p80_ms})
+                        "latency_p80_ms": latency.p80_ms, "latency_host_ms": latency.host_ms})
         row["error"] = None
     except Exception as error:  # noqa: BLE001 - one failing model must not lose the others' numbers
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]

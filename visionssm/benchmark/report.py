@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from visionssm.utils.benchmark import save_results
+from visionssm.utils.benchmark import HOST_BOUND_SHARE, save_results
 
-__all__ = ["format_table", "plot_results", "write_outputs"]
+__all__ = ["HOST_BOUND_MARK", "format_table", "plot_results", "write_outputs"]
+
+#: Appended to a throughput cell whose measurement was host-bound (:attr:`visionssm.utils.benchmark.Timing.host_bound`).
+HOST_BOUND_MARK = "‡"
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -38,6 +41,7 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
         columns += [("GPUs", "gpus", None), ("DP infer img/s", "dp_infer_img_s", 0),
                     ("DP train img/s", "dp_train_img_s", 0)]
     header = [c[0] for c in columns] + ["infer/base", "train/base", "latency/base"]
+    host_bound_keys = {"infer_img_s": "infer_host_bound", "train_img_s": "train_host_bound"}
     lines = []
     for row in rows:
         cells = []
@@ -46,7 +50,8 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
             if key == "infer_spread":
                 cells.append("-" if value is None else f"{100 * value:.0f}%")
             else:
-                cells.append(_fmt(value, digits) if digits is not None else _fmt(value))
+                cell = _fmt(value, digits) if digits is not None else _fmt(value)
+                cells.append(cell + HOST_BOUND_MARK if row.get(host_bound_keys.get(key, "")) else cell)
         cells += [_ratio(row.get(key), base.get(key)) for key in ("infer_img_s", "train_img_s", "latency_ms")]
         lines.append(cells)
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
@@ -63,6 +68,10 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
     out += [render(header), render(["-" * w for w in widths]), *map(render, lines)]
     out.append(f"(base = {baseline}. img/s: higher is better, ratio > 1 is faster than the base; latency: lower is "
                f"better, ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
+    if any(row.get(key) for row in rows for key in host_bound_keys.values()):
+        out.append(f"({HOST_BOUND_MARK} host-bound: one call's host side alone, started with the GPU idle, took at "
+                   f"least {HOST_BOUND_SHARE:.0%} of the measured time per call, so this machine's CPU sets the rate "
+                   f"or comes close to it; host ms per call are in the CSV/JSON)")
     for row in rows:
         if row.get("error"):
             out.append(f"! {row['model']}: {row['error']}")

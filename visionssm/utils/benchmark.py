@@ -21,9 +21,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results", "sdpa_graph_ms",
-           "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "print_ratios", "time_op",
-           "with_bandwidth"]
+__all__ = ["HOST_BOUND_SHARE", "Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results",
+           "sdpa_graph_ms", "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "print_ratios",
+           "time_op", "with_bandwidth"]
+
+
+#: A call whose host side alone (the GPU idle when it starts) takes at least this share of its measured time per call
+#: is host-bound: the CPU that enqueues its work, not the GPU, sets the rate (and moves it with its own load).
+HOST_BOUND_SHARE = 0.9
 
 
 @dataclasses.dataclass
@@ -32,11 +37,20 @@ class Timing:
     p20_ms: float
     p80_ms: float
     repeats: int
+    #: median host time of one call started with the GPU idle (``time_fn(host_repeats=...)``), else None
+    host_ms: float | None = None
 
     @property
     def spread(self) -> float:
         """(p80 − p20) / median: how noisy the measurement was."""
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    @property
+    def host_bound(self) -> bool | None:
+        """Whether the host's work per call is (nearly) the whole measured time per call; None when not measured."""
+        if self.host_ms is None:
+            return None
+        return self.host_ms >= HOST_BOUND_SHARE * self.median_ms
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -60,9 +74,14 @@ def capture_graph(fn: Callable[[], object], *, warmup_calls: int = 3) -> torch.c
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cuda_graph: bool = False,
-            device: torch.device | str | None = None) -> Timing:
+            device: torch.device | str | None = None, host_repeats: int = 0) -> Timing:
     """Time ``fn()`` (no arguments; close over the inputs). ``device`` defaults to the current CUDA device when
-    CUDA is available, else the CPU. With ``cuda_graph=True`` the call is captured once and the graph replayed."""
+    CUDA is available, else the CPU. With ``cuda_graph=True`` the call is captured once and the graph replayed.
+
+    ``host_repeats`` > 0 (CUDA, no graph): also time that many calls on the host alone, each started with the GPU idle
+    (synchronised before, not after), into :attr:`Timing.host_ms`. Back to back, a GPU-bound call's host side waits
+    for the launch queue and looks as long as the GPU's; from an idle GPU it is the host's own work, so comparing
+    it with the back-to-back time per call says which side sets the rate (:attr:`Timing.host_bound`)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -91,7 +110,17 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, cu
         end.record()
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats)
+    host_ms = None
+    if host_repeats > 0 and not cuda_graph:
+        host = []
+        for _ in range(host_repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            run()
+            host.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+        host_ms = statistics.median(host)
+    return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8), repeats, host_ms)
 
 
 def sdpa_graph_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
