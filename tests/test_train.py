@@ -26,7 +26,13 @@ from safetensors.torch import load_file
 from visionssm.data.loader import SafeImageFolder, build_split, collate_skipping
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
 from visionssm.utils.train_setup import build_scheduler, fit_schedule
-from visionssm.utils.training import CheckpointManager, TrainState, parse_config, scaled_lr
+from visionssm.utils.training import (
+    CheckpointManager,
+    TrainState,
+    deterministic_algorithms,
+    parse_config,
+    scaled_lr,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_imagenet.py"
@@ -40,7 +46,9 @@ TINY_MODEL = ["--model", "mamba_vision_T", "--model-kwargs",
 TINY_RUN = [*TINY_MODEL, "--img-size", "16", "--batch-size", "8", "--workers", "1", "--epochs", "3",
             "--warmup-epochs", "0", "--lr", "1e-3", "--seed", "1", "--checkpoint-every-steps", "2", "--keep-last", "2",
             "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25",
-            "--model-ema-decay", "0.9", "--log-interval", "1"]
+            "--model-ema-decay", "0.9", "--log-interval", "1",
+            # equal to the last bit on a GPU too, where these runs go when the machine has one
+            "--deterministic"]
 UPDATES_PER_EPOCH = 6
 METRIC_KEYS = {"epoch", "train_loss", "val_top1", "val_top5", "ema_val_top1", "ema_val_top5", "lr",
                "train_img_per_s", "epoch_seconds", "peak_memory_mib", "skipped_images", "global_update"}
@@ -53,9 +61,10 @@ def _env() -> dict:
     return env
 
 
-def _run(args, cwd, timeout=240, launcher=None) -> subprocess.CompletedProcess:
+def _run(args, cwd, timeout=240, launcher=None, env=None) -> subprocess.CompletedProcess:
     cmd = (launcher or [sys.executable]) + [str(SCRIPT), *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-5000:]}")
@@ -305,6 +314,31 @@ def test_three_epoch_run_writes_metrics_checkpoints_and_curves(trained):
     assert "skipping unreadable image" in proc.stderr
 
 
+def test_deterministic_algorithms_switch_on_inside_and_back_after():
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    with deterministic_algorithms(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()  # strict: a nondeterministic op raises
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in (":4096:8", ":16:8")
+        with pytest.raises(RuntimeError, match="a failing run"), deterministic_algorithms(True):
+            raise RuntimeError("a failing run")
+        assert torch.are_deterministic_algorithms_enabled()  # the inner block restored the outer one's settings
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark) == before
+    with deterministic_algorithms(False):
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
+
+
+def test_deterministic_is_a_flag_on_the_command_line():
+    assert parse_config([])["deterministic"] is False
+    assert parse_config(["--deterministic"])["deterministic"] is True
+    assert parse_config(["--deterministic", "--no-deterministic"])["deterministic"] is False
+    with pytest.raises(SystemExit):
+        parse_config(["--deterministic", "sometimes"])
+
+
 def test_checkpoint_manager_keeps_the_last_k_and_the_best(tmp_path):
     class OneProcess:  # what CheckpointManager asks of accelerate
         is_main_process = True
@@ -379,13 +413,16 @@ def test_sigkill_while_checkpointing_then_resume_matches_uninterrupted_run(train
 
 
 def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
+    # CPU processes also on a machine with a GPU (two processes cannot share its one GPU, and the evaluation below
+    # must run on the device the training ran on to reproduce its metrics)
+    cpu_only = {"CUDA_VISIBLE_DEVICES": ""}
     out = tmp_path / "ddp"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", "29533"]
     args = ["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN, "--batch-size", "4", "--epochs", "1",
             "--checkpoint-every-steps", "0", "--workers", "0"]
-    proc = _run(args, cwd=tmp_path, launcher=launcher)
+    proc = _run(args, cwd=tmp_path, launcher=launcher, env=cpu_only)
     assert "2 process(es)" in proc.stdout
     records = _records(out)
     assert [r["epoch"] for r in records] == [1]
@@ -396,7 +433,7 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.iterdir()}
     # --eval-only: the DDP-wrapped weights (and their EMA) evaluate in one process to what the two processes recorded
     proc = _run(["--data-dir", str(tiny_data), "--output", str(tmp_path / "eval"), *TINY_RUN, "--eval-only",
-                 "--checkpoint", str(checkpoint)], cwd=tmp_path)
+                 "--checkpoint", str(checkpoint)], cwd=tmp_path, env=cpu_only)
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())
     for key in ("val_top1", "val_top5", "ema_val_top1", "ema_val_top5"):
         assert result[key] == pytest.approx(records[0][key], abs=1e-9), key

@@ -57,6 +57,7 @@ DEFAULTS: dict = {
         "log_every": 50,  # steps
         "max_steps": None,  # stop after this many optimizer steps in all (smoke runs); resumable
         "time_limit_s": None,  # checkpoint and stop after this many seconds of this run; resumable
+        "deterministic": False,  # deterministic GPU algorithms: a resumed or repeated GPU run equal to the last bit
     },
     "test": {
         "search_factor": 4.0,
@@ -83,8 +84,13 @@ def _merge(base: dict, update: dict, path: str = "") -> dict:
 
 
 def _coerce(default, value, where: str):
-    """Numbers stay numbers: YAML reads ``4e-4`` (no dot) as a string, so parse such strings; reject the rest."""
-    if isinstance(default, bool) or default is None or value is None:
+    """Numbers stay numbers: YAML reads ``4e-4`` (no dot) as a string, so parse such strings; reject the rest.
+    A switch takes only true or false (a string such as ``"off"`` would otherwise read as on)."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise TypeError(f"config key {where!r} must be true or false, got {value!r}")
+        return value
+    if default is None or value is None:
         return value
     if isinstance(default, (int, float)) and not isinstance(value, bool):
         if isinstance(value, str):

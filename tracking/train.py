@@ -15,7 +15,8 @@ epoch with ``epoch_summary: true``); ``checkpoints/epoch_NNNN`` and ``checkpoint
 ImageNet trainer's (accelerate state into a temporary directory, renamed into place once complete, the newest
 ``keep_last`` kept); ``final.pth`` (tracker weights + config, what ``visionssm.tracking.run`` loads; ``finished``
 says whether the schedule completed). Rerunning the same command resumes from the newest complete checkpoint, at
-the exact batch: pairs are a deterministic function of (seed, epoch, index). ``--no-resume`` starts over.
+the exact batch: pairs are a deterministic function of (seed, epoch, index); with ``train.deterministic`` the resumed
+run equals the uninterrupted one to the last bit on a GPU too. ``--no-resume`` starts over.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState
+from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState, deterministic_algorithms
 
 from .config import load_config
 from .data.got10k import Got10k
@@ -247,8 +248,15 @@ def _start(loop: _Loop, resume: bool) -> None:
 def train(cfg: dict, resume: bool = True, progress: bool = True) -> dict:
     """Run (or resume) training; returns the mean statistics of the last epoch worked on.
 
-    A run that fails before its first optimizer step leaves no output folder behind (if it created it).
+    A run that fails before its first optimizer step leaves no output folder behind (if it created it). With
+    ``train.deterministic`` it runs on deterministic algorithms (:func:`deterministic_algorithms`), without which a
+    GPU run, resumed or repeated, matches the uninterrupted one only to rounding.
     """
+    with deterministic_algorithms(cfg["train"]["deterministic"]):
+        return _train(cfg, resume, progress)
+
+
+def _train(cfg: dict, resume: bool, progress: bool) -> dict:
     accelerator = Accelerator(mixed_precision=cfg["train"]["mixed_precision"])
     set_seed(cfg["seed"])
     loop = _prepare(cfg, accelerator, progress)

@@ -63,7 +63,14 @@ from visionssm.utils.train_setup import (
     save_weights,
     val_loader,
 )
-from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState, parse_config, plot_curves
+from visionssm.utils.training import (
+    CheckpointManager,
+    MetricsLog,
+    TrainState,
+    deterministic_algorithms,
+    parse_config,
+    plot_curves,
+)
 
 __all__ = ["main", "train_one_epoch", "validate"]
 
@@ -357,6 +364,11 @@ def end_epoch(run: Run, epoch: int, trained: dict) -> None:
 
 def main(argv=None) -> int:
     cfg = parse_config(argv, prog=PROG)
+    with deterministic_algorithms(cfg["deterministic"]):
+        return _main(cfg)
+
+
+def _main(cfg: dict) -> int:
     out = Path(cfg["output"])
     amp = resolve_amp(cfg["amp"])
     accelerator = make_accelerator(cfg, out, amp)

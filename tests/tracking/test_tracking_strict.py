@@ -136,6 +136,14 @@ def test_a_failed_start_leaves_no_output_folder(data, tmp_path, monkeypatch):
     assert os.path.exists(out / "config.yaml")
 
 
+def test_switches_take_only_true_or_false():
+    assert load_config(CONFIG, ["train.deterministic=true"])["train"]["deterministic"] is True
+    assert load_config(CONFIG)["train"]["deterministic"] is False
+    for text in ("sometimes", "1"):
+        with pytest.raises(TypeError, match="train.deterministic"):
+            load_config(CONFIG, [f"train.deterministic={text}"])
+
+
 def test_a_bare_no_on_the_command_line_means_no_mixed_precision():
     assert load_config(CONFIG, ["train.mixed_precision=no"])["train"]["mixed_precision"] == "no"
     with pytest.raises(ValueError, match="train.mixed_precision"):
