@@ -56,6 +56,13 @@ def test_host_time_tells_a_host_bound_call_from_a_gpu_bound_one():
     assert time_fn(host_heavy, warmup=1, repeats=3, cuda_graph=False).host_ms is None  # not asked for
 
 
+def test_a_cpu_run_is_stamped_with_the_cpu_even_beside_a_gpu():
+    env = environment("cpu")
+    assert env["device"].startswith("CPU") and env["device_count"] == 0
+    if torch.cuda.is_available():
+        assert environment("cuda")["device"] == torch.cuda.get_device_name(0)
+
+
 def test_save_results_writes_stamped_json_and_csv(tmp_path):
     rows = [{"shape": "a", "mode": "fwd", "impl": "ours", "ms": 1.5}]
     json_path, csv_path = save_results("unit", rows, out_dir=tmp_path)

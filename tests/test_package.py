@@ -180,10 +180,13 @@ def _make_venv(work: Path, wheel: Path) -> Path:
 
 
 def _user_env() -> dict:
-    """The environment a user has: none of the suite's settings (it forces the reference kernels on CPU)."""
+    """The environment a user of a CPU machine has: none of the suite's settings (it forces the reference kernels on
+    CPU), and no GPU even where the suite runs on a machine with one (the steps' expectations are a CPU run's; the
+    GPU paths have their own tests)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS", "PYTHONPATH", "PYTEST_XDIST_WORKER")}
-    env.update(PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env.update(PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
+               CUDA_VISIBLE_DEVICES="")
     return env
 
 

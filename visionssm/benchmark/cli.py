@@ -114,7 +114,7 @@ def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
     """The environment stamp of a results file, with the settings and rules the numbers were taken under."""
     import timm
 
-    env = environment()
+    env = environment(cfg.device)
     env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
                 "timing_rule": TIMING_RULE, "command": "visionssm-benchmark " + " ".join(argv)})
     env["benchmark"]["modes"] = list(cfg.modes)

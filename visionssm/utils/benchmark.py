@@ -140,16 +140,18 @@ def sdpa_graph_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     return fwd, both
 
 
-def environment() -> dict:
-    """Where and with what a result was measured."""
+def environment(device: torch.device | str | None = None) -> dict:
+    """Where and with what a result was measured: on ``device`` (default: the first GPU where there is one, else the
+    CPU). A CPU run on a machine with a GPU is stamped with the CPU, not the GPU it did not use."""
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+    device = torch.device(device) if device is not None else None
+    if (device is None or device.type == "cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0 if device is None or device.index is None else device.index)
         device_name, device_count = props.name, torch.cuda.device_count()
     else:
         device_name, device_count = f"CPU ({platform.processor() or platform.machine()})", 0
