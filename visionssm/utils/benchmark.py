@@ -27,7 +27,7 @@ __all__ = ["HOST_BOUND_SHARE", "Timing", "capture_graph", "copy_bandwidth_gbps",
 
 
 #: A call whose host side alone (the GPU idle when it starts) takes at least this share of its measured time per call
-#: is host-bound: the CPU that enqueues its work, not the GPU, sets the rate (and moves it with its own load).
+#: is host-bound: the CPU that enqueues its work sets the rate, or comes close to it, and moves it with its own load.
 HOST_BOUND_SHARE = 0.9
 
 
