@@ -8,11 +8,15 @@ import torch
 
 from visionssm.kernels.utils import assert_close, relative_error
 from visionssm.utils.benchmark import (
+    HOST_BOUND_MARK,
     HOST_BOUND_SHARE,
     Timing,
     environment,
+    kernel_row,
+    measure_row,
     print_ratios,
     save_results,
+    settle_host_bound,
     side_by_side,
     time_fn,
 )
@@ -85,6 +89,52 @@ def test_side_by_side_ratios():
     assert "ours/anchor" in lines[0]
     assert lines[2].split()[-1] == "0.50x"
     assert lines[3].split()[-1] == "n/a"
+
+
+def test_side_by_side_marks_host_bound_values():
+    """A value measured host-bound gets the mark and the table a footnote; the ratios stay plain numbers."""
+    rows = [
+        {"shape": "s1", "mode": "fwd", "impl": "anchor", "ms": 2.0, "host_ms": 0.5, "host_bound": False},
+        {"shape": "s1", "mode": "fwd", "impl": "ours", "ms": 1.0, "host_ms": 0.95, "host_bound": True},
+        {"shape": "s2", "mode": "fwd", "impl": "anchor", "ms": 4.0},
+        {"shape": "s2", "mode": "fwd", "impl": "ours", "ms": 3.0, "host_bound": None},
+    ]
+    lines = side_by_side(rows, keys=["shape", "mode"], baseline="anchor").splitlines()
+    assert lines[2].split()[2:] == ["2", f"1{HOST_BOUND_MARK}", "0.50x"]
+    assert lines[3].split()[2:] == ["4", "3", "0.75x"]
+    assert lines[-1].startswith(f"({HOST_BOUND_MARK} host-bound: one call's host side alone")
+    unmarked = side_by_side([{**row, "host_bound": False} for row in rows], keys=["shape", "mode"], baseline="anchor")
+    assert HOST_BOUND_MARK not in unmarked
+
+
+def test_a_plain_call_is_host_bound_where_its_graph_shows_it():
+    """Where a plain row has a CUDA-graph twin, the twin decides: host-bound where the plain call took at least 1.1x
+    the graph's GPU time, whatever the host time from an idle GPU read; rows without a twin keep that test."""
+    rows = settle_host_bound([
+        {"shape": "s", "mode": "fwd", "impl": "ours", "ms": 1.05, "host_ms": 1.0, "host_bound": True},
+        {"shape": "s", "mode": "fwd", "impl": "ours (CUDA graph)", "ms": 1.0},
+        {"shape": "s", "mode": "fwd", "impl": "anchor", "ms": 0.7, "host_ms": 0.5, "host_bound": False},
+        {"shape": "s", "mode": "fwd", "impl": "anchor (CUDA graph)", "ms": 0.3},
+        {"shape": "s", "mode": "fwd", "impl": "other", "ms": 0.5, "host_ms": 0.49, "host_bound": True},  # no twin
+        {"shape": "t", "mode": "fwd", "impl": "ours", "ms": 1.05, "host_ms": 1.0, "host_bound": True},  # other shape
+    ])
+    assert [row.get("host_bound") for row in rows] == [False, None, True, None, True, True]
+    assert rows[0]["host_ms"] == 1.0 and rows[2]["host_ms"] == 0.5  # the measurements themselves are kept
+    lines = side_by_side(rows, keys=["shape", "mode"], baseline="anchor").splitlines()
+    assert "graph replay" in lines[-1] and f"0.7{HOST_BOUND_MARK}" in lines[2].split()
+
+
+def test_kernel_rows_carry_the_host_time_where_it_was_measured(capsys):
+    timed = kernel_row("op", "B1", "fwd", "ours", Timing(1.0, 0.9, 1.1, 5, host_ms=0.95))
+    assert timed["host_ms"] == 0.95 and timed["host_bound"] is True
+    assert HOST_BOUND_MARK in capsys.readouterr().out
+    graphed = kernel_row("op", "B1", "fwd", "ours (CUDA graph)", Timing(1.0, 0.9, 1.1, 5))
+    assert "host_ms" not in graphed and "host_bound" not in graphed
+    # on the CPU the whole call is host time: nothing to tell apart, no host columns
+    x = torch.randn(4, 4)
+    row = measure_row("op", "B1", "fwd", "ours", lambda leaves: leaves[0] * 2, [x], None, backward=False,
+                      cuda_graph=False)
+    assert row["ms"] >= 0 and "host_ms" not in row
 
 
 def test_print_ratios_pairs_each_row_with_its_anchor(capsys):

@@ -25,7 +25,7 @@ import torch
 from visionssm.kernels import selective_scan, tuning
 from visionssm.kernels.selective_scan.naive import selective_scan_torch
 from visionssm.kernels.tuning import launch_overrides
-from visionssm.utils.benchmark import time_fn
+from visionssm.utils.benchmark import HOST_REPEATS, kernel_row, time_fn
 
 OP = "selective_scan"
 COMPILED = "torch.compile(ref)"
@@ -155,14 +155,14 @@ def _MambaCudaScan(ext):  # noqa: N802 (a class factory)
 def _timed_row(name, fn, x, label, mode, *, warmup, repeats) -> dict | None:
     """One implementation timed on inputs ``x`` (printed): its result row, or None when it fails -- reported, not
     fatal (e.g. an anchor out of memory)."""
+    graphed = name in GRAPHED
     try:
-        timing = time_fn(_callable(fn, x, mode), warmup=warmup, repeats=repeats, cuda_graph=name in GRAPHED)
+        timing = time_fn(_callable(fn, x, mode), warmup=warmup, repeats=repeats, cuda_graph=graphed,
+                         host_repeats=0 if graphed else HOST_REPEATS)
     except Exception as exc:
         print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
         return None
-    print(f"{label} {mode:8s} {name:24s} {timing.median_ms:8.4f} ms", flush=True)
-    return {"op": "selective_scan", "shape": label, "mode": mode, "impl": name, "ms": timing.median_ms,
-            "spread": round(timing.spread, 3)}
+    return kernel_row("selective_scan", label, mode, name, timing)
 
 
 def run(quick: bool, copy_gbps: float | None) -> list[dict]:

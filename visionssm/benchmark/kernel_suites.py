@@ -8,9 +8,11 @@
 The ops come from the mixer registry (:func:`visionssm.layers.mixer_kernel_ops`). Each op's cases live in its kernel
 package, ``visionssm.kernels.<op>.benchmark``: a module with ``ANCHOR`` (the implementation the ratios are taken
 against) and ``run(quick: bool, copy_gbps: float | None) -> list[dict]`` returning rows with ``op, shape, mode,
-impl, ms`` (optionally ``GB/s``, ``%copy``). The suites time Triton kernels on a GPU: without CUDA each one prints
-a single skip line, nothing is written and the exit status is 0. A suite that measures nothing writes nothing; a
-suite that fails is reported and the others still run (exit status 1).
+impl, ms`` (optionally ``GB/s``, ``%copy``, and for plain calls ``host_ms`` / ``host_bound``: their host side
+alone, and whether it set the rate, cleared where the implementation's CUDA-graph row shows the GPU did; a
+host-bound value is marked ‡ in the table). The suites time Triton kernels on a GPU: without CUDA each one prints a
+single skip line, nothing is written and the exit status is 0. A suite that measures nothing writes nothing; a suite
+that fails is reported and the others still run (exit status 1).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from types import ModuleType
 import torch
 
 from visionssm.layers import mixer_kernel_ops
-from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, side_by_side
+from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, settle_host_bound, side_by_side
 
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
 
@@ -75,7 +77,7 @@ def run_suites(ops: Sequence[str], *, quick: bool = False, out: str | Path | Non
         if not rows:
             log(f"{op}: skipped, its suite measured nothing (nothing written)", flush=True)
             continue
-        measured[op] = rows
+        measured[op] = settle_host_bound(rows)
         # read after run(): a suite may pick its anchor by what it could measure on this machine
         tables.append(f"## {op}\n" + side_by_side(rows, keys=["shape", "mode"], baseline=suite.ANCHOR))
     if measured and out is not None:

@@ -8,15 +8,13 @@ import gc
 
 import torch
 
-from visionssm.utils.benchmark import Timing, time_fn
+from visionssm.utils.benchmark import HOST_REPEATS, Timing, time_fn
 
 from .config import BenchmarkConfig
 
 __all__ = ["HOST_REPEATS", "count_flops", "create_model", "inference_step", "maybe_compile", "measure_model",
            "release_memory", "training_step"]
 
-#: Calls timed on the host alone (each from an idle GPU) per eager measurement.
-HOST_REPEATS = 10
 
 
 def create_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> torch.nn.Module:

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from visionssm.utils.benchmark import HOST_BOUND_SHARE, save_results
+from visionssm.utils.benchmark import HOST_BOUND_MARK, host_bound_note, save_results
 
 __all__ = ["HOST_BOUND_MARK", "format_table", "plot_results", "write_outputs"]
-
-#: Appended to a throughput cell whose measurement was host-bound (:attr:`visionssm.utils.benchmark.Timing.host_bound`).
-HOST_BOUND_MARK = "‡"
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -69,9 +66,7 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
     out.append(f"(base = {baseline}. img/s: higher is better, ratio > 1 is faster than the base; latency: lower is "
                f"better, ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
     if any(row.get(key) for row in rows for key in host_bound_keys.values()):
-        out.append(f"({HOST_BOUND_MARK} host-bound: one call's host side alone, started with the GPU idle, took at "
-                   f"least {HOST_BOUND_SHARE:.0%} of the measured time per call, so this machine's CPU sets the rate "
-                   f"or comes close to it; host ms per call are in the CSV/JSON)")
+        out.append(host_bound_note())
     for row in rows:
         if row.get("error"):
             out.append(f"! {row['model']}: {row['error']}")

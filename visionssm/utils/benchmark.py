@@ -21,14 +21,35 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HOST_BOUND_SHARE", "Timing", "capture_graph", "copy_bandwidth_gbps", "environment", "save_results",
-           "sdpa_graph_ms", "side_by_side", "slug", "time_fn", "kernel_times_us", "measure_row", "print_ratios",
-           "time_op", "with_bandwidth"]
+__all__ = ["GRAPH_SUFFIX", "HOST_BOUND_MARK", "HOST_BOUND_SHARE", "HOST_REPEATS", "HOST_SLOWDOWN", "Timing",
+           "capture_graph", "host_bound_note", "host_fields", "settle_host_bound", "copy_bandwidth_gbps",
+           "environment", "save_results", "sdpa_graph_ms", "side_by_side", "slug", "time_fn", "kernel_row",
+           "kernel_times_us", "measure_row", "print_ratios", "time_op", "with_bandwidth"]
 
 
 #: A call whose host side alone (the GPU idle when it starts) takes at least this share of its measured time per call
 #: is host-bound: the CPU that enqueues its work sets the rate, or comes close to it, and moves it with its own load.
 HOST_BOUND_SHARE = 0.9
+#: Calls timed on the host alone (each from an idle GPU) per eager measurement.
+HOST_REPEATS = 10
+#: Appended to a table cell whose measurement was host-bound (:attr:`Timing.host_bound`).
+HOST_BOUND_MARK = "‡"
+#: The name suffix of an implementation's CUDA-graph rows in the kernel suites (its GPU time alone).
+GRAPH_SUFFIX = " (CUDA graph)"
+#: A plain call that takes at least this factor of its CUDA-graph replay's time was held back by its host.
+HOST_SLOWDOWN = 1.1
+
+
+def host_bound_note(graph_twins: bool = False) -> str:
+    """The footnote of a table with :data:`HOST_BOUND_MARK` cells; ``graph_twins``: the kernel suites' rule
+    (:func:`settle_host_bound`)."""
+    rule = (f"one call's host side alone, started with the GPU idle, took at least {HOST_BOUND_SHARE:.0%} of the "
+            f"measured time per call")
+    if graph_twins:
+        rule = (f"the plain call took at least {HOST_SLOWDOWN:.1f}x the time of its CUDA-graph replay (the same GPU "
+                f"work without the host's per-call work), or, without a graph row, {rule}")
+    return (f"({HOST_BOUND_MARK} host-bound: {rule}, so this machine's CPU sets the rate or comes close to it; host "
+            f"ms per call are in the CSV/JSON)")
 
 
 @dataclasses.dataclass
@@ -51,6 +72,29 @@ class Timing:
         if self.host_ms is None:
             return None
         return self.host_ms >= HOST_BOUND_SHARE * self.median_ms
+
+
+def host_fields(timing: Timing) -> dict:
+    """A result row's ``host_ms`` / ``host_bound`` for ``timing`` (nothing when its host side was not measured)."""
+    if timing.host_ms is None:
+        return {}
+    return {"host_ms": round(timing.host_ms, 4), "host_bound": timing.host_bound}
+
+
+def settle_host_bound(rows: list[dict]) -> list[dict]:
+    """Decide ``host_bound`` on each plain row of ``rows`` (one with ``host_ms``) that has a CUDA-graph twin (same
+    shape and mode, implementation name + :data:`GRAPH_SUFFIX`): the same GPU work timed without the host's per-call
+    work. The plain call was held back by its host where it took at least :data:`HOST_SLOWDOWN` times the graph's
+    time. There that comparison replaces the host-time test: the host time of one call from an idle GPU moves with
+    the machine's load (the device's CPU once read 5.9 ms for a GPU-bound 3.7 ms call, 1.1–1.4 ms in other runs),
+    and a call whose host side alone stays under :data:`HOST_BOUND_SHARE` of its time can still leave the GPU
+    waiting between launches. Rows without a twin keep the host-time test. Returns ``rows``."""
+    graph_ms = {(r["shape"], r["mode"], r["impl"]): r["ms"] for r in rows if r["impl"].endswith(GRAPH_SUFFIX)}
+    for row in rows:
+        graph = graph_ms.get((row["shape"], row["mode"], row["impl"] + GRAPH_SUFFIX))
+        if graph is not None and "host_ms" in row:
+            row["host_bound"] = row["ms"] >= HOST_SLOWDOWN * graph
+    return rows
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -168,10 +212,10 @@ def environment(device: torch.device | str | None = None) -> dict:
 
 
 def time_op(fn: Callable[[list], object], args: Sequence, grad_out: torch.Tensor | None, *, backward: bool,
-            cuda_graph: bool, warmup: int = 5, repeats: int = 30) -> Timing:
+            cuda_graph: bool, warmup: int = 5, repeats: int = 30, host_repeats: int = 0) -> Timing:
     """Time an op the way the kernel suites compare implementations: ``fn(leaves)`` on detached copies of ``args``
     (``None`` entries kept), forward under ``no_grad``, or with ``backward`` the forward plus the gradient of
-    ``grad_out`` with respect to every floating-point argument."""
+    ``grad_out`` with respect to every floating-point argument. ``host_repeats``: see :func:`time_fn`."""
     leaves = [None if a is None else a.detach().requires_grad_(backward and a.is_floating_point()) for a in args]
     wrt = [x for x in leaves if x is not None and x.requires_grad]
 
@@ -180,7 +224,7 @@ def time_op(fn: Callable[[list], object], args: Sequence, grad_out: torch.Tensor
         return torch.autograd.grad(out, wrt, grad_out) if backward else out
 
     with torch.enable_grad() if backward else torch.no_grad():
-        return time_fn(call, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph)
+        return time_fn(call, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph, host_repeats=host_repeats)
 
 
 def with_bandwidth(row: dict, bytes_moved: int, copy_gbps: float | None) -> dict:
@@ -196,17 +240,27 @@ def measure_row(op: str, shape: str, mode: str, impl: str, fn: Callable[[list], 
                 grad_out: torch.Tensor | None, *, backward: bool, cuda_graph: bool, bytes_moved: int | None = None,
                 copy_gbps: float | None = None) -> dict | None:
     """One row of a kernel suite: :func:`time_op`, with the bandwidth when ``bytes_moved`` is given, printed as it
-    is measured. A failing implementation is reported and gives ``None``, so the suite goes on with the others."""
+    is measured. A plain (not graphed) call also has its host side timed alone (:func:`host_fields`). A failing
+    implementation is reported and gives ``None``, so the suite goes on with the others."""
     try:
-        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=cuda_graph)
+        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=cuda_graph,
+                         host_repeats=0 if cuda_graph else HOST_REPEATS)
     except Exception as exc:  # noqa: BLE001 - one failing implementation must not lose the others' numbers
         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
         return None
-    row = {"op": op, "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
-           "spread": round(timing.spread, 3)}
+    row = kernel_row(op, shape, mode, impl, timing)
     if bytes_moved is not None:
         with_bandwidth(row, bytes_moved, copy_gbps)
-    print(f"{shape:>26} {mode:>18} {impl:>24} {timing.median_ms:8.4f} ms", flush=True)
+    return row
+
+
+def kernel_row(op: str, shape: str, mode: str, impl: str, timing: Timing) -> dict:
+    """A kernel suite's result row for ``timing`` (with its host time where measured), printed."""
+    row = {"op": op, "shape": shape, "mode": mode, "impl": impl, "ms": timing.median_ms,
+           "spread": round(timing.spread, 3), **host_fields(timing)}
+    host = "" if timing.host_ms is None else \
+        f"  host {timing.host_ms:8.4f} ms{' ' + HOST_BOUND_MARK if timing.host_bound else ''}"
+    print(f"{shape:>26} {mode:>18} {impl:>24} {timing.median_ms:8.4f} ms{host}", flush=True)
     return row
 
 
@@ -293,11 +347,16 @@ def side_by_side(rows: list[dict], *, keys: Sequence[str], impl: str = "impl", v
                  baseline: str, lower_is_better: bool = True) -> str:
     """Pivot ``rows`` to one line per ``keys`` combination with one column per implementation, plus
     ``<impl>/<baseline>`` ratio columns. For times (``lower_is_better``) a ratio < 1 means faster than the
-    baseline; for throughputs a ratio > 1 means faster."""
+    baseline; for throughputs a ratio > 1 means faster. A value whose row is ``host_bound`` is marked
+    :data:`HOST_BOUND_MARK`, with a footnote."""
     impls = list(dict.fromkeys(r[impl] for r in rows))
     groups: dict[tuple, dict] = {}
+    marked: set[tuple] = set()
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), {})[r[impl]] = r.get(value)
+        key = tuple(r[k] for k in keys)
+        groups.setdefault(key, {})[r[impl]] = r.get(value)
+        if r.get("host_bound"):
+            marked.add((key, r[impl]))
     others = [i for i in impls if i != baseline]
     header = [*keys, *[f"{i} ({value})" for i in impls], *[f"{i}/{baseline}" for i in others]]
     lines = []
@@ -308,12 +367,15 @@ def side_by_side(rows: list[dict], *, keys: Sequence[str], impl: str = "impl", v
             v = by_impl.get(i)
             ratios.append(f"{v / base:.2f}x" if isinstance(v, (int, float)) and isinstance(base, (int, float))
                           and base > 0 else "n/a")
-        lines.append([*map(_fmt, key), *[_fmt(by_impl.get(i)) for i in impls], *ratios])
+        cells = [_fmt(by_impl.get(i)) + (HOST_BOUND_MARK if (key, i) in marked else "") for i in impls]
+        lines.append([*map(_fmt, key), *cells, *ratios])
     widths = [max(len(h), *(len(line[c]) for line in lines)) if lines else len(h) for c, h in enumerate(header)]
     render = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     note = "lower is better" if lower_is_better else "higher is better"
-    return "\n".join([render(header), render(["-" * w for w in widths]), *map(render, lines),
-                      f"({value}: {note}; ratios are each implementation over {baseline})"])
+    notes = [f"({value}: {note}; ratios are each implementation over {baseline})"]
+    if marked:
+        notes.append(host_bound_note(graph_twins=any(i.endswith(GRAPH_SUFFIX) for i in impls)))
+    return "\n".join([render(header), render(["-" * w for w in widths]), *map(render, lines), *notes])
 
 
 def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float | None:
