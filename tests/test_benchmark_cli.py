@@ -2,7 +2,6 @@
 tiny timm models."""
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_script
 
 from visionssm import benchmark as bench
 from visionssm.benchmark import kernel_suites
@@ -18,14 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--batch-size", "2", "--img-size", "64", "--warmup", "0", "--repeats", "2"]
 
 
-def _load_check_regression():
-    spec = importlib.util.spec_from_file_location("check_regression", REPO / "benchmarks" / "check_regression.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-check_regression = _load_check_regression()
+check_regression = load_script("check_regression")
 
 
 @pytest.fixture(scope="module")
@@ -241,9 +234,7 @@ def test_model_command_writes_to_benchmark_results_in_the_working_directory(tmp_
 
 
 def test_kernel_script_in_a_checkout_writes_next_to_the_committed_results():
-    spec = importlib.util.spec_from_file_location("kernels_script", REPO / "benchmarks" / "kernels.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("kernels")
     assert script.RESULTS_DIR == REPO / "benchmarks" / "results"
     parser = kernel_suites.build_parser(script.RESULTS_DIR)
     assert parser.parse_args([]).out == str(REPO / "benchmarks" / "results")
@@ -438,15 +429,8 @@ def test_regression_check_finds_committed_run_and_refuses_other_devices(tiny_run
     assert check_regression.main([str(unrelated), "--against", str(committed_path)]) == 2
 
 
-def _load_train_scaling():
-    spec = importlib.util.spec_from_file_location("train_scaling", REPO / "benchmarks" / "train_scaling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_train_scaling_skips_the_compiling_epoch_and_reports_efficiency():
-    scaling = _load_train_scaling()
+    scaling = load_script("train_scaling")
     records = [{"train_img_per_s": 100.0}, {"train_img_per_s": 900.0}, {"train_img_per_s": 1000.0},
                {"train_img_per_s": 1100.0}]
     assert scaling.steady_throughput(records) == 1000.0  # median of epochs 2..4, the first one compiles
@@ -459,7 +443,7 @@ def test_train_scaling_skips_the_compiling_epoch_and_reports_efficiency():
 
 
 def test_train_scaling_launches_multi_gpu_only_for_several_processes(tmp_path):
-    scaling = _load_train_scaling()
+    scaling = load_script("train_scaling")
     import argparse
 
     args = argparse.Namespace(epochs=2, batch=8, extra=["--img-size", "32"])

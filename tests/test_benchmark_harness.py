@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from benchmark_scripts import load_script
 
 from visionssm.kernels.utils import assert_close, relative_error
 from visionssm.utils.benchmark import (
@@ -230,17 +231,6 @@ def test_measure_impls_rows_in_order_with_forward_only_and_bandwidth_for_ours(ca
     assert "broken S fwd causal failed" in capsys.readouterr().out
 
 
-def _profile_layers_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_layers.py"
-    spec = importlib.util.spec_from_file_location("profile_layers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_layer_profile_counts_kernels_not_annotations():
     """The optimizer's record_function range shows up on the GPU timeline as an event of its own; counted as a kernel
     it added the optimizer's time a second time (3.8-6.5 ms of a comba_vision_T step)."""
@@ -252,14 +242,14 @@ def test_layer_profile_counts_kernels_not_annotations():
 
     events = [event("comba_bwd_kernel", 700.0), event("comba_bwd_kernel", 300.0),
               event("Optimizer.step#AdamW.step", 3800.0, annotation=True), event("multi_tensor_apply_kernel", 500.0)]
-    times = _profile_layers_module().kernel_times(events, "cuda")
+    times = load_script("profile_layers").kernel_times(events, "cuda")
     assert times == {"comba_bwd_kernel": [1.0, 2], "multi_tensor_apply_kernel": [0.5, 1]}
 
 
 def test_layer_profile_categories_match_whole_kernel_names():
     """benchmarks/profile_layers.py files a kernel under an op only for that op's whole kernel names: a Triton helper
     called ``mm`` once put cuBLAS GEMMs and LayerNorm's GammaBeta kernel under "mixer kernel"."""
-    profile_layers = _profile_layers_module()
+    profile_layers = load_script("profile_layers")
     mixer, layer = {"mm", "comba_bwd_kernel"}, {"prologue_fwd_kernel"}
     cases = {"comba_bwd_kernel": "mixer kernel", "prologue_fwd_kernel": "fused layer ops",
              "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>": "GEMM",

@@ -1,25 +1,15 @@
 """benchmarks/io_floor.py: its floor kernels move every byte they are charged for (in Triton's interpreter)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-
-def _io_floor():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "io_floor.py"
-    spec = importlib.util.spec_from_file_location("io_floor", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load_script
 
 
 @pytest.mark.parametrize("n_in, n_gates, D", [(3, 2, 16), (4, 1, 32)])
 def test_floor_kernels_use_every_byte(triton_interpreter, n_in, n_gates, D):
     """The forward's output sums every input and gate and the backward writes each input's and gate's gradient, so
     the timed traffic is the op's whole traffic; odd sizes leave a partial last block."""
-    io_floor = _io_floor()
+    io_floor = load_script("io_floor")
     B, T, H = 2, 5, 3
     inputs = torch.randn(n_in, B, T, H, D, dtype=torch.bfloat16)
     gates = torch.rand(n_gates, B, T, H, dtype=torch.bfloat16)
@@ -38,7 +28,7 @@ def test_floor_kernels_use_every_byte(triton_interpreter, n_in, n_gates, D):
 
 
 def test_floor_kernels_refuse_mismatched_shapes(triton_interpreter):
-    io_floor = _io_floor()
+    io_floor = load_script("io_floor")
     inputs = torch.randn(3, 2, 5, 3, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="gates"):
         io_floor.floor_fwd(inputs, torch.rand(2, 2, 5, 4, dtype=torch.bfloat16))
@@ -49,5 +39,5 @@ def test_floor_kernels_refuse_mismatched_shapes(triton_interpreter):
 def test_cpu_machine_skips(capsys):
     if torch.cuda.is_available():
         pytest.skip("the skip line is a CPU machine's answer")
-    assert _io_floor().main(["--out", "unused"]) == 0
+    assert load_script("io_floor").main(["--out", "unused"]) == 0
     assert "skipped, no CUDA device" in capsys.readouterr().out

@@ -1,0 +1,18 @@
+"""The repository's benchmark scripts (``benchmarks/*.py``, not part of the package) as modules for the tests; not a
+test module."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module of that name (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
