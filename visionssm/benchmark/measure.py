@@ -16,7 +16,6 @@ __all__ = ["HOST_REPEATS", "count_flops", "create_model", "inference_step", "may
            "release_memory", "training_step"]
 
 
-
 def create_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> torch.nn.Module:
     import timm
 
