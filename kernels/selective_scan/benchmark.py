@@ -155,10 +155,9 @@ def _MambaCudaScan(ext):  # noqa: N802 (a class factory)
 def _timed_row(name, fn, x, label, mode, *, warmup, repeats) -> dict | None:
     """One implementation timed on inputs ``x`` (printed): its result row, or None when it fails -- reported, not
     fatal (e.g. an anchor out of memory)."""
-    graphed = name in GRAPHED
     try:
-        timing = time_fn(_callable(fn, x, mode), warmup=warmup, repeats=repeats, cuda_graph=graphed,
-                         host_repeats=0 if graphed else HOST_REPEATS)
+        timing = time_fn(_callable(fn, x, mode), warmup=warmup, repeats=repeats, cuda_graph=name in GRAPHED,
+                         host_repeats=HOST_REPEATS)
     except Exception as exc:
         print(f"# {name} {label} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
         return None

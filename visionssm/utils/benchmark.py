@@ -244,8 +244,7 @@ def measure_row(op: str, shape: str, mode: str, impl: str, fn: Callable[[list], 
     is measured. A plain (not graphed) call also has its host side timed alone (:func:`host_fields`). A failing
     implementation is reported and gives ``None``, so the suite goes on with the others."""
     try:
-        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=cuda_graph,
-                         host_repeats=0 if cuda_graph else HOST_REPEATS)
+        timing = time_op(fn, args, grad_out, backward=backward, cuda_graph=cuda_graph, host_repeats=HOST_REPEATS)
     except Exception as exc:  # noqa: BLE001 - one failing implementation must not lose the others' numbers
         print(f"# {impl} {shape} {mode} failed: {type(exc).__name__}: {exc}", flush=True)
         return None
