@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["BACKENDS", "backend", "fx_tracing", "get_forced_backend", "interpreter_enabled", "select_backend",
-           "set_backend", "triton_available"]
+__all__ = ["BACKENDS", "backend", "exporting", "fx_tracing", "get_forced_backend", "interpreter_enabled",
+           "select_backend", "set_backend", "triton_available"]
 
 BACKENDS = ("triton", "torch")
 BACKEND_ENV = "VISIONSSM_KERNELS"
@@ -90,7 +90,8 @@ def fx_tracing() -> bool:
     return bool(is_symbolic_tracing and is_symbolic_tracing())
 
 
-def _exporting() -> bool:
+def exporting() -> bool:
+    """True while TorchScript, ONNX or FX symbolic tracing runs: those take the PyTorch reference path."""
     if torch.jit.is_scripting() or torch.jit.is_tracing():
         return True
     if torch.onnx.is_in_onnx_export():
@@ -112,7 +113,7 @@ def select_backend(*tensors: torch.Tensor | None) -> str:
             raise ValueError("the triton backend was forced for CPU tensors: set TRITON_INTERPRET=1 before importing "
                              "visionssm to run the Triton kernels in Triton's interpreter, or move the tensors to CUDA")
         return "triton"
-    if _exporting() or not triton_available():
+    if exporting() or not triton_available():
         return "torch"
     if on_cuda or interpreter_enabled():
         return "triton"

@@ -18,8 +18,9 @@ import math
 import torch
 
 from .. import dispatch as _dispatch
-from .. import tuning
+from .. import library, tuning
 from ..utils import check_dtype, check_same_device
+from .custom_op import add_layer_norm_op, layer_norm_op
 from .naive import add_layer_norm_reference, layer_norm_reference
 
 __all__ = ["OP", "add_layer_norm", "add_layer_norm_reference", "layer_norm", "layer_norm_reference"]
@@ -81,6 +82,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _validate(x, weight, bias, eps, out_dtype)
     if out_dtype is None:
         out_dtype = x.dtype
+    if library.tracing():
+        return layer_norm_op(x, weight, bias, float(eps), out_dtype)[0]
     if (_dispatch.select_backend(x, weight, bias) == "triton" and x.shape[-1] <= MAX_CHANNELS
             and not tuning.overrides(OP).get("reference", False)):
         return _fused()(x, weight, bias, eps=float(eps), out_dtype=out_dtype)
@@ -102,6 +105,10 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     if residual.shape != x.shape:
         raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     check_same_device(x=x, residual=residual)
+    if library.tracing():
+        y, summed, _ = add_layer_norm_op(x, residual, weight, bias, float(eps),
+                                         out_dtype or torch.promote_types(x.dtype, residual.dtype))
+        return y, summed
     if (_dispatch.select_backend(x, residual, weight, bias) == "triton" and x.shape[-1] <= MAX_CHANNELS
             and not tuning.overrides(OP).get("reference", False)):
         return _fused(True)(x, residual, weight, bias, eps=float(eps), out_dtype=out_dtype)
