@@ -256,3 +256,21 @@ def test_layer_profile_categories_match_whole_kernel_names():
              "void at::native::GammaBetaBackwardCUDAKernelTemplate<float, float, 256>": "elementwise / norm / other"}
     for name, category in cases.items():
         assert profile_layers.categorise(name, mixer, layer) == category, name
+
+
+def test_compiled_runs_report_the_first_calls_seconds_and_the_mode():
+    from visionssm.benchmark.config import BenchmarkConfig
+    from visionssm.benchmark.measure import _first_call_s
+    from visionssm.benchmark.report import format_table
+
+    calls = []
+    step = lambda: calls.append(1)
+    assert _first_call_s(step, BenchmarkConfig(models=["m"], compile=False), torch.device("cpu")) is None
+    seconds = _first_call_s(step, BenchmarkConfig(models=["m"], compile=True), torch.device("cpu"))
+    assert calls == [1] and seconds >= 0
+    row = {"model": "m", "infer_img_s": 10.0, "train_img_s": 5.0, "infer_compile_s": 12.4, "train_compile_s": 30.6}
+    env = {"device": "cpu", "torch": torch.__version__, "time_utc": "now",
+           "benchmark": {"compile": True, "compile_mode": "reduce-overhead", "batch_size": 2, "img_size": 32}}
+    table = format_table([row], "m", env)
+    assert "train compile (s)" in table and "30.6" in table
+    assert "torch.compile(mode='reduce-overhead')" in table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 
 import torch
 
@@ -129,6 +130,20 @@ def maybe_compile(model: torch.nn.Module, cfg: BenchmarkConfig):
         else model
 
 
+def _first_call_s(step, cfg: BenchmarkConfig, device: torch.device) -> float | None:
+    """Seconds of a compiled step's first call (tracing, compiling, the first run), what a user waits before the
+    first batch; ``None`` for an eager run (the warm-up runs the first call then)."""
+    if not cfg.compile:
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def inference_step(model, runner, cfg: BenchmarkConfig, batch: int, device: torch.device):
     model.eval()
     x = _input(cfg, batch, device)
@@ -189,12 +204,14 @@ def measure_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> dict
         if "infer" in cfg.modes:
             _reset_memory(device)
             step = inference_step(model, runner, cfg, cfg.batch_size, device)
+            row["infer_compile_s"] = _first_call_s(step, cfg, device)
             row.update(_timing_fields("infer", time_fn(step, cuda_graph=cfg.cuda_graph, **timing_kwargs),
                                       cfg.batch_size))
             row["infer_peak_MiB"] = _peak_mib(device)
         if "train" in cfg.modes:
             _reset_memory(device)
             step = training_step(model, runner, cfg, cfg.batch_size, device, captured=cfg.cuda_graph)
+            row["train_compile_s"] = _first_call_s(step, cfg, device)
             row.update(_timing_fields("train", time_fn(step, cuda_graph=cfg.cuda_graph, **timing_kwargs),
                                       cfg.batch_size))
             row["train_peak_MiB"] = _peak_mib(device)

@@ -26,6 +26,13 @@ def _ratio(value, base) -> str:
     return f"{value / base:.2f}x"
 
 
+def _compiled(bench: dict) -> str:
+    if not bench.get("compile"):
+        return ""
+    mode = bench.get("compile_mode") or "default"
+    return f"  torch.compile({'' if mode == 'default' else f'mode={mode!r}'})"
+
+
 def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> str:
     """One line per model: params, GFLOPs, img/s, latency, memory, and ratios to ``baseline``."""
     base = next((r for r in rows if r["model"] == baseline), {})
@@ -34,6 +41,8 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
                ("GFLOPs", "gflops", 2), ("infer img/s", "infer_img_s", 0), ("±spread", "infer_spread", None),
                ("train img/s", "train_img_s", 0), ("lat b1 (ms)", "latency_ms", 2),
                ("infer MiB", "infer_peak_MiB", 0), ("train MiB", "train_peak_MiB", 0)]
+    if any(r.get("infer_compile_s") or r.get("train_compile_s") for r in rows):
+        columns += [("infer compile (s)", "infer_compile_s", 0), ("train compile (s)", "train_compile_s", 0)]
     if multi:
         columns += [("GPUs", "gpus", None), ("DP infer img/s", "dp_infer_img_s", 0),
                     ("DP train img/s", "dp_train_img_s", 0)]
@@ -61,7 +70,7 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
                    f"timm {env.get('timm')}  {env['time_utc']}  batch {bench.get('batch_size')}  "
                    f"{bench.get('img_size')}px  {bench.get('dtype')} ({bench.get('precision')})"
                    f"{'  channels_last' if bench.get('channels_last') else ''}"
-                   f"{'  torch.compile' if bench.get('compile') else ''}")
+                   f"{_compiled(bench)}")
     out += [render(header), render(["-" * w for w in widths]), *map(render, lines)]
     out.append(f"(base = {baseline}. img/s: higher is better, ratio > 1 is faster than the base; latency: lower is "
                f"better, ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
