@@ -18,8 +18,9 @@ import math
 import torch
 
 from .. import dispatch as _dispatch
-from .. import tuning
+from .. import library, tuning
 from ..utils import check_dtype, check_same_device
+from .custom_op import gated_rmsnorm_op
 from .naive import gated_rmsnorm_reference
 
 __all__ = ["ACTIVATIONS", "OP", "gated_rmsnorm", "gated_rmsnorm_reference"]
@@ -86,6 +87,8 @@ def gated_rmsnorm(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tens
     kernels' products are exact float32 for float32 gates and tf32 tensor-core products (16-bit gates are exact in
     tf32; the weight is rounded to 10 mantissa bits) for 16-bit gates, always with float32 sums."""
     _validate(o, gate, weight, activation, eps, gate_weight, gate_bias)
+    if library.tracing():
+        return gated_rmsnorm_op(o, gate, weight, gate_weight, gate_bias, activation, float(eps))[0]
     if (_dispatch.select_backend(o, gate, weight, gate_weight, gate_bias) == "triton"
             and not tuning.overrides(OP).get("reference", False)):
         if gate_weight is not None:

@@ -244,3 +244,91 @@ def test_low_rank_bad_input_raises_naming_the_argument(name, error, key, how):
     with pytest.raises(error, match=name):
         gated_rmsnorm(o, args["gate"], weight, activation="sigmoid", gate_weight=args["gate_weight"],
                       gate_bias=args["gate_bias"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registered op (torch.compile / torch.export take it): opcheck on both paths, compiled against eager
+
+_VARIANTS = {  # full-width gate ("plain", "strided": a column slice, None) or low-rank (rank, bias, a column slice)
+    "plain": {"gate": "plain"}, "strided": {"gate": "strided"}, "no_gate": {"gate": None},
+    "low_rank": {"R": 16, "bias": True, "strided": True}, "low_rank_no_bias": {"R": 5, "bias": False, "strided": False},
+    "low_rank_beyond_the_kernels": {"H": 1, "D": 64, "R": 80, "bias": True, "strided": True},
+}
+
+
+def _op_args(variant, L, requires_grad):
+    """The registered op's arguments (o, gate, weight, gate_weight, gate_bias, activation, eps)."""
+    kw = _VARIANTS[variant]
+    if "R" in kw:
+        o, source, gate_weight, gate_bias, weight = make_low_rank_problem(L=L, seed=L, **kw)
+        R = gate_weight.shape[1]
+        gate = source[..., 3:3 + R] if kw["strided"] else source
+        tensors, activation = [o, gate, weight, gate_weight, gate_bias], "sigmoid"
+    else:
+        o, source, weight = make_problem(L=L, seed=L, **kw)
+        gate = None if source is None else source[..., 3:3 + o.shape[2] * o.shape[3]] if kw["gate"] == "strided" \
+            else source
+        tensors, activation = [o, gate, weight, None, None], "silu"
+    if requires_grad:
+        tensors = [None if t is None else t.detach().requires_grad_() for t in tensors]
+    return (*tensors, activation, 1e-5)
+
+
+@pytest.mark.parametrize("path", ["reference_path", "triton_interpreter"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_registered_op_opcheck(variant, requires_grad, path, request, poison_outputs):
+    from visionssm.kernels.gated_rmsnorm.custom_op import gated_rmsnorm_op
+
+    request.getfixturevalue(path)
+    torch.library.opcheck(gated_rmsnorm_op, _op_args(variant, 3, requires_grad))
+
+
+def _sliced(o, source, weight, gate_weight, gate_bias):
+    """The op on a column slice of a wider gate tensor (the layers' use), so its gradient reaches the whole tensor."""
+    width = o.shape[2] * o.shape[3] if gate_weight is None else gate_weight.shape[1]
+    return gated_rmsnorm(o, source[..., 3:3 + width], weight, activation="sigmoid", eps=1e-5, gate_weight=gate_weight,
+                         gate_bias=gate_bias)
+
+
+def _compiled_against_eager(problem, *, backend="aot_eager", tol=0.0):
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(_sliced)(*problem).graph_break_count == 0
+    compiled = torch.compile(_sliced, fullgraph=True, backend=backend)
+    results = []
+    for fn in (_sliced, compiled):
+        leaves = [None if t is None else t.detach().clone().requires_grad_() for t in problem]
+        y = fn(*leaves)
+        cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device=y.device, dtype=y.dtype)
+        (y * cot).sum().backward()
+        results.append([y, *(None if t is None else t.grad for t in leaves)])
+    for name, got, want in zip(("y", "do", "dsource", "dweight", "dgate_weight", "dgate_bias"), *results[::-1]):
+        assert (got is None) == (want is None), name
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("path", ["reference_path", "triton_interpreter"])
+@pytest.mark.parametrize("low_rank", [False, True])
+def test_compiled_equals_eager(low_rank, path, request, poison_outputs):
+    request.getfixturevalue(path)
+    if low_rank:
+        problem = make_low_rank_problem(L=3, R=5, seed=6)
+        problem = (problem[0], problem[1], problem[4], problem[2], problem[3])
+    else:
+        o, source, weight = make_problem(L=3, gate="strided", seed=6)
+        problem = (o, source, weight, None, None)
+    _compiled_against_eager(problem)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("low_rank", [False, True])
+def test_cuda_compiled_equals_eager(low_rank, poison_outputs):
+    """Inductor around the registered op, bf16: the same kernels run, so the same result up to bf16 rounding."""
+    if low_rank:
+        problem = make_low_rank_problem(B=4, L=197, H=3, D=64, R=16, dtype=torch.bfloat16, device="cuda", seed=7)
+        problem = (problem[0], problem[1], problem[4], problem[2], problem[3])
+    else:
+        o, source, weight = make_problem(B=4, L=197, H=6, D=64, gate="strided", dtype=torch.bfloat16, device="cuda")
+        problem = (o, source, weight, None, None)
+    _compiled_against_eager(problem, backend="inductor", tol=2e-2)
