@@ -1,0 +1,58 @@
+"""The registration machinery of the ops (visionssm.kernels.library): every public op is a registered custom op with
+a backward, the PyTorch path's backward is the reference's, outputs never alias inputs, tracing is detected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import visionssm.kernels as kernels
+from visionssm.kernels import library
+
+
+@pytest.mark.parametrize("name", kernels.OPS)
+def test_every_public_op_is_a_registered_op_with_a_backward(name):
+    namespace = getattr(torch.ops, library.NAMESPACE)
+    assert hasattr(namespace, name), f"visionssm.kernels.{name} has no registered op visionssm::{name}"
+    assert hasattr(namespace, f"{name}_backward")
+
+
+def test_reference_backward_equals_autograd_and_skips_absent_inputs():
+    def reference(a, b, c, power):
+        out = a * b.sin() if c is None else a * b.sin() + c
+        return out.pow(power), a.exp()
+
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    grads = [torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)]
+    found = library.reference_backward(reference, grads, [a, b, None], 2)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    expected = torch.autograd.grad(reference(*leaves, None, 2), leaves, grads)
+    assert len(found) == 2
+    for f, e in zip(found, expected):
+        torch.testing.assert_close(f, e)
+
+
+def test_an_input_the_outputs_do_not_depend_on_gets_a_zero_gradient():
+    a, b = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    found = library.reference_backward(lambda a, b: a * 3, [torch.ones(5, dtype=torch.float64)], [a, b])
+    torch.testing.assert_close(found[0], torch.full_like(a, 3.0))
+    torch.testing.assert_close(found[1], torch.zeros_like(b))
+
+
+def test_outputs_sharing_memory_with_inputs_or_each_other_are_copied():
+    x = torch.randn(4, 3)
+    y = torch.randn(4, 3)
+    out = library._fresh([x, y, y, y.t()], [x])
+    assert out[0] is not x and torch.equal(out[0], x)
+    assert out[1] is y
+    storages = {t.untyped_storage().data_ptr() for t in out}
+    assert len(storages) == 4 and all(t.is_contiguous() for t in out)
+
+
+def test_tracing_is_true_under_torch_compile_only():
+    def fn(x):
+        return x + 1 if library.tracing() else x - 1
+
+    x = torch.zeros(2)
+    assert torch.equal(fn(x), x - 1)
+    assert torch.equal(torch.compile(fn, fullgraph=True, backend="eager")(x), x + 1)
