@@ -19,8 +19,9 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch as _dispatch
-from .. import tuning
+from .. import library, tuning
 from ..utils import check_bool, check_dtype, check_int
+from .custom_op import mixer_prologue_op
 from .naive import mixer_prologue_reference
 
 __all__ = ["OP", "Prologue", "TRANSITIONS", "mixer_prologue", "mixer_prologue_reference"]
@@ -138,6 +139,9 @@ def mixer_prologue(proj: torch.Tensor, conv_weight: torch.Tensor, *, num_heads: 
     params = {"beta_bias": beta_bias, "alpha_bias": alpha_bias, "A_log": A_log, "dt_bias": dt_bias,
               "feedback": feedback, "correction": correction}
     _validate(proj, conv_weight, num_heads, key_dim, value_dim, causal, cols, params, transition, gate_cols, eps)
+    if library.tracing():
+        return _traced(proj, conv_weight, params, num_heads, key_dim, value_dim, causal, cols, transition, gate_cols,
+                       float(eps))
     kwargs = {"num_heads": num_heads, "key_dim": key_dim, "value_dim": value_dim, "causal": causal,
               "beta_col": beta_col, "alpha_col": alpha_col, "decay_col": decay_col, "transition": transition,
               "gate_cols": gate_cols, "eps": float(eps)}
@@ -145,6 +149,18 @@ def mixer_prologue(proj: torch.Tensor, conv_weight: torch.Tensor, *, num_heads: 
     if _dispatch.select_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False):
         return Prologue(*_fused()(proj, conv_weight, params, **kwargs))
     return Prologue(*mixer_prologue_reference(proj, conv_weight, **params, **kwargs))
+
+
+def _traced(proj, conv_weight, params, H, K, V, causal, cols, transition, gate_cols, eps) -> Prologue:
+    """The registered op (absent outputs come back empty); the gate columns sliced here, outside it, as a custom
+    op's outputs must not alias its inputs."""
+    q, k, v, p, g, beta, alpha, _ = mixer_prologue_op(
+        proj, conv_weight, params["beta_bias"], params["alpha_bias"], params["A_log"], params["dt_bias"],
+        params["feedback"], params["correction"], H, K, V, causal, cols["beta_col"], cols["alpha_col"],
+        cols["decay_col"], transition, eps)
+    gate = None if gate_cols is None else proj[..., gate_cols[0]:gate_cols[0] + gate_cols[1]]
+    return Prologue(q, k, v, None if params["feedback"] is None else p, None if cols["decay_col"] is None else g, beta,
+                    None if cols["alpha_col"] is None else alpha, gate)
 
 
 def _fused():

@@ -141,29 +141,31 @@ def _or(tensor, dummy):
     return dummy if tensor is None else tensor
 
 
-def _grouped(count: int, shape: tuple, device, dtype) -> tuple:
+def _grouped(count: int, shape: tuple, device, dtype, separate: bool = False) -> tuple:
     """``count`` tensors of ``shape`` as views of one allocation (the outputs of one dtype: an eager call is bound
     by host time, and one allocation and its views cost less of it than ``count`` allocations). Where a view would
-    not start 16-byte aligned (odd shapes), separate allocations, so that the kernels keep their aligned variants."""
-    if math.prod(shape) * dtype.itemsize % 16:
+    not start 16-byte aligned (odd shapes), or ``separate``, separate allocations, so that the kernels keep their
+    aligned variants."""
+    if separate or math.prod(shape) * dtype.itemsize % 16:
         return tuple(empty_output(shape, device=device, dtype=dtype) for _ in range(count))
     return empty_output((count, *shape), device=device, dtype=dtype).unbind(0)
 
 
-def run_fwd(plan: Plan, proj, conv_weight, params: tuple) -> tuple:
-    """(q, k, v, p, g, beta, alpha); p / g / alpha None when the plan has none."""
+def run_fwd(plan: Plan, proj, conv_weight, params: tuple, separate: bool = False) -> tuple:
+    """(q, k, v, p, g, beta, alpha); p / g / alpha None when the plan has none. ``separate``: each output its own
+    allocation (a registered op's outputs must not share memory)."""
     B, L, H, K, V = plan.B, plan.L, plan.H, plan.K, plan.V
     device, dtype, dummy = proj.device, proj.dtype, plan.dummy
     flags = plan.flags
     keyed = 3 if flags["FEEDBACK"] else 2  # q, k (, p)
     if V == K:
-        q, k, *rest = _grouped(keyed + 1, (B, L, H, K), device, dtype)
+        q, k, *rest = _grouped(keyed + 1, (B, L, H, K), device, dtype, separate)
         v = rest.pop()
     else:
-        q, k, *rest = _grouped(keyed, (B, L, H, K), device, dtype)
+        q, k, *rest = _grouped(keyed, (B, L, H, K), device, dtype, separate)
         v = empty_output((B, L, H, V), device=device, dtype=dtype)
     p = rest[0] if rest else None
-    gates = _grouped(1 + flags["HAS_DECAY"] + flags["HAS_ALPHA"], (B, L, H), device, torch.float32)
+    gates = _grouped(1 + flags["HAS_DECAY"] + flags["HAS_ALPHA"], (B, L, H), device, torch.float32, separate)
     beta, *rest = gates
     g = rest.pop(0) if flags["HAS_DECAY"] else None
     alpha = rest.pop(0) if flags["HAS_ALPHA"] else None

@@ -56,9 +56,10 @@ def make_problem(mode: str, B=2, L=7, H=2, K=8, V=8, KS=3, gate_width=5, seed=0,
                                                           if dtype != torch.float64 else dtype), kwargs
 
 
-def run_with_grads(proj, weight, kwargs, *, seed=1, double=False, view_of=None):
+def run_with_grads(proj, weight, kwargs, *, seed=1, double=False, view_of=None, fn=None):
     """Outputs and the gradients of proj, the conv weight and every per-head parameter, for a fixed random
-    cotangent on every output. ``view_of=(pad_left, pad_right)`` passes proj as a column slice of a wider tensor."""
+    cotangent on every output. ``view_of=(pad_left, pad_right)`` passes proj as a column slice of a wider tensor;
+    ``fn`` calls the op (default :func:`mixer_prologue`; a compiled caller, say)."""
     cast = (lambda t: t.detach().double()) if double else (lambda t: t.detach().clone())
     base = cast(proj)
     if view_of is not None:
@@ -70,7 +71,7 @@ def run_with_grads(proj, weight, kwargs, *, seed=1, double=False, view_of=None):
     for name in PARAMS:
         if kw.get(name) is not None:
             kw[name] = leaves[name] = cast(kw[name]).requires_grad_()
-    outputs = mixer_prologue(proj_in, leaves["conv_weight"], **kw)
+    outputs = (fn or mixer_prologue)(proj_in, leaves["conv_weight"], **kw)
     gen = torch.Generator().manual_seed(seed)
     loss = 0.0
     for out in outputs:
@@ -333,6 +334,79 @@ def test_cuda_repeated_calls_reuse_the_plan(poison_outputs):
     for a, b in zip(first[0], second[0]):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registered op (torch.compile / torch.export take it): opcheck on both paths, compiled against eager
+
+#: (mode, causal, transition, unused columns, proj a column slice)
+_VARIANTS = {"comba": ("comba", False, "splr", 0, False), "comba_iplr_causal": ("comba", True, "iplr", 0, False),
+             "gka": ("gka", True, "splr", 0, False), "gka_noncausal": ("gka-noncausal", False, "splr", 0, False),
+             "plain": ("plain", True, "splr", 0, False), "comba_padded_strided": ("comba", False, "splr", 3, True)}
+
+
+def _op_args(variant, requires_grad):
+    """The registered op's arguments: proj, conv_weight, the six per-head parameters, then the scalars."""
+    mode, causal, transition, unused, strided = _VARIANTS[variant]
+    proj, weight, kwargs = make_problem(mode, L=5, causal=causal, transition=transition, unused=unused, seed=7)
+    if strided:
+        proj = F.pad(proj, (2, 3))[..., 2:2 + proj.shape[-1]]
+    tensors = [proj, weight, *(kwargs.get(name) for name in PARAMS)]
+    if requires_grad:
+        tensors = [None if t is None else t.detach().requires_grad_() for t in tensors]
+    return (*tensors, kwargs["num_heads"], kwargs["key_dim"], kwargs["value_dim"], causal, kwargs["beta_col"],
+            kwargs.get("alpha_col"), kwargs.get("decay_col"), transition, 1e-6)
+
+
+@pytest.mark.parametrize("path", ["reference_path", "triton_interpreter"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_registered_op_opcheck(variant, requires_grad, path, request, poison_outputs):
+    from visionssm.kernels.mixer_prologue.custom_op import mixer_prologue_op
+
+    request.getfixturevalue(path)
+    torch.library.opcheck(mixer_prologue_op, _op_args(variant, requires_grad))
+
+
+def _compiled_against_eager(proj, weight, kwargs, *, backend="aot_eager", tol=0.0, view_of=None):
+    """Outputs (the gate a view of proj, as in eager) and every gradient of the compiled op against eager, and no
+    graph break."""
+    def call(proj, conv_weight, **kw):
+        return mixer_prologue(proj, conv_weight, **kw)
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(call)(proj, weight, **kwargs).graph_break_count == 0
+    compiled = torch.compile(call, fullgraph=True, backend=backend)
+    want_out, want_grads = run_with_grads(proj, weight, kwargs, view_of=view_of)
+    got_out, got_grads = run_with_grads(proj, weight, kwargs, view_of=view_of, fn=compiled)
+    for name, got, want in zip(OUTPUTS, got_out, want_out):
+        assert (got is None) == (want is None), name
+        if want is not None:
+            assert got.dtype == want.dtype, name
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)
+    if got_out.gate is not None:
+        assert got_out.gate._base is not None, "the gate is a view of proj"
+    for name, want in want_grads.items():
+        torch.testing.assert_close(got_grads[name], want, rtol=tol, atol=tol, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("path,tol", [("reference_path", 1e-5), ("triton_interpreter", 0.0)])
+@pytest.mark.parametrize("mode,causal,transition,view_of", [("comba", True, "iplr", (2, 3)),
+                                                            ("gka", True, "splr", None)])
+def test_compiled_equals_eager(mode, causal, transition, view_of, path, tol, request, poison_outputs):
+    """The reference path's gradients come from differentiating the composition again: equal up to rounding."""
+    request.getfixturevalue(path)
+    proj, weight, kwargs = make_problem(mode, L=5, causal=causal, transition=transition, unused=2, seed=8)
+    _compiled_against_eager(proj, weight, kwargs, tol=tol, view_of=view_of)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode,transition", [("comba", "iplr"), ("gka", "splr")])
+def test_cuda_compiled_equals_eager(mode, transition, poison_outputs):
+    """Inductor around the registered op, bf16: the same kernels run, so the same result up to bf16 rounding."""
+    proj, weight, kwargs = make_problem(mode, B=4, L=197, H=3, K=64, V=64, gate_width=32, causal=False,
+                                        transition=transition, dtype=torch.bfloat16, device="cuda", unused=2)
+    _compiled_against_eager(proj, weight, kwargs, backend="inductor", tol=2e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
