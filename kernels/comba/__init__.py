@@ -20,7 +20,9 @@ import numbers
 import torch
 
 from .. import dispatch as _dispatch
+from .. import library
 from ..utils import check_bool, check_dtype, check_same_device, check_shape
+from .custom_op import comba_op
 from .naive import comba_chunked, comba_recurrent
 
 __all__ = ["MAX_HEAD_DIM", "comba", "comba_chunked", "comba_recurrent"]
@@ -121,6 +123,8 @@ def comba(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g:
         random inputs (``launch_overrides("comba", state_lp=False)``: fp32 states and TF32 products, ≈ 2–3.5e-3).
     """
     scale = _validate(q, k, v, p, g, beta, scale, causal)
+    if library.tracing():
+        return comba_op(q, k, v, p, g, beta, scale, causal)[0]
     # k, v, p share q's dtype and all six share a device (validated): q, g and beta decide the backend
     if _dispatch.select_backend(q, g, beta) == "triton":
         return _fused_comba()(q, k, v, p, g, beta, scale=scale, causal=causal)

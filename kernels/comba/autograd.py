@@ -47,9 +47,7 @@ class CombaFunction(torch.autograd.Function):
             return (*_backward(ctx, q, k, v, p, g, beta, h0, inv, do), None, None)
 
 
-# torch.compile runs the kernels as they are (a graph break), as for the other ops: the launch plans are host-side
-# caches and the direct relaunch is not traceable.
-@torch.compiler.disable
+# Eager calls only: torch.compile and torch.export take the registered op (custom_op.py) instead.
 def fused_comba(q, k, v, p, g, beta, *, scale: float, causal: bool) -> torch.Tensor:
     """Triton Comba (validated arguments expected; see :func:`visionssm.kernels.comba`)."""
     if needs_grad(q, k, v, p, g, beta):

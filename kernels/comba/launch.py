@@ -172,6 +172,28 @@ def _tail(T: int, BT: int) -> int:
     return int(T % BT == 1)
 
 
+def _pre_pass(cfg: dict, T: int) -> bool:
+    """Whether the chunk-parallel inverse (and W/U0) pass runs before the forward walk."""
+    return (cfg["inv_pass"] or cfg["pre_wy"]) and cdiv(T, CHUNK) > _tail(T, CHUNK)  # (one token has no chunk)
+
+
+def saved_layout(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
+                 save_state: bool) -> tuple[tuple[int, ...] | None, torch.dtype, tuple[int, ...] | None]:
+    """What a forward under ``cfg`` keeps for its backward: (h0's shape, h0's dtype, the fp32 inverses' shape); a
+    shape is None for a tensor not kept. The forward plan and the registered op's fake both take it from here."""
+    NT = cdiv(T, CHUNK)
+    save_inv = save_state and (cfg["store_inv"] or _pre_pass(cfg, T))
+    return ((ND, B * H, NT, K, V) if save_state else None, _state_dtype(cfg, dtype),
+            (ND, B * H, NT, CHUNK, CHUNK) if save_inv else None)
+
+
+def training_saved_layout(B: int, T: int, H: int, K: int, V: int, causal: bool,
+                          dtype: torch.dtype) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...] | None]:
+    """:func:`saved_layout` of a training forward (the one :func:`fwd_plan` builds with ``save_state``)."""
+    ND = 1 if causal else 2
+    return saved_layout(launch_config(K, V, T, B * H, ND, training=True), B, T, H, K, V, ND, dtype, True)
+
+
 def _directions(cfg: dict, ND: int) -> tuple[int, int]:
     """(programs along grid axis 2, directions each program runs)."""
     return (1, ND) if cfg["dir_loop"] else (ND, 1)
@@ -207,15 +229,15 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
     grid_dirs, _ = _directions(cfg, ND)
-    pre = (cfg["inv_pass"] or cfg["pre_wy"]) and NT > TAIL  # (a single token has no chunk to invert)
+    pre = _pre_pass(cfg, T)
     plan = FwdPlan()
     plan.BT, plan.save_state, plan.bwd, plan.cached = BT, save_state, None, False
-    plan.save_inv = save_state and (cfg["store_inv"] or pre)
+    plan.h0_shape, plan.state_dtype, saved_inv = saved_layout(cfg, B, T, H, K, V, ND, dtype, save_state)
+    plan.save_inv = saved_inv is not None
     # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed after
     plan.partial = grid_dirs > 1
     plan.o_shape = (grid_dirs, B, T, H, V)
-    plan.h0_shape = (ND, B * H, NT, K, V) if save_state else None
-    plan.state_dtype = _state_dtype(cfg, dtype)
+    # the pass writes the inverses whether or not the backward keeps them
     plan.inv_shape = (ND, B * H, NT, BT, BT) if plan.save_inv or pre else None
     wy = pre and cfg["pre_wy"]
     plan.w_shape = (ND, B * H, NT, BT, K) if wy else None

@@ -534,6 +534,133 @@ def test_cuda_repeated_calls_and_unaligned_inputs(poison_outputs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The registered op (visionssm::comba): what torch.compile and torch.export take
+
+
+def _custom_op():
+    return importlib.import_module("visionssm.kernels.comba.custom_op")
+
+
+def _leaves(x, requires_grad=True):
+    return [t.detach().clone().requires_grad_(requires_grad) for t in x]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_opcheck_reference_path(causal, requires_grad, reference_path):
+    x = make_inputs(B=1, T=17, H=1, K=8, V=4)
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"store_inv": True}], ids=["states", "states-and-inverses"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_interpreter_opcheck(causal, requires_grad, overrides, triton_interpreter, poison_outputs):
+    """Schema, fake shapes, autograd registration and the traced op's results against eager: with the chunk states
+    alone saved, and with the chunks' inverses beside them. T = 19: two chunks, the last one partial."""
+    x = make_inputs(B=1, T=19, H=1, K=16, V=16)
+    with launch_overrides("comba", **overrides):
+        torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal))
+
+
+def test_triton_interpreter_opcheck_bf16_states(triton_interpreter, poison_outputs):
+    """bf16 inputs save bf16 states (``state_lp``): the fake says so too."""
+    x = make_inputs(B=1, T=7, H=1, K=16, V=16, dtype=torch.bfloat16)
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False))
+
+
+def test_triton_interpreter_opcheck_single_token_tail(triton_interpreter, poison_outputs):
+    """T = 17, non-causal: the reversed walk starts from the zero state at the single-token chunk and does not store
+    that state (its backward never reads it), so that slot of the saved states is unwritten memory, and opcheck's
+    comparison of traced and eager outputs, which includes the saved tensors, is left out here."""
+    x = make_inputs(B=1, T=17, H=2, K=16, V=16)
+    _, saved = _custom_op().comba_op(*x, 0.3, False)
+    assert saved[0][1, :, -1].isnan().all() and not saved[0][0].isnan().any()
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("K,V,T,causal,dtype,overrides", [
+    (16, 16, 21, True, torch.float32, {}), (16, 32, 49, False, torch.bfloat16, {}),
+    (64, 64, 33, False, torch.float32, {}), (64, 64, 33, True, torch.float32, {}),
+    (128, 64, 40, True, torch.bfloat16, {}), (128, 64, 1, False, torch.float32, {}),
+    (16, 16, 33, False, torch.bfloat16, {"state_lp": False, "store_inv": True}),
+    (16, 16, 17, True, torch.float32, {"pre_wy": True, "value_block": 16})])
+def test_fake_saved_layout_is_the_training_plans(K, V, T, causal, dtype, overrides):
+    """The fake's saved tensors are those a training forward's launch plan allocates and keeps: the states, and the
+    inverses where the plan keeps them (64-wide non-causal and 128-wide heads by default), in the plan's dtype."""
+    from visionssm.kernels.comba import launch
+
+    q, _, v, _, g, beta = make_inputs(B=2, T=T, H=3, K=K, V=V, dtype=dtype)
+    with launch_overrides("comba", **overrides):
+        plan = launch.fwd_plan(q, v, g, beta, causal=causal, save_state=True)
+        h0_shape, state_dtype, inv_shape = launch.training_saved_layout(2, T, 3, K, V, causal, dtype)
+    assert (h0_shape, state_dtype) == (plan.h0_shape, plan.state_dtype)
+    assert inv_shape == (plan.inv_shape if plan.save_inv else None)
+
+
+def _compile_check(x, causal, tol):
+    """torch.compile(fullgraph=True, backend="aot_eager") of the public function: no graph break, and the output and
+    gradients of eager."""
+    def fn(q, k, v, p, g, beta):
+        return comba_op(q, k, v, p, g, beta, causal=causal, scale=0.6)
+
+    assert torch._dynamo.explain(fn)(*_leaves(x)).graph_break_count == 0
+    do = torch.randn(*x[2].shape, generator=torch.Generator().manual_seed(1)).to(x[2])
+    compiled = run_with_grads(torch.compile(fn, fullgraph=True, backend="aot_eager"), x, do)
+    eager = run_with_grads(fn, x, do)
+    for name, got, want in zip(("o", *GRAD_NAMES), (compiled[0], *compiled[1]), (eager[0], *eager[1])):
+        assert_close(got, want, tol=tol, name=f"{name} (compiled)")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_compile_reference_path(causal, reference_path):
+    torch._dynamo.reset()
+    _compile_check(make_inputs(B=1, T=17, H=2, K=8, V=4), causal, 1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_interpreter_compile(causal, triton_interpreter, poison_outputs):
+    torch._dynamo.reset()
+    _compile_check(make_inputs(B=1, T=17, H=1, K=16, V=16), causal, 1e-6)
+
+
+def test_triton_interpreter_export(triton_interpreter):
+    """torch.export keeps the op whole, and the exported program computes the same output."""
+    class Mixer(torch.nn.Module):
+        def forward(self, q, k, v, p, g, beta):
+            return comba_op(q, k, v, p, g, beta, causal=False)
+
+    x = make_inputs(B=1, T=21, H=2, K=16, V=16)
+    program = torch.export.export(Mixer(), tuple(x))
+    assert "torch.ops.visionssm.comba.default" in program.graph_module.code
+    torch.testing.assert_close(program.module()(*x), Mixer()(*x), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("K,T", [(16, 196), (64, 49)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_compile_inductor_bf16(K, T, causal, mode, poison_outputs):
+    """Inductor (and CUDA graphs) on bf16 inputs at vision shapes, 16-wide heads (states alone saved) and 64-wide
+    (inverses too when non-causal): no graph break, eager's output and gradients (the backward's atomic adds may
+    sum in another order)."""
+    def fn(q, k, v, p, g, beta):
+        return comba_op(q, k, v, p, g, beta, causal=causal)
+
+    torch._dynamo.reset()
+    x = make_inputs(B=16, T=T, H=4, K=K, V=K, dtype=torch.bfloat16, device="cuda")
+    assert torch._dynamo.explain(fn)(*_leaves(x)).graph_break_count == 0
+    compiled = torch.compile(fn, fullgraph=True, mode=mode)
+    for seed in (1, 2):  # the second call replays the CUDA graph
+        do = torch.randn(*x[2].shape, generator=torch.Generator().manual_seed(seed)).to(x[2])
+        got = run_with_grads(compiled, x, do)
+        want = run_with_grads(fn, x, do)
+        for name, a, b in zip(("o", *GRAD_NAMES), (got[0], *got[1]), (want[0], *want[1])):
+            assert_close(a, b, tol=1e-3, name=f"{name} (compiled, {mode})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Bad input
 
 
