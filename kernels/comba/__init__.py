@@ -21,7 +21,7 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import library
-from ..utils import check_bool, check_dtype, check_same_device, check_shape
+from ..utils import check_bool, check_dtype, check_same_device, check_shape, needs_grad
 from .custom_op import comba_op
 from .naive import comba_chunked, comba_recurrent
 
@@ -124,7 +124,7 @@ def comba(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g:
     """
     scale = _validate(q, k, v, p, g, beta, scale, causal)
     if library.tracing():
-        return comba_op(q, k, v, p, g, beta, scale, causal)[0]
+        return comba_op(q, k, v, p, g, beta, scale, causal, needs_grad(q, k, v, p, g, beta))[0]
     # k, v, p share q's dtype and all six share a device (validated): q, g and beta decide the backend
     if _dispatch.select_backend(q, g, beta) == "triton":
         return _fused_comba()(q, k, v, p, g, beta, scale=scale, causal=causal)

@@ -1,8 +1,8 @@
 """``comba`` as a registered op (:mod:`visionssm.kernels.library`).
 
-``visionssm::comba(q, k, v, p, g, beta, scale, causal) -> (o, saved)``: on the Triton path ``saved`` is the chunk
-states h0 the backward reads, then the chunks' inverses where the launch layout keeps them; empty on the PyTorch path.
-The forward always keeps them (an op cannot see whether a backward follows), as a training forward does.
+``visionssm::comba(q, k, v, p, g, beta, scale, causal, save) -> (o, saved)``: with ``save`` (a backward follows) on
+the Triton path, ``saved`` is the chunk states h0 the backward reads, then the chunks' inverses where the launch layout
+keeps them; empty otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, scale: float, causal: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  beta: torch.Tensor, scale: float, causal: bool,
+                  save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     # k, v, p share q's dtype and all six share a device (validated): q, g and beta decide the backend
     if select_backend(q, g, beta) != "triton":
         return _reference(q, k, v, p, g, beta, scale, causal), []
@@ -32,13 +33,13 @@ def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Te
 
     q, k, v, p, g, beta = _contiguous(q, k, v, p, g, beta)
     with device_guard(q):
-        o, h0, inv = run_fwd(fwd_plan(q, v, g, beta, causal, True), q, k, v, p, g, beta, scale)
-    return o, [h0] if inv is None else [h0, inv]
+        o, h0, inv = run_fwd(fwd_plan(q, v, g, beta, causal, save), q, k, v, p, g, beta, scale)
+    return o, [] if h0 is None else [h0] if inv is None else [h0, inv]
 
 
-def _comba_fake(q, k, v, p, g, beta, scale, causal):
+def _comba_fake(q, k, v, p, g, beta, scale, causal, save):
     o = v.new_empty(v.shape)
-    if select_backend(q, g, beta) != "triton":
+    if not save or select_backend(q, g, beta) != "triton":
         return o, []
     from .launch import training_saved_layout
 
@@ -50,8 +51,8 @@ def _comba_fake(q, k, v, p, g, beta, scale, causal):
 
 
 def comba_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
-                   scale: float, causal: bool) -> list[torch.Tensor]:
-    # the backward follows the forward's path: the Triton forward always keeps its states, the reference none
+                   scale: float, causal: bool, save: bool) -> list[torch.Tensor]:
+    # the backward follows the forward's path: the Triton forward keeps its states, the reference none
     if not saved:
         return library.reference_backward(_reference, grads, inputs, scale, causal)
     from .launch import CHUNK, bwd_plan, run_bwd

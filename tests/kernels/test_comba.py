@@ -549,7 +549,7 @@ def _leaves(x, requires_grad=True):
 @pytest.mark.parametrize("causal", [True, False])
 def test_opcheck_reference_path(causal, requires_grad, reference_path):
     x = make_inputs(B=1, T=17, H=1, K=8, V=4)
-    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal))
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal, requires_grad))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"store_inv": True}], ids=["states", "states-and-inverses"])
@@ -560,13 +560,13 @@ def test_triton_interpreter_opcheck(causal, requires_grad, overrides, triton_int
     alone saved, and with the chunks' inverses beside them. T = 19: two chunks, the last one partial."""
     x = make_inputs(B=1, T=19, H=1, K=16, V=16)
     with launch_overrides("comba", **overrides):
-        torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal))
+        torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal, requires_grad))
 
 
 def test_triton_interpreter_opcheck_bf16_states(triton_interpreter, poison_outputs):
     """bf16 inputs save bf16 states (``state_lp``): the fake says so too."""
     x = make_inputs(B=1, T=7, H=1, K=16, V=16, dtype=torch.bfloat16)
-    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False))
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False, True))
 
 
 def test_triton_interpreter_opcheck_single_token_tail(triton_interpreter, poison_outputs):
@@ -574,9 +574,9 @@ def test_triton_interpreter_opcheck_single_token_tail(triton_interpreter, poison
     that state (its backward never reads it), so that slot of the saved states is unwritten memory, and opcheck's
     comparison of traced and eager outputs, which includes the saved tensors, is left out here."""
     x = make_inputs(B=1, T=17, H=2, K=16, V=16)
-    _, saved = _custom_op().comba_op(*x, 0.3, False)
+    _, saved = _custom_op().comba_op(*x, 0.3, False, True)
     assert saved[0][1, :, -1].isnan().all() and not saved[0][0].isnan().any()
-    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False),
+    torch.library.opcheck(_custom_op().comba_op, (*_leaves(x), 0.3, False, True),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
@@ -597,6 +597,14 @@ def test_fake_saved_layout_is_the_training_plans(K, V, T, causal, dtype, overrid
         h0_shape, state_dtype, inv_shape = launch.training_saved_layout(2, T, 3, K, V, causal, dtype)
     assert (h0_shape, state_dtype) == (plan.h0_shape, plan.state_dtype)
     assert inv_shape == (plan.inv_shape if plan.save_inv else None)
+
+
+def test_triton_interpreter_inference_keeps_no_states(triton_interpreter):
+    """Traced without a gradient to compute (``save`` false), the op keeps nothing for a backward."""
+    x = make_inputs(B=1, T=19, H=1, K=16, V=16)
+    o, saved = _custom_op().comba_op(*x, 0.3, False, False)
+    assert saved == []
+    assert_close(o, comba_op(*x, causal=False, scale=0.3), tol=0)
 
 
 def _compile_check(x, causal, tol):
