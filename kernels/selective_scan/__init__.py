@@ -2,14 +2,17 @@
 
 The semantics (and the float64 specification) live in :mod:`.naive`. The Triton path, split by stage: the kernels in
 :mod:`.forward` and :mod:`.backward`, their launch settings and host-side launch code in :mod:`.launch`, the
-autograd wrapper in :mod:`.autograd`.
+autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op` registers the op that ``torch.compile`` and
+``torch.export`` take instead.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..utils import check_bool, check_dtype, check_same_device, check_shape
+from .. import library
+from ..utils import check_bool, check_dtype, check_same_device, check_shape, needs_grad
+from .custom_op import selective_scan_op
 
 __all__ = ["MAX_STATE", "selective_scan"]
 
@@ -93,6 +96,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     in float64: the Triton kernels compute in float32.
     """
     _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, return_last_state)
+    if library.tracing():
+        out, last, _ = selective_scan_op(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal,
+                                         return_last_state, needs_grad(u, delta, A, B, C, D, z, delta_bias))
+        return (out, last) if return_last_state else out
     from ..dispatch import select_backend
 
     if select_backend(u, delta, A, B, C, D, z, delta_bias) == "triton":

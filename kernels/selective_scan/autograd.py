@@ -34,9 +34,7 @@ class SelectiveScanFunction(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-# torch.compile runs the kernels as they are (a graph break): traced, the launch shapes derived from dynamic sizes
-# become symbolic, which Triton's launch options cannot take (num_warps), and nothing would be fused anyway.
-@torch.compiler.disable
+# eager calls only: torch.compile and torch.export take the registered op (custom_op.py) instead
 def selective_scan_triton(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, *,
                           causal=True, return_last_state=False):
     """The Triton path of :func:`visionssm.kernels.selective_scan` (arguments already validated)."""

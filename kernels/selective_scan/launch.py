@@ -27,7 +27,7 @@ from ..utils import cdiv, empty_output, input_guard
 from .backward import selective_scan_bwd_kernel, selective_scan_finish_kernel
 from .forward import selective_scan_fwd_kernel
 
-__all__ = ["OP", "SETTINGS", "LaunchConfig", "backward", "forward", "launch_config"]
+__all__ = ["OP", "SETTINGS", "LaunchConfig", "backward", "forward", "launch_config", "saved_shapes"]
 
 OP = "selective_scan"
 
@@ -118,6 +118,24 @@ def launch_config(length: int, nstate: int, channels_per_group: int, sequences: 
     return _cached_config(length, nstate, channels_per_group, sequences, tuning.generation())
 
 
+def _saved_shapes(cfg: LaunchConfig, batch: int, dim: int, length: int, nstate: int, causal: bool,
+                  save_states: bool) -> tuple[tuple | None, tuple | None]:
+    """The shapes of the forward's chunk-start states and segment sums of delta (None where it keeps none)."""
+    nchunk = cdiv(length, cfg.chunk)
+    ndir = 1 if causal else 2
+    states = (batch, ndir, dim, nchunk, nstate) if save_states and nchunk > 1 else None
+    seg_sum = (batch, ndir, cfg.segments, dim) if cfg.segments > 1 else None
+    return states, seg_sum
+
+
+def saved_shapes(batch: int, dim: int, length: int, nstate: int, groups: int, causal: bool,
+                 save_states: bool) -> tuple[tuple | None, tuple | None]:
+    """What :func:`forward` returns for the backward besides its outputs, as shapes: (chunk-start states, segment
+    sums of delta), each None where the launch keeps none (a pure function of the sizes and the launch settings)."""
+    cfg = launch_config(length, nstate, dim // groups, batch * groups)
+    return _saved_shapes(cfg, batch, dim, length, nstate, causal, save_states)
+
+
 @input_guard
 def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_state, save_states):
     """Returns the output, the last state (or None), the saved chunk-start states (or None), the segments' sums of
@@ -130,11 +148,12 @@ def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_s
     block_l, block_d, block_n = cfg.chunk, cfg.block_d_fwd, cfg.block_n
     nchunk = cdiv(length, block_l)
     ndir = 1 if causal else 2
-    save_states = save_states and nchunk > 1
+    states_shape, seg_sum_shape = _saved_shapes(cfg, batch, dim, length, nstate, causal, save_states)
+    save_states = states_shape is not None
     dev = u.device
     out = empty_output((batch, dim, length), device=dev, dtype=u.dtype)
     ybuf = torch.empty((batch, dim, length), device=dev, dtype=torch.float32) if not causal else out
-    states = torch.empty((batch, ndir, dim, nchunk, nstate), device=dev, dtype=torch.float32) if save_states else None
+    states = torch.empty(states_shape, device=dev, dtype=torch.float32) if save_states else None
     last = empty_output((batch, dim, nstate), device=dev, dtype=torch.float32) if return_last_state else None
     flags = {"BIDIR": not causal, "HAS_D": D is not None, "HAS_Z": z is not None, "HAS_BIAS": delta_bias is not None,
              "SOFTPLUS": softplus, "SAVE_STATES": save_states, "BLOCK_D": block_d, "BLOCK_N": block_n,
@@ -145,7 +164,7 @@ def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_s
     scratch = torch.empty((grid[0] * grid[1] * nseg, block_l * (3 * block_d + 2 * block_n)), device=dev,
                           dtype=torch.float32)
     seg_state = empty_output((batch, ndir, nseg, dim, nstate), device=dev, dtype=torch.float32) if nseg > 1 else None
-    seg_sum = empty_output((batch, ndir, nseg, dim), device=dev, dtype=torch.float32) if nseg > 1 else None
+    seg_sum = empty_output(seg_sum_shape, device=dev, dtype=torch.float32) if nseg > 1 else None
 
     def launch(seg_pass, direction, return_last):
         selective_scan_fwd_kernel[grid](*tensors, seg_state, seg_sum, scratch, dim, length, groups, per_group, nstate,

@@ -410,12 +410,139 @@ def test_cuda_segments_last_state(poison_outputs):
 
 
 def test_interpreter_under_torch_compile(triton_interpreter):
-    """torch.compile calls the Triton path as it is (a graph break at the kernel entry), also once automatic
-    dynamic shapes make the sizes symbolic (a second sequence length and width): traced, the launch options derived
-    from them became symbolic, which Triton's launch cannot take."""
+    """torch.compile (Inductor) takes the registered op, also once automatic dynamic shapes make the sizes symbolic
+    (a second sequence length and width): the Triton launch options must stay plain ints (the fake specializes)."""
     compiled = torch.compile(lambda *a: selective_scan(*a, delta_softplus=True))
     for dim, length in ((4, 9), (6, 13), (5, 11)):
         inputs, softplus = make_inputs(dim=dim, length=length, has_z=False)
         args = [inputs[k].float() if inputs[k] is not None else None for k in NAMES]
         expected = selective_scan_ref(*(inputs[k] for k in NAMES), delta_softplus=softplus)
         assert_close(compiled(*args), expected, tol=1e-4, name=f"out (dim {dim}, L {length})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registered op (torch.compile / torch.export)
+
+
+def _op():
+    import importlib
+
+    return importlib.import_module("visionssm.kernels.selective_scan.custom_op").selective_scan_op
+
+
+OP_VARIANTS = {  # (causal, return_last_state, make_inputs options)
+    "causal": (True, False, {"groups": 2}),
+    "causal-last": (True, True, {"groups": 0, "has_z": False}),
+    "bidir": (False, False, {"groups": 2}),
+    "bidir-bare": (False, False, BARE),
+}
+
+
+def _opcheck(variant, requires_grad, **sizes):
+    causal, last, options = OP_VARIANTS[variant]
+    inputs, softplus = make_inputs(**{"batch": 1, "dim": 2, "nstate": 2, "length": 11, **sizes, **options})
+    args = [v.float().requires_grad_(requires_grad) if v is not None else None for v in (inputs[k] for k in NAMES)]
+    torch.library.opcheck(_op(), (*args, softplus, causal, last, requires_grad))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("variant", list(OP_VARIANTS))
+def test_opcheck_reference(reference_path, variant, requires_grad):
+    _opcheck(variant, requires_grad, length=13)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("variant", ["causal", "causal-last", "bidir"])
+def test_opcheck_interpreter(triton_interpreter, poison_outputs, variant, requires_grad):
+    """Two chunks of 8 tokens: the chunk-start states are among the tensors the forward keeps for the backward."""
+    _opcheck(variant, requires_grad)
+
+
+def test_opcheck_interpreter_segments(triton_interpreter, poison_outputs):
+    """The segmented path also keeps the segments' sums of delta for the backward (the fake must know)."""
+    with launch_overrides("selective_scan", chunk=4, segments=2):
+        _opcheck("causal-last", True, length=9)
+
+
+def test_op_without_saved_states_refuses_the_backward(triton_interpreter):
+    inputs, softplus = make_inputs(batch=1, dim=2, nstate=2, length=11)
+    args = [v.float().requires_grad_(True) if v is not None else None for v in (inputs[k] for k in NAMES)]
+    out = _op()(*args, softplus, True, False, False)[0]
+    with pytest.raises(RuntimeError, match="save_states=False"):
+        out.sum().backward()
+
+
+def _compiled_against_eager(compile_kwargs, *, causal, return_last_state, dtype=torch.float32, device="cpu",
+                            autocast=None, tol=0.0, **sizes):
+    inputs, softplus = make_inputs(**{"batch": 1, "dim": 2, "nstate": 2, "length": 11, "groups": 2, "device": device,
+                                      **sizes})
+
+    def fn(*args):
+        return selective_scan(*args, delta_softplus=softplus, causal=causal, return_last_state=return_last_state)
+
+    def run(f):
+        with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+            return run_with_grads(f, inputs, softplus, dtype=dtype, causal=causal,
+                                   return_last_state=return_last_state)
+
+    args = [v.to(dtype) if v is not None else None for v in (inputs[k] for k in NAMES)]
+    assert torch._dynamo.explain(fn)(*args).graph_break_count == 0
+    compiled = run(lambda *a, **_: torch.compile(fn, fullgraph=True, **compile_kwargs)(*a))
+    eager = run(lambda *a, **_: fn(*a))
+    for got, want, name in ((compiled[0], eager[0], "out"), (compiled[1], eager[1], "last_state"),
+                            *((compiled[2][k], eager[2][k], f"d{k}") for k in eager[2])):
+        if want is None:
+            assert got is None
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("variant", [(True, False), (True, True), (False, False)], ids=["causal", "last", "bidir"])
+def test_compile_fullgraph_reference(reference_path, variant):
+    causal, last = variant
+    _compiled_against_eager({"backend": "aot_eager"}, causal=causal, return_last_state=last)
+
+
+@pytest.mark.parametrize("variant", [(True, True), (False, False)], ids=["last", "bidir"])
+def test_compile_fullgraph_interpreter(triton_interpreter, poison_outputs, variant):
+    causal, last = variant
+    _compiled_against_eager({"backend": "aot_eager"}, causal=causal, return_last_state=last)
+
+
+def test_compile_fullgraph_autocast(reference_path):
+    """Under autocast the registered op sees the inputs as the caller passes them, as the autograd.Function does."""
+    _compiled_against_eager({"backend": "aot_eager"}, causal=True, return_last_state=True, autocast=torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", [(True, True), (False, False)], ids=["last", "bidir"])
+def test_cuda_compile_inductor_bf16(poison_outputs, variant):
+    causal, last = variant
+    _compiled_against_eager({}, causal=causal, return_last_state=last, dtype=torch.bfloat16, device="cuda", batch=4,
+                            dim=64, nstate=8, length=197, has_z=not causal)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_inductor_autocast(poison_outputs):
+    """MambaVision's call under bf16 autocast: fp32 parameters and activations as passed, fullgraph."""
+    _compiled_against_eager({}, causal=True, return_last_state=False, device="cuda", autocast=torch.bfloat16, batch=4,
+                            dim=64, nstate=8, length=196, groups=0, has_z=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_cuda_compile_cuda_graphs(causal):
+    """mode="reduce-overhead": the op runs inside the captured CUDA graph (replays after the warm-up calls)."""
+    inputs, softplus = make_inputs(batch=4, dim=64, nstate=8, length=196, groups=0, device="cuda")
+    args = [v.to(torch.bfloat16) if v is not None else None for v in (inputs[k] for k in NAMES)]
+
+    def fn(*args):
+        return selective_scan(*args, delta_softplus=softplus, causal=causal)
+
+    compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    with torch.no_grad():
+        expected = fn(*args)
+        for _ in range(3):
+            got = compiled(*args).clone()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
