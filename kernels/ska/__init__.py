@@ -4,7 +4,8 @@ normalize=True) -> o``.
 The definition (and the float64 specification) lives in :mod:`.naive`. The Triton path, split by stage: the
 non-causal kernels (one operator per (batch, head)) in :mod:`.global_kernels`, the causal ones (per-token prefix
 operators, chunked) in :mod:`.causal_kernels`, the small dense algebra both share in :mod:`.linalg`, launch plans in
-:mod:`.launch` and the autograd wrapper in :mod:`.autograd`.
+:mod:`.launch` and the autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op` registers the op that
+``torch.compile`` and ``torch.export`` take instead.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from .. import dispatch as _dispatch
-from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape
+from .. import library
+from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape, needs_grad
+from .custom_op import ska_op
 from .naive import EPS, MAX_POWER, ska_parallel, ska_recurrent
 
 __all__ = ["EPS", "MAX_POWER", "SUPPORTED_HEAD_DIMS", "SUPPORTED_RANKS", "ska", "ska_parallel", "ska_recurrent"]
@@ -71,6 +74,8 @@ def ska(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Tru
         paper. The learnable α and γ are the layer's: multiply ``o`` by α·γ^p.
     """
     _validate(q, k, v, causal, ridge, power, num_iters, normalize)
+    if library.tracing():
+        return ska_op(q, k, v, causal, float(ridge), power, num_iters, normalize, needs_grad(q, k, v))[0]
     if _dispatch.select_backend(q, k, v) == "triton":
         return _fused_ska()(q, k, v, causal=causal, ridge=float(ridge), power=power, num_iters=num_iters,
                             normalize=normalize)

@@ -38,9 +38,7 @@ class SKAFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-# torch.compile runs the kernels as they are (a graph break), as for the other ops: the launch plans are host-side
-# caches and the direct relaunch is not traceable.
-@torch.compiler.disable
+# eager calls only: torch.compile and torch.export take the registered op (custom_op.py) instead
 def fused_ska(q, k, v, *, causal: bool, ridge: float, power: int, num_iters: int, normalize: bool) -> torch.Tensor:
     """Triton SKA (validated arguments expected; see :func:`visionssm.kernels.ska`)."""
     if needs_grad(q, k, v):

@@ -81,6 +81,19 @@ def launch_config(R: int, V: int, T: int) -> dict:
     return cfg
 
 
+def saved_shapes(B, T, H, R, V, causal: bool) -> tuple[tuple, ...]:
+    """The shapes of the float32 tensors the forward keeps for the backward (:func:`run_global_fwd`: the raw
+    statistics, Ψ/s and the operators' factors; :func:`run_causal_fwd`: the chunk states), from the sizes alone."""
+    BH = B * H
+    if causal:
+        NT = cdiv(T, CHUNK)
+        return (BH, NT, R, R), (BH, NT, R, R), (BH, NT, R, V), (BH, NT, 2)
+    stats = (BH, R, R), (BH, R, R), (BH, R, V), (BH, 2)
+    # what the forward's operator kernel keeps for the backward: G_n⁻¹, N, W₀, 1/σ̂
+    factors = (BH, R, R), (BH, R, R), (BH, R, V), (BH,)
+    return (*stats, (BH, R, V), *factors)
+
+
 def _precision(dtype: torch.dtype) -> str:
     """fp32 inputs: exact fp32 products (the 1e-4 tolerance of the fp32 tests); 16-bit inputs: TF32 tensor cores
     for the products of fp32 operands (far inside their tolerance). The R×R algebra is always exact fp32."""
@@ -103,10 +116,8 @@ def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normaliz
     q_strides, k_strides, v_strides = strides
     BH, NB = B * H, cfg["operators"]
     plan = GlobalPlan()
-    plan.stats_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH, 2))
-    plan.psi_shape = (BH, R, V)
-    # what the forward's operator kernel keeps for the backward: G_n⁻¹, N, W₀, 1/σ̂
-    plan.factor_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
+    saved = saved_shapes(B, T, H, R, V, False)
+    plan.stats_shapes, plan.psi_shape, plan.factor_shapes = saved[:4], saved[4], saved[5:]
     plan.grad_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
     stream = {"R": R, "V": V, "BT": cfg["block_t"], "PREC": _precision(dtype)}
     operator = {"R": R, "V": V, "NB": NB, "POWER": power, "NUM_ITERS": num_iters, "NORMALIZE": normalize, "EPS": EPS}
@@ -161,7 +172,7 @@ def build_causal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normaliz
     BH, NT = B * H, cdiv(T, CHUNK)
     plan = CausalPlan()
     plan.NT = NT
-    plan.state_shapes = ((BH, NT, R, R), (BH, NT, R, R), (BH, NT, R, V), (BH, NT, 2))
+    plan.state_shapes = saved_shapes(B, T, H, R, V, True)
     plan.factor_shape = (power + 1, BH, T, R)
     plan.tok_shape = (BH, T, 2)
     plan.ds_shape = (BH, T)

@@ -390,3 +390,96 @@ def test_gpu_cuda_graph_replay(causal):
     for a, b in zip(captured, expected):
         assert torch.isfinite(a).all()
         assert_close(a, b, tol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registered op (torch.compile / torch.export)
+
+
+def _op():
+    import importlib
+
+    return importlib.import_module("visionssm.kernels.ska.custom_op").ska_op
+
+
+def _opcheck(causal, requires_grad, T, *, power=2, num_iters=3, normalize=True, V=16):
+    q, k, v = (t.requires_grad_(requires_grad) for t in make_inputs(1, T, 1, 16, V, seed=T))
+    torch.library.opcheck(_op(), (q, k, v, causal, 1e-2, power, num_iters, normalize, requires_grad))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("causal", [False, True], ids=["global", "causal"])
+def test_opcheck_reference(reference_path, causal, requires_grad):
+    _opcheck(causal, requires_grad, 7)
+
+
+@pytest.mark.parametrize("options", [{"power": 0}, {"normalize": False, "power": 1}], ids=["power0", "unnormalized"])
+def test_opcheck_reference_options(reference_path, options):
+    _opcheck(True, True, 5, **options)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("causal, T", [(False, 5), (True, 17)], ids=["global", "causal"])
+def test_opcheck_interpreter(triton_interpreter, poison_outputs, causal, T, requires_grad):
+    """Causal: two chunks of 16 tokens, so the saved chunk states have more than one row each."""
+    _opcheck(causal, requires_grad, T)
+
+
+def test_op_without_saved_tensors_refuses_the_backward(triton_interpreter):
+    q, k, v = (t.requires_grad_(True) for t in make_inputs(1, 5, 1, 16, 16))
+    out = _op()(q, k, v, False, 1e-2, 2, 3, True, False)[0]
+    with pytest.raises(RuntimeError, match="save=False"):
+        out.sum().backward()
+
+
+def _compiled_against_eager(compile_kwargs, *, causal, views=False, dtype=torch.float32, device="cpu", tol=0.0,
+                            shape=(1, 7, 2, 16, 16)):
+    tensors = make_inputs(*shape, seed=shape[1], dtype=dtype, device=device)
+    fn = lambda q, k, v: ska(q, k, v, causal=causal, ridge=1e-2)  # noqa: E731
+    inputs = projection_views(*tensors) if views else tensors
+    assert torch._dynamo.explain(fn)(*inputs).graph_break_count == 0
+    do = torch.randn(tensors[2].shape, generator=torch.Generator().manual_seed(2))
+    compiled = torch.compile(fn, fullgraph=True, **compile_kwargs)
+    results = []
+    for f in (compiled, fn):
+        leaves = [t.detach().requires_grad_(True) for t in inputs]
+        out = f(*leaves)
+        out.backward(do.to(device=out.device, dtype=out.dtype))
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for name, got, want in zip(("o", "dq", "dk", "dv"), *results):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["global", "causal"])
+def test_compile_fullgraph_reference(reference_path, causal):
+    """No graph break: the reference's data-dependent Cholesky retry runs inside the op, not in the traced code."""
+    _compiled_against_eager({"backend": "aot_eager"}, causal=causal)
+
+
+@pytest.mark.parametrize("causal, views", [(False, True), (True, False)], ids=["global-views", "causal"])
+def test_compile_fullgraph_interpreter(triton_interpreter, poison_outputs, causal, views):
+    """Non-causal with q, k, v views of one projection's output, read in place by the op as by the eager path."""
+    _compiled_against_eager({"backend": "aot_eager"}, causal=causal, views=views,
+                            shape=(1, 7 if views else 17, 2, 16, 16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["global", "causal"])
+def test_gpu_compile_inductor_bf16(poison_outputs, causal):
+    _compiled_against_eager({}, causal=causal, views=not causal, dtype=torch.bfloat16, device="cuda",
+                            shape=(4, 49, 4, 16, 64))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["global", "causal"])
+def test_gpu_compile_cuda_graphs(causal):
+    """mode="reduce-overhead": the op runs inside the captured CUDA graph (replays after the warm-up calls)."""
+    q, k, v = make_inputs(4, 49, 4, 16, 64, device="cuda", dtype=torch.bfloat16)
+    fn = lambda q, k, v: ska(q, k, v, causal=causal)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    with torch.no_grad():
+        expected = fn(q, k, v)
+        for _ in range(3):
+            got = compiled(q, k, v).clone()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
