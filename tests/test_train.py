@@ -251,14 +251,14 @@ def test_missing_or_empty_split_is_a_clear_error(tmp_path, tiny_data):
         build_split(tmp_path / "nowhere", "train", None, "replace")
 
 
-def test_missing_split_stops_the_trainer_with_the_message(tmp_path, tiny_data):
-    """In process (the trainer fails before its first step, so accelerate's process-wide state is harmless)."""
+def test_missing_split_stops_the_trainer_with_the_message(tmp_path, tiny_data, capsys):
+    """In process (the trainer stops before any work: its checks come first)."""
     from visionssm.train import main
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data / "train", data / "train")
-    with pytest.raises(FileNotFoundError, match="split 'val' not found"):
-        main(["--data-dir", str(data), "--output", str(tmp_path / "o"), *TINY_MODEL, "--workers", "0"])
+    assert main(["--data-dir", str(data), "--output", str(tmp_path / "o"), *TINY_MODEL, "--workers", "0"]) == 2
+    assert "visionssm-train: error: --data-dir: split 'val' not found" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -3,17 +3,21 @@
 A YAML may only set keys that exist in :data:`DEFAULTS` (a typo fails loudly, as OSTrack's
 ``update_config_from_file`` does); ``data.train`` is a list of datasets, each ``{type, root, split, ratio}``
 (``type`` ``got10k`` or ``lasot``; ``ratio`` is the sampling weight). ``--set a.b=value`` on the command line
-overrides single keys (values parsed as YAML). The file is a path or the name of a recipe shipped in
-``visionssm.configs`` (``configs/tracking/smoke_synthetic.yaml`` or ``smoke_synthetic`` works from any directory).
+overrides single keys (values parsed as YAML); a number indexes a list (``data.train.0.root=DIR`` changes the first
+dataset's root, ``data.train.1={type: lasot, root: DIR}`` appends a second one). The file is a path or the name of a
+recipe shipped in ``visionssm.configs`` (``configs/tracking/smoke_synthetic.yaml`` or ``smoke_synthetic`` works from
+any directory). A bare ``--set model.pretrained=null`` trains the backbone from scratch (no ImageNet checkpoint).
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 
 import yaml
 
 from visionssm.configs import find_config
+from visionssm.utils.cli import UserFileError, UserKeyError, UserTypeError, UserValueError
 
 DEFAULTS: dict = {
     "name": "tracking",
@@ -73,14 +77,37 @@ def _merge(base: dict, update: dict, path: str = "") -> dict:
     for key, value in update.items():
         where = f"{path}{key}"
         if key not in base:
-            raise KeyError(f"unknown config key {where!r} (known: {sorted(base)})")
+            close = difflib.get_close_matches(str(key), [str(k) for k in base], n=1)
+            hint = f"did you mean {path}{close[0]}? " if close else ""
+            raise UserKeyError(f"unknown config key {where!r} ({hint}known: {sorted(base)})")
         if isinstance(base[key], dict) and key != "backbone_kwargs":
             if not isinstance(value, dict):
-                raise TypeError(f"config key {where!r} must be a mapping, got {type(value).__name__}")
+                raise UserTypeError(f"config key {where!r} must be a mapping, got {type(value).__name__}")
             _merge(base[key], value, where + ".")
+        elif isinstance(base[key], list) and isinstance(value, dict) and value and all(
+                str(k).isdigit() for k in value):
+            base[key] = _merge_indexed(base[key], value, where)
         else:
             base[key] = _coerce(base[key], value, where)
     return base
+
+
+def _merge_indexed(items: list, update: dict, where: str) -> list:
+    """``--set data.train.0.root=DIR``: the numbered entries of ``update`` change (mappings: their keys) or append
+    to the list ``items``."""
+    items = copy.deepcopy(items)
+    for index in sorted(update, key=int):
+        i, value = int(index), update[index]
+        if i > len(items):
+            raise UserKeyError(f"config key '{where}.{i}': {where} has {len(items)} entries (indices 0 to "
+                               f"{len(items) - 1}; {len(items)} appends one)")
+        if i == len(items):
+            items.append(value)
+        elif isinstance(items[i], dict) and isinstance(value, dict):
+            items[i] = {**items[i], **value}
+        else:
+            items[i] = value
+    return items
 
 
 def _coerce(default, value, where: str):
@@ -88,7 +115,7 @@ def _coerce(default, value, where: str):
     A switch takes only true or false (a string such as ``"off"`` would otherwise read as on)."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise TypeError(f"config key {where!r} must be true or false, got {value!r}")
+            raise UserTypeError(f"config key {where!r} must be true or false, got {value!r}")
         return value
     if default is None or value is None:
         return value
@@ -97,9 +124,9 @@ def _coerce(default, value, where: str):
             try:
                 value = float(value)
             except ValueError:
-                raise TypeError(f"config key {where!r} must be a number, got {value!r}") from None
+                raise UserTypeError(f"config key {where!r} must be a number, got {value!r}") from None
         if not isinstance(value, (int, float)):
-            raise TypeError(f"config key {where!r} must be a number, got {type(value).__name__}")
+            raise UserTypeError(f"config key {where!r} must be a number, got {type(value).__name__}")
         if isinstance(default, int) and float(value).is_integer():
             return int(value)
         return float(value)
@@ -108,19 +135,19 @@ def _coerce(default, value, where: str):
 
 def _check_datasets(entries) -> list[dict]:
     if not isinstance(entries, list):
-        raise TypeError("data.train must be a list of {type, root, split, ratio}")
+        raise UserTypeError("data.train must be a list of {type, root, split, ratio}")
     out = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise TypeError(f"data.train[{i}] must be a mapping")
+            raise UserTypeError(f"data.train[{i}] must be a mapping")
         unknown = set(entry) - set(DATASET_KEYS)
         if unknown:
-            raise KeyError(f"data.train[{i}]: unknown keys {sorted(unknown)} (known: {sorted(DATASET_KEYS)})")
+            raise UserKeyError(f"data.train[{i}]: unknown keys {sorted(unknown)} (known: {sorted(DATASET_KEYS)})")
         full = {**DATASET_KEYS, **entry}
         if full["type"] not in DATASET_TYPES:
-            raise ValueError(f"data.train[{i}].type must be one of {DATASET_TYPES}, got {full['type']!r}")
+            raise UserValueError(f"data.train[{i}].type must be one of {DATASET_TYPES}, got {full['type']!r}")
         if not full["root"]:
-            raise ValueError(f"data.train[{i}].root is required")
+            raise UserValueError(f"data.train[{i}].root is required")
         out.append(full)
     return out
 
@@ -130,21 +157,33 @@ def parse_overrides(items: list[str] | None) -> dict:
     out: dict = {}
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"override must look like key.sub=value, got {item!r}")
+            raise UserValueError(f"--set {item!r}: an override looks like key.sub=value")
         key, value = item.split("=", 1)
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise UserValueError(f"--set {item!r}: the value is not valid YAML ({' '.join(str(error).split())})") \
+                from None
     return out
 
 
 def load_config(path: str | None = None, overrides: list[str] | dict | None = None) -> dict:
     cfg = copy.deepcopy(DEFAULTS)
     if path:
-        with open(find_config(path, "tracking")) as f:
-            loaded = yaml.safe_load(f) or {}
+        try:
+            config_file = find_config(path, "tracking")
+        except FileNotFoundError as error:
+            raise UserFileError(f"--config: {error}") from None
+        try:
+            loaded = yaml.safe_load(config_file.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise UserValueError(f"config file {config_file} is not valid YAML: {error}") from None
+        if not isinstance(loaded, dict):
+            raise UserValueError(f"config file {config_file} must hold a mapping of keys to values")
         _merge(cfg, loaded)
     if overrides:
         _merge(cfg, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
@@ -155,9 +194,9 @@ def load_config(path: str | None = None, overrides: list[str] | dict | None = No
     if t["mixed_precision"] is False:  # YAML reads a bare `no` (--set train.mixed_precision=no) as false
         t["mixed_precision"] = "no"
     if t["mixed_precision"] not in ("no", "bf16", "fp16"):
-        raise ValueError(f"train.mixed_precision must be no, bf16 or fp16, got {t['mixed_precision']!r}")
+        raise UserValueError(f"train.mixed_precision must be no, bf16 or fp16, got {t['mixed_precision']!r}")
     if t["epochs"] < 1 or t["batch_size"] < 1:
-        raise ValueError("train.epochs and train.batch_size must be ≥ 1")
+        raise UserValueError("train.epochs and train.batch_size must be ≥ 1")
     if not 0 < t["lr_drop_fraction"] <= 1:
-        raise ValueError("train.lr_drop_fraction must be in (0, 1]")
+        raise UserValueError("train.lr_drop_fraction must be in (0, 1]")
     return cfg

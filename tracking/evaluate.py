@@ -14,12 +14,13 @@ stops the evaluation with its file and line.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 
 import numpy as np
+
+from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError, run_main
 
 from . import metrics
 from .results import read_result_boxes, read_result_times
@@ -28,7 +29,7 @@ from .run import DATASET_DIRS, open_dataset, result_paths
 
 def evaluate_got10k(root: str, split: str, results_dir: str, trackers: list[str]) -> dict:
     if split == "test":
-        raise ValueError("GOT-10k test ground truth is withheld: pack the results (run.py --pack) and submit them")
+        raise UserValueError("GOT-10k test ground truth is withheld: pack the results (run.py --pack) and submit them")
     data = open_dataset("got10k", root, split)
     out = {}
     for name in trackers:
@@ -37,19 +38,20 @@ def evaluate_got10k(root: str, split: str, results_dir: str, trackers: list[str]
             seq_dir = os.path.join(results_dir, DATASET_DIRS["got10k"], name, seq.name)
             files = sorted(glob.glob(os.path.join(seq_dir, f"{seq.name}_[0-9]*.txt")))
             if not files:
-                raise FileNotFoundError(f"{name}: no results for {seq.name} in {seq_dir}")
+                raise UserFileError(f"{name}: no results for {seq.name} in {seq_dir}")
             if "cover" not in seq.meta or "resolution" not in seq.meta:
-                raise ValueError(f"{seq.name}: cover.label and meta_info.ini (resolution) are needed to evaluate")
+                raise UserValueError(f"{seq.name}: cover.label and meta_info.ini (resolution) are needed to evaluate")
             runs = [read_result_boxes(f, len(seq.boxes)) for f in files]
             ious = metrics.got10k_sequence_ious(runs, seq.boxes, seq.meta["cover"], seq.meta["resolution"])
-            seq_times = np.zeros(0)
+            seq_times = np.zeros((0, 1))
             time_file = result_paths(results_dir, "got10k", name, seq.name)[1]
             if os.path.exists(time_file):
-                seq_times = read_result_times(time_file, len(seq.boxes))
+                seq_times = read_result_times(time_file, len(seq.boxes)).reshape(len(seq.boxes), -1)
             pooled.append(ious)
             times.append(seq_times)
             seq_wise[seq.name] = {"ao": float(ious.mean()) if len(ious) else None, "frames": int(len(ious))}
-        summary = metrics.got10k_summary(np.concatenate(pooled), np.concatenate(times))
+        summary = metrics.got10k_summary(np.concatenate(pooled), np.concatenate([t.reshape(-1) for t in times]))
+        summary["fps"] = frames_per_tracking_second(times)
         summary["seq_wise"] = seq_wise
         out[name] = summary
     return out
@@ -63,21 +65,30 @@ def evaluate_lasot(root: str, split: str, results_dir: str, trackers: list[str])
         for seq in data:
             box_file, time_file = result_paths(results_dir, "lasot", name, seq.name)
             if not os.path.exists(box_file):
-                raise FileNotFoundError(f"{name}: no results for {seq.name} ({box_file})")
+                raise UserFileError(f"{name}: no results for {seq.name} ({box_file})")
             boxes = read_result_boxes(box_file, len(seq.boxes), allow_longer=True)  # pytracking cuts longer ones
             c = metrics.lasot_sequence_curves(boxes, seq.boxes, seq.visible)
             curves.append(c)
             seq_wise[seq.name] = {"auc": float(100 * c["success"].mean())}
             if os.path.exists(time_file):
-                times.append(read_result_times(time_file, len(seq.boxes)))
+                times.append(read_result_times(time_file, len(seq.boxes)).reshape(len(seq.boxes), -1))
         summary = metrics.lasot_summary(curves)
         if times:
-            t = np.concatenate(times)
+            t = np.concatenate([t.reshape(-1) for t in times])
             t = t[t > 0]
             summary["speed_fps"] = float(np.mean(1.0 / t)) if len(t) else -1.0
+            summary["fps"] = frames_per_tracking_second(times)
         summary["seq_wise"] = seq_wise
         out[name] = summary
     return out
+
+
+def frames_per_tracking_second(times: list[np.ndarray]) -> float:
+    """``tracking.run``'s FPS from per-sequence ``(frames, repetitions)`` times: frames after the first over their
+    summed time (frame 1 is the initialisation); -1 without times."""
+    tracked = [t[1:] for t in times if len(t) > 1]
+    seconds = sum(float(t.sum()) for t in tracked)
+    return sum(t.size for t in tracked) / seconds if seconds > 0 else -1.0
 
 
 def plot_curves(performance: dict, dataset: str, report_dir: str) -> list[str]:
@@ -93,12 +104,12 @@ def plot_curves(performance: dict, dataset: str, report_dir: str) -> list[str]:
                   "Overlap threshold", "Success rate", "GOT-10k success plot")]
     else:
         specs = [
-            ("success_plot.png", "success", metrics.SUCCESS_THRESHOLDS, "auc", "AUC", 0.01, "Overlap threshold",
+            ("success_plot.png", "success", metrics.SUCCESS_THRESHOLDS, "auc", "AUC %", 1.0, "Overlap threshold",
              "Success rate", "LaSOT success plot"),
-            ("precision_plot.png", "precision", metrics.PRECISION_THRESHOLDS, "precision_20px", "P@20", 0.01,
+            ("precision_plot.png", "precision", metrics.PRECISION_THRESHOLDS, "precision_20px", "P@20 %", 1.0,
              "Location error threshold (px)", "Precision", "LaSOT precision plot"),
             ("norm_precision_plot.png", "norm_precision", metrics.NORM_PRECISION_THRESHOLDS, "norm_precision_0.20",
-             "NP@0.20", 0.01, "Normalised location error threshold", "Normalised precision",
+             "NP@0.20 %", 1.0, "Normalised location error threshold", "Normalised precision",
              "LaSOT normalised precision plot"),
         ]
     paths = []
@@ -109,7 +120,9 @@ def plot_curves(performance: dict, dataset: str, report_dir: str) -> list[str]:
             perf = performance[name]
             ys = perf["succ_curve"] if dataset == "got10k" else perf["curves"][key]
             value = perf[score_key] * scale
-            ax.plot(xs, ys, label=f"{name} [{label} {value:.3f}]")
+            # the table's digits: AO as a fraction (.3f), LaSOT scores in percent (.2f)
+            ax.plot(xs, ys, label=f"{name} [{label} {value:.3f}]" if dataset == "got10k" else
+                    f"{name} [{label} {value:.2f}]")
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title, xlim=(xs[0], xs[-1]), ylim=(0, 1.0))
         ax.grid(alpha=0.3)
         ax.legend(loc="lower left" if key in ("success", "succ_curve") else "lower right", fontsize=8)
@@ -131,7 +144,7 @@ def evaluate(dataset: str, root: str, split: str, results_dir: str, trackers: li
         performance = evaluate_lasot(root, split, results_dir, trackers)
         conventions = metrics.LASOT_CONVENTIONS
     else:
-        raise ValueError(f"dataset must be got10k or lasot, got {dataset!r}")
+        raise UserValueError(f"dataset must be got10k or lasot, got {dataset!r}")
     out_dir = os.path.join(report_dir, DATASET_DIRS[dataset])
     report = {"dataset": dataset, "split": split, "conventions": conventions, "trackers": performance}
     if plots:
@@ -145,35 +158,48 @@ def evaluate(dataset: str, root: str, split: str, results_dir: str, trackers: li
 def format_report(report: dict) -> str:
     lines = [f"{report['dataset']} / {report['split']}"]
     if report["dataset"] == "got10k":
-        lines.append(f"{'tracker':<24}{'AO':>8}{'SR0.5':>8}{'SR0.75':>8}{'FPS':>12}{'frames':>9}")
+        lines.append(f"{'tracker':<24}{'AO':>8}{'SR0.5':>8}{'SR0.75':>8}{'FPS':>9}{'mean 1/t':>10}{'frames':>9}")
         for name, p in report["trackers"].items():
-            lines.append(f"{name:<24}{p['ao']:>8.3f}{p['sr50']:>8.3f}{p['sr75']:>8.3f}{p.get('speed_fps', -1):>12.1f}"
-                         f"{p['frames']:>9d}")
+            lines.append(f"{name:<24}{p['ao']:>8.3f}{p['sr50']:>8.3f}{p['sr75']:>8.3f}{p.get('fps', -1):>9.1f}"
+                         f"{p.get('speed_fps', -1):>10.1f}{p['frames']:>9d}")
     else:
-        lines.append(f"{'tracker':<24}{'AUC':>8}{'P@20':>8}{'NP@0.2':>8}{'OP50':>8}{'OP75':>8}{'seqs':>6}")
+        lines.append(f"{'tracker':<24}{'AUC %':>8}{'P@20':>8}{'NP@0.2':>8}{'OP50':>8}{'OP75':>8}{'FPS':>9}"
+                     f"{'mean 1/t':>10}{'seqs':>6}")
         for name, p in report["trackers"].items():
             lines.append(f"{name:<24}{p['auc']:>8.2f}{p['precision_20px']:>8.2f}{p['norm_precision_0.20']:>8.2f}"
-                         f"{p['op50']:>8.2f}{p['op75']:>8.2f}{p['sequences']:>6d}")
+                         f"{p['op50']:>8.2f}{p['op75']:>8.2f}{p.get('fps', -1):>9.1f}{p.get('speed_fps', -1):>10.1f}"
+                         f"{p['sequences']:>6d}")
+    lines.append("Speed: FPS = frames / tracking time (frame 1 excluded, as tracking.run prints it); mean 1/t = the "
+                 "toolkit's speed, mean of 1/t over per-frame times (-1: no time files).")
     lines.append("Conventions: " + report["conventions"])
     return "\n".join(lines)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Evaluate tracking results on GOT-10k val or LaSOT test.")
-    parser.add_argument("--dataset", required=True, choices=["got10k", "lasot"])
-    parser.add_argument("--root", required=True)
+PROG = "python -m visionssm.tracking.evaluate"
+
+
+def _main(argv=None) -> int:
+    parser = ArgumentParser(prog=PROG, description="Evaluate tracking results on GOT-10k val or LaSOT test. Writes "
+                            "performance.json and plots under --report-dir (default ./reports).")
+    parser.add_argument("--dataset", required=True, choices=["got10k", "lasot"], help="benchmark layout to read")
+    parser.add_argument("--root", required=True, help="dataset root (the ground truth)")
     parser.add_argument("--split", default=None, help="got10k: val (default); lasot: test (default)")
     parser.add_argument("--trackers", nargs="+", required=True, help="result folder names")
-    parser.add_argument("--results-dir", default="results")
-    parser.add_argument("--report-dir", default="reports")
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--results-dir", default="results", help="where the result folders are (default ./results)")
+    parser.add_argument("--report-dir", default="reports", help="where the report goes (default ./reports)")
+    parser.add_argument("--no-plots", action="store_true", help="write performance.json only")
     args = parser.parse_args(argv)
     split = args.split or ("val" if args.dataset == "got10k" else "test")
     report = evaluate(args.dataset, args.root, split, args.results_dir, args.trackers, args.report_dir,
                       not args.no_plots)
     print(format_report(report))
     print("report:", os.path.join(args.report_dir, DATASET_DIRS[args.dataset], "performance.json"))
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog=PROG)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

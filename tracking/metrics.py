@@ -24,7 +24,7 @@ import torch
 GOT10K_CONVENTIONS = (
     "GOT-10k (got10k toolkit rules): frame 1 excluded; boxes clipped to the image; frames with cover > 0 only; "
     "IoU pooled over all frames of all sequences; AO = mean IoU; SR0.5 / SR0.75 = fraction of IoU > 0.5 / > 0.75 "
-    "(strict); FPS = mean of 1/t over per-frame times."
+    "(strict); toolkit speed = mean of 1/t over per-frame times."
 )
 LASOT_CONVENTIONS = (
     "LaSOT (pytracking/OSTrack convention): frame 1 set to ground truth; absent / out-of-view / invalid-box frames "

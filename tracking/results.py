@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from visionssm.utils.cli import UserFileError, UserValueError
+
 __all__ = ["check_boxes", "read_result_boxes", "read_result_times", "write_rows"]
 
 
@@ -25,25 +27,25 @@ def _numbers(path: str, line_no: int, line: str, count: int, what: str) -> list[
     except ValueError:
         values = []
     if len(values) != count:
-        raise ValueError(f"{path}:{line_no}: expected {what}, got {line.strip()!r}")
+        raise UserValueError(f"{path}:{line_no}: expected {what}, got {line.strip()!r}")
     if not np.isfinite(values).all():
-        raise ValueError(f"{path}:{line_no}: NaN or infinite value in {line.strip()!r}")
+        raise UserValueError(f"{path}:{line_no}: NaN or infinite value in {line.strip()!r}")
     return values
 
 
 def _lines(path: str, frames: int, allow_longer: bool) -> list[tuple[int, str]]:
     """The file's lines, numbered from 1, checked against the sequence's frame count."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"result file {path} not found")
+        raise UserFileError(f"result file {path} not found")
     with open(path) as f:
         lines = list(enumerate(f.read().splitlines(), 1))
     for line_no, line in lines:
         if not line.strip():
-            raise ValueError(f"{path}:{line_no}: empty line (one line per frame)")
+            raise UserValueError(f"{path}:{line_no}: empty line (one line per frame)")
     if len(lines) < frames:
-        raise ValueError(f"{path}: {len(lines)} lines for a sequence of {frames} frames (the file ends early)")
+        raise UserValueError(f"{path}: {len(lines)} lines for a sequence of {frames} frames (the file ends early)")
     if len(lines) > frames and not allow_longer:
-        raise ValueError(f"{path}:{frames + 1}: more lines than the sequence's {frames} frames")
+        raise UserValueError(f"{path}:{frames + 1}: more lines than the sequence's {frames} frames")
     return lines[:frames]
 
 
@@ -57,18 +59,28 @@ def read_result_boxes(path: str, frames: int, allow_longer: bool = False) -> np.
     for i, (line_no, line) in enumerate(_lines(path, frames, allow_longer)):
         boxes[i] = _numbers(path, line_no, line, 4, "4 numbers x,y,w,h")
         if boxes[i, 2] < 0 or boxes[i, 3] < 0:
-            raise ValueError(f"{path}:{line_no}: negative width or height in {line.strip()!r}")
+            raise UserValueError(f"{path}:{line_no}: negative width or height in {line.strip()!r}")
     return boxes
 
 
 def read_result_times(path: str, frames: int) -> np.ndarray:
-    """The per-frame seconds of a ``*_time.txt`` file: one finite, non-negative number per frame."""
-    times = np.zeros(frames)
-    for i, (line_no, line) in enumerate(_lines(path, frames, allow_longer=False)):
-        times[i] = _numbers(path, line_no, line, 1, "one number (seconds)")[0]
-        if times[i] < 0:
-            raise ValueError(f"{path}:{line_no}: negative time {line.strip()!r}")
-    return times
+    """The per-frame seconds of a ``*_time.txt`` file: finite, non-negative numbers, one line per frame.
+
+    One column gives shape ``(frames,)``. The got10k toolkit's ``ExperimentGOT10k`` writes one column per repetition
+    of a run (comma separated), read as ``(frames, repetitions)``; every line must have the same number of columns.
+    """
+    rows = []
+    for line_no, line in _lines(path, frames, allow_longer=False):
+        columns = len([p for p in line.replace("\t", ",").replace(" ", ",").split(",") if p != ""]) or 1
+        if rows and columns != len(rows[0]):
+            raise UserValueError(f"{path}:{line_no}: {columns} columns where line 1 has {len(rows[0])} (one time per "
+                                 "repetition of the run)")
+        values = _numbers(path, line_no, line, columns, "one number (seconds) per repetition")
+        if min(values) < 0:
+            raise UserValueError(f"{path}:{line_no}: negative time {line.strip()!r}")
+        rows.append(values)
+    times = np.asarray(rows, dtype=np.float64).reshape(frames, -1)
+    return times[:, 0] if times.shape[1] == 1 else times
 
 
 def check_boxes(boxes: np.ndarray, where: str) -> np.ndarray:
@@ -77,7 +89,7 @@ def check_boxes(boxes: np.ndarray, where: str) -> np.ndarray:
     bad = ~np.isfinite(boxes).all(axis=1) | (np.nan_to_num(boxes[:, 2:], nan=0.0) < 0).any(axis=1)
     if bad.any():
         frame = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: frame {frame + 1} has the invalid box {boxes[frame].tolist()} (NaN, infinite "
+        raise UserValueError(f"{where}: frame {frame + 1} has the invalid box {boxes[frame].tolist()} (NaN, infinite "
                          "or negative size)")
     return boxes
 

@@ -12,14 +12,15 @@ Layout written (floats, comma separated, one ``x,y,w,h`` per frame; per-frame se
   ``<seq>_time.txt``; ``--pack`` zips ``<results>/GOT-10k/<name>`` into ``<name>.zip`` for the evaluation server.
 - LaSOT: ``<results>/LaSOT/<name>/<seq>.txt`` and ``<seq>_time.txt``.
 
-``--baseline first-box`` writes the results of a tracker that repeats the first box. FPS (frames / tracking time,
-image decoding excluded, and the toolkit's mean of 1/t) is printed and saved in
-``<results>/<GOT-10k|LaSOT>/<name>_run_summary.json`` (beside, not inside, the folder that gets submitted).
+``--baseline first-box`` writes the results of a tracker that repeats the first box. Speed is given two ways, both
+named wherever they appear (here and in ``visionssm.tracking.evaluate``): ``fps`` = frames / tracking time (frame 1,
+the initialisation, and image decoding excluded) and ``fps_toolkit_mean_inverse_time`` = the toolkits' mean of 1/t
+over per-frame times (every frame); the second is higher when frame times vary. Both are printed and saved in
+``<results>/<GOT-10k|LaSOT>/<name>_<split>_run_summary.json`` (beside, not inside, the folder that gets submitted).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -27,6 +28,8 @@ import time
 import numpy as np
 import torch
 from tqdm import tqdm
+
+from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError, run_main
 
 from .data.got10k import Got10k
 from .data.lasot import LaSOT
@@ -40,13 +43,13 @@ DATASET_DIRS = {"got10k": "GOT-10k", "lasot": "LaSOT"}
 def open_dataset(dataset: str, root: str, split: str):
     if dataset == "got10k":
         if split not in ("val", "test", "train"):
-            raise ValueError(f"GOT-10k split must be val, test or train, got {split!r}")
+            raise UserValueError(f"GOT-10k split must be val, test or train, got {split!r}")
         return Got10k(root, split)
     if dataset == "lasot":
         if split not in ("test", "train", "all"):
-            raise ValueError(f"LaSOT split must be test (protocol II), train or all, got {split!r}")
+            raise UserValueError(f"LaSOT split must be test (protocol II), train or all, got {split!r}")
         return LaSOT(root, split)
-    raise ValueError(f"dataset must be got10k or lasot, got {dataset!r}")
+    raise UserValueError(f"dataset must be got10k or lasot, got {dataset!r}")
 
 
 def result_paths(results_dir: str, dataset: str, name: str, seq: str, repetition: int = 1) -> tuple[str, str]:
@@ -61,7 +64,7 @@ def track_sequence(tracker, seq) -> tuple[np.ndarray, np.ndarray]:
     """Boxes (N, 4) and per-frame seconds (N,); frame 1 gets the given box (and the initialisation time)."""
     first = seq.boxes[0]
     if not (np.isfinite(first).all() and first[2] > 0 and first[3] > 0):
-        raise ValueError(f"{seq.meta.get('groundtruth', seq.name)}:1: the first frame's box {first.tolist()} is "
+        raise UserValueError(f"{seq.meta.get('groundtruth', seq.name)}:1: the first frame's box {first.tolist()} is "
                          "not a box to track (NaN, infinite, or not positive in width and height)")
     boxes = np.zeros((len(seq), 4))
     times = np.zeros(len(seq))
@@ -94,7 +97,7 @@ def run(
 ) -> dict:
     """Track every sequence of the split and write the result files; returns the run summary."""
     if (checkpoint is None) == (baseline is None):
-        raise ValueError("give exactly one of checkpoint or baseline")
+        raise UserValueError("give exactly one of checkpoint or baseline")
     data = open_dataset(dataset, root, split)
     names = list(sequences) if sequences else list(data.seq_names)
     if max_sequences:
@@ -102,7 +105,7 @@ def run(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if baseline is not None:
         if baseline != "first-box":
-            raise ValueError(f"unknown baseline {baseline!r} (only 'first-box')")
+            raise UserValueError(f"unknown baseline {baseline!r} (only 'first-box')")
         tracker = FirstBoxTracker()
     else:
         tracker = load_tracker(checkpoint, device=device, amp=amp)
@@ -120,7 +123,8 @@ def run(
         total_frames += len(tracked)
         total_time += float(tracked.sum())
         inverse_times += (1.0 / times[times > 0]).tolist()
-        per_seq[seq_name] = {"frames": len(seq), "fps": float(len(tracked) / max(tracked.sum(), 1e-12))}
+        per_seq[seq_name] = {"frames": len(seq), "fps": float(len(tracked) / max(tracked.sum(), 1e-12)),
+                             "fps_toolkit_mean_inverse_time": float(np.mean(1.0 / times[times > 0]))}
     summary = {
         "dataset": dataset, "split": split, "name": name, "device": str(device),
         "gpu": torch.cuda.get_device_name() if str(device).startswith("cuda") else None,
@@ -132,9 +136,22 @@ def run(
     }
     out_dir = os.path.join(results_dir, DATASET_DIRS[dataset])
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{name}_run_summary.json"), "w") as f:
+    with open(summary_path(results_dir, dataset, name, split), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def summary_path(results_dir: str, dataset: str, name: str, split: str) -> str:
+    """The run summary of one split (val and test runs of a tracker share its result folder, not their summary)."""
+    return os.path.join(results_dir, DATASET_DIRS[dataset], f"{name}_{split}_run_summary.json")
+
+
+def format_speed(fps: float | None, fps_mean_inverse: float | None) -> str:
+    """Both speeds, named: the same words in tracking.run's line and tracking.evaluate's table legend."""
+    if fps is None:
+        return "speed unknown"
+    return (f"FPS {fps:.1f} (frames / tracking time, frame 1 and image decoding excluded), toolkit speed "
+            f"{fps_mean_inverse:.1f} (mean of 1/t per frame)")
 
 
 def _check_kept(box_file: str, frames: int) -> None:
@@ -142,7 +159,7 @@ def _check_kept(box_file: str, frames: int) -> None:
     try:
         read_result_boxes(box_file, frames)
     except ValueError as error:
-        raise ValueError(f"{error}; rerun with --overwrite to track this sequence again") from None
+        raise UserValueError(f"{error}; rerun with --overwrite to track this sequence again") from None
 
 
 def pack_got10k(results_dir: str, name: str, seq_names: list[str]) -> str:
@@ -154,7 +171,7 @@ def pack_got10k(results_dir: str, name: str, seq_names: list[str]) -> str:
     base = os.path.join(results_dir, DATASET_DIRS["got10k"], name)
     missing = [s for s in seq_names if not os.path.exists(result_paths(results_dir, "got10k", name, s)[0])]
     if missing:
-        raise FileNotFoundError(f"no results for {len(missing)} sequences, e.g. {missing[:3]}")
+        raise UserFileError(f"no results for {len(missing)} sequences, e.g. {missing[:3]}")
     archive = os.path.join(results_dir, DATASET_DIRS["got10k"], f"{name}.zip")
     with zipfile.ZipFile(archive + ".tmp", "w", zipfile.ZIP_DEFLATED) as z:
         for seq in seq_names:
@@ -165,34 +182,44 @@ def pack_got10k(results_dir: str, name: str, seq_names: list[str]) -> str:
     return archive
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Run a visionssm tracker on GOT-10k or LaSOT.")
-    parser.add_argument("--dataset", required=True, choices=["got10k", "lasot"])
+PROG = "python -m visionssm.tracking.run"
+
+
+def _main(argv=None) -> int:
+    parser = ArgumentParser(prog=PROG, description="Run a visionssm tracker on GOT-10k or LaSOT. Writes result files "
+                            "under --results-dir (default ./results).")
+    parser.add_argument("--dataset", required=True, choices=["got10k", "lasot"], help="benchmark layout to read")
     parser.add_argument("--root", required=True, help="dataset root (GOT-10k: holds train/val/test; LaSOT: categories)")
     parser.add_argument("--split", required=True, help="got10k: val|test, lasot: test")
     parser.add_argument("--checkpoint", help="training checkpoint (final.pth / last.pth)")
     parser.add_argument("--baseline", choices=["first-box"], help="run a baseline instead of a checkpoint")
     parser.add_argument("--name", required=True, help="tracker name (result folder)")
-    parser.add_argument("--results-dir", default="results")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--results-dir", default="results", help="where result folders go (default ./results)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--sequences", nargs="*", help="only these sequences")
-    parser.add_argument("--max-sequences", type=int, default=None)
+    parser.add_argument("--max-sequences", type=int, default=None, help="only the first N sequences")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA")
     parser.add_argument("--overwrite", action="store_true", help="re-run sequences that already have results")
     parser.add_argument("--pack", action="store_true", help="GOT-10k: zip the results for the evaluation server")
     args = parser.parse_args(argv)
+    if args.pack and args.dataset != "got10k":
+        parser.error("--pack is for GOT-10k")
     summary = run(args.dataset, args.root, args.split, args.name, args.results_dir, args.checkpoint, args.baseline,
                   args.device, args.sequences, args.max_sequences, args.amp, args.overwrite)
-    fps = summary["fps"]
-    print(f"{args.name}: {summary['sequences']} sequences, {summary['frames_tracked']} frames tracked, "
-          f"FPS {fps:.1f} (frames / tracking time, image decoding excluded; device {summary['device']})"
-          if fps else f"{args.name}: nothing new to track (results exist; --overwrite to redo)")
+    if summary["fps"]:
+        print(f"{args.name}: {summary['sequences']} sequences, {summary['frames_tracked']} frames tracked, "
+              f"{format_speed(summary['fps'], summary['fps_toolkit_mean_inverse_time'])}; device {summary['device']}")
+    else:
+        print(f"{args.name}: nothing new to track (results exist; --overwrite to redo)")
     if args.pack:
-        if args.dataset != "got10k":
-            parser.error("--pack is for GOT-10k")
         names = args.sequences or open_dataset("got10k", args.root, args.split).seq_names
         print("submission archive:", pack_got10k(args.results_dir, args.name, list(names)))
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog=PROG)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

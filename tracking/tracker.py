@@ -7,8 +7,12 @@ is read at the windowed peak, mapped back to image pixels and clipped to the ima
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
+
+from visionssm.utils.cli import UserFileError, UserValueError
 
 from .data.processing import clip_box, crop_image, crop_transform
 from .data.transforms import to_tensor
@@ -111,9 +115,15 @@ def load_tracker(checkpoint: str, device: str = "cpu", **kwargs) -> Tracker:
     """A :class:`Tracker` from a training checkpoint (``final.pth`` or ``last.pth`` of ``visionssm.tracking.train``)."""
     from .model.tracker_model import build_model
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    if "config" not in state or "model" not in state:
-        raise ValueError(f"{checkpoint} is not a visionssm.tracking checkpoint (needs 'config' and 'model')")
+    if not os.path.isfile(checkpoint):
+        raise UserFileError(f"--checkpoint {checkpoint} not found")
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    except Exception as error:  # unpickling arbitrary bytes can fail with almost any exception type
+        raise UserValueError(f"--checkpoint {checkpoint} cannot be read as a checkpoint "
+                             f"({(str(error).strip().splitlines() or [''])[0][:200]})") from None
+    if not isinstance(state, dict) or "config" not in state or "model" not in state:
+        raise UserValueError(f"{checkpoint} is not a visionssm.tracking checkpoint (needs 'config' and 'model')")
     model = build_model(state["config"]["model"], load_pretrained=False)
     model.load_state_dict(state["model"])
     test = state["config"].get("test", {})

@@ -21,7 +21,6 @@ run equals the uninterrupted one to the last bit on a GPU too. ``--no-resume`` s
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from visionssm.utils.cli import ArgumentParser, UserValueError, cap_workers, run_main
 from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState, deterministic_algorithms
 
 from .config import load_config
@@ -51,7 +51,7 @@ NO_DECAY_NAMES = ("pos_embed", "token_type", "A_log", "dt_bias")
 def build_datasets(cfg: dict) -> PairDataset:
     d = cfg["data"]
     if not d["train"]:
-        raise ValueError("data.train lists no dataset")
+        raise UserValueError("data.train lists no dataset (e.g. --set 'data.train.0={type: got10k, root: DIR}')")
     datasets, ratios = [], []
     for entry in d["train"]:
         cls = Got10k if entry["type"] == "got10k" else LaSOT
@@ -153,13 +153,15 @@ class _Loop:
         window: dict[str, torch.Tensor] = {}
         window_n, tic, epoch_tic = 0, time.time(), time.time()
         sums = state.extra.get("epoch_sums", {})
-        bar = tqdm(batches, total=steps - state.batch_in_epoch, desc=f"epoch {epoch + 1}/{t['epochs']}",
+        # the bar is advanced by hand: the loop leaves on its last batch, before tqdm would count it
+        bar = tqdm(total=steps, initial=state.batch_in_epoch, desc=f"epoch {epoch + 1}/{t['epochs']}",
                    disable=not (self.progress and accelerator.is_main_process), dynamic_ncols=True)
         stop = None
-        for batch in bar:
+        for batch in batches:
             for k, v in self.step(batch).items():
                 window[k] = window.get(k, 0) + v
             window_n += 1
+            bar.update(1)
             last = state.batch_in_epoch == steps
             if state.global_update % t["log_every"] == 0 or last:
                 means = self.fold(window, window_n, sums)
@@ -180,7 +182,9 @@ class _Loop:
                     window, window_n = {}, 0
                 self.checkpoints.save(f"step_{state.global_update:08d}", state)
                 if stop:
+                    bar.close()
                     return stop
+        bar.close()
         self.end_epoch(sums, time.time() - epoch_tic)
         return stop
 
@@ -200,8 +204,10 @@ def _prepare(cfg: dict, accelerator: Accelerator, progress: bool) -> _Loop:
     is written."""
     t = cfg["train"]
     dataset = build_datasets(cfg)
+    workers = cap_workers(cfg["data"]["num_workers"], "data.num_workers",
+                          accelerator.print if accelerator.is_main_process else None)
     loader = DataLoader(dataset, batch_size=t["batch_size"], shuffle=False, drop_last=True,
-                        num_workers=cfg["data"]["num_workers"], pin_memory=torch.cuda.is_available(),
+                        num_workers=workers, pin_memory=torch.cuda.is_available(),
                         persistent_workers=False, worker_init_fn=_worker_init)
     model = build_model(cfg["model"], load_pretrained=True)
     if t["grad_checkpointing"]:
@@ -264,6 +270,11 @@ def _train(cfg: dict, resume: bool, progress: bool) -> dict:
     created = not os.path.exists(out_dir)
     try:
         _start(loop, resume)
+        if loop.state.epoch >= cfg["train"]["epochs"] and os.path.isfile(os.path.join(out_dir, "final.pth")):
+            accelerator.print(f"nothing to do: {out_dir} holds a finished run ({loop.state.epoch} epochs, step "
+                              f"{loop.state.global_update}; its tracker is {os.path.join(out_dir, 'final.pth')}). "
+                              "--no-resume trains it again from scratch (or give another name / output_dir).")
+            return {}
         stop = None
         while loop.state.epoch < cfg["train"]["epochs"] and stop is None:
             stop = loop.run_epoch()
@@ -281,18 +292,30 @@ def _train(cfg: dict, resume: bool, progress: bool) -> dict:
     return loop.last_stats
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Train a visionssm one-stream tracker.")
+PROG = "python -m visionssm.tracking.train"
+
+
+def _main(argv=None) -> int:
+    parser = ArgumentParser(prog=PROG, description="Train a visionssm one-stream tracker. Writes into output_dir "
+                            "(default output/tracking/<name> in the working directory).")
     parser.add_argument("--config", required=True,
                         help="YAML experiment config: a file, or a shipped one (configs/tracking/<name>.yaml)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override config keys (YAML values); a number indexes a list (data.train.0.root=DIR); "
+                             "model.pretrained=null trains the backbone from scratch")
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.set)
     stats = train(cfg, resume=not args.no_resume, progress=not args.no_progress)
-    print(json.dumps({"last_epoch_stats": stats, "output_dir": cfg["output_dir"]}))
+    if stats:
+        print(json.dumps({"last_epoch_stats": stats, "output_dir": cfg["output_dir"]}))
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog=PROG)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -46,14 +47,17 @@ from tqdm.auto import tqdm
 
 import visionssm.models  # noqa: F401  (registers the visionssm backbones with timm)
 from visionssm.data.loader import EpochShuffleSampler, build_split
+from visionssm.utils.cli import UserValueError, run_main
 from visionssm.utils.train_setup import (
     build_criterion,
     build_optimizer,
     build_scheduler,
     build_train_loader,
+    check_config,
     create_model,
     data_config,
     eval_transform,
+    find_resume_checkpoint,
     load_weights_for_eval,
     make_accelerator,
     peak_memory_mib,
@@ -112,8 +116,8 @@ def build_model_and_data(cfg: dict, accelerator: Accelerator, data_dir: Path):
                             augment_seed=cfg["seed"])
     num_classes = len(train_set.classes)
     if cfg["num_classes"] is not None and cfg["num_classes"] != num_classes:
-        raise ValueError(f"num_classes={cfg['num_classes']} but {data_dir / cfg['train_split']} has "
-                         f"{num_classes} class folders")
+        raise UserValueError(f"--num-classes {cfg['num_classes']} but {data_dir / cfg['train_split']} has "
+                             f"{num_classes} class folders")
     model = create_model(cfg, num_classes)
     data_cfg = data_config(cfg, model)
     val_set = build_split(data_dir, cfg["val_split"], transform=eval_transform(data_cfg), on_error="drop",
@@ -185,8 +189,8 @@ def resume(run: Run, resolved: dict) -> None:
         accelerator.init_trackers("train_imagenet", config={k: v for k, v in cfg.items()
                                                             if isinstance(v, (int, float, str, bool))})
         if accelerator.is_main_process and not accelerator.trackers:  # accelerate drops unavailable ones silently
-            raise ValueError(f"log_with={cfg['log_with']!r}: no such tracker is installed (e.g. pip install "
-                             "tensorboard)")
+            raise UserValueError(f"--log-with {cfg['log_with']!r}: no such tracker is installed (e.g. pip "
+                                 "install tensorboard)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -363,25 +367,41 @@ def end_epoch(run: Run, epoch: int, trained: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """The command line: exit status 0, or 2 with one ``visionssm-train: error: ...`` line for a user error."""
+    return run_main(_cli, argv, prog=PROG)
+
+
+def _cli(argv) -> int:
     cfg = parse_config(argv, prog=PROG)
+    # launched processes share one terminal: the main one says what was capped
+    check_config(cfg, say=print if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None)
     with deterministic_algorithms(cfg["deterministic"]):
         return _main(cfg)
+
+
+def describe_model(cfg: dict) -> str:
+    """The model as the run builds it: a non-empty ``model_kwargs`` makes it another width or depth than the name's."""
+    if not cfg["model_kwargs"]:
+        return cfg["model"]
+    kwargs = json.dumps(cfg["model_kwargs"])
+    return f"{cfg['model']} resized by model_kwargs {kwargs} (--model-kwargs '{{}}': the named size)"
 
 
 def _main(cfg: dict) -> int:
     out = Path(cfg["output"])
     amp = resolve_amp(cfg["amp"])
+    weights = load_eval_weights(cfg, out) if cfg["eval_only"] else None  # a bad file stops the run before any work
     accelerator = make_accelerator(cfg, out, amp)
     set_seed(cfg["seed"])  # the same initial weights on every process
     data_dir = resolve_data_dir(cfg, accelerator)
     train_set, val_set, model, data_cfg, ema = build_model_and_data(cfg, accelerator, data_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    accelerator.print(f"model {cfg['model']}: {n_params / 1e6:.2f} M parameters, {len(train_set.classes)} classes, "
-                      f"input {data_cfg['input_size']}, {accelerator.num_processes} process(es) on "
+    accelerator.print(f"model {describe_model(cfg)}: {n_params / 1e6:.2f} M parameters, {len(train_set.classes)} "
+                      f"classes, input {data_cfg['input_size']}, {accelerator.num_processes} process(es) on "
                       f"{accelerator.device}, amp={amp}")
     accelerator.print(f"data: {data_dir} ({len(train_set)} train / {len(val_set)} val images)")
     if cfg["eval_only"]:
-        return run_eval_only(cfg, accelerator, model, ema, val_set, out)
+        return run_eval_only(cfg, accelerator, model, weights, val_set, out)
 
     run, recorded = prepare_run(cfg, accelerator, out, model, ema, train_set, val_set, data_cfg)
     resolved = dict(cfg, **recorded, num_classes=len(train_set.classes), amp=amp, data_dir=str(data_dir),
@@ -439,39 +459,29 @@ def _warn_changed_settings(previous: dict, current: dict, say) -> None:
             " (the restored lr schedule keeps the original epochs and warmup)")
 
 
-def find_resume_checkpoint(resume, checkpoints: CheckpointManager) -> Path | None:
-    resume = "never" if resume is False else ("latest" if resume is True else str(resume))
-    latest = checkpoints.latest()
-    if resume == "auto":
-        return latest
-    if resume == "latest":
-        if latest is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {checkpoints.root}")
-        return latest
-    if resume == "never":
-        if latest is not None:
-            raise FileExistsError(f"{checkpoints.root} already holds checkpoints (latest {latest.name}) and "
-                                  "resume=never: choose another --output or resume")
-        return None
-    path = Path(resume)
-    if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"--resume {path}: not a complete checkpoint directory (no trainer_state.json)")
-    return path
-
-
-def run_eval_only(cfg: dict, accelerator: Accelerator, model, ema, val_set, out: Path) -> int:
+def load_eval_weights(cfg: dict, out: Path) -> tuple[Path, dict]:
+    """The checkpoint ``--eval-only`` evaluates (``--checkpoint``, else OUT's latest) and its weights (model and, if
+    saved, EMA)."""
     checkpoint = cfg["checkpoint"]
     if checkpoint is None:
         checkpoint = CheckpointManager.complete(out / "checkpoints")
         if not checkpoint:
-            raise ValueError("--eval-only needs --checkpoint (or an --output holding checkpoints)")
+            raise UserValueError(f"--eval-only needs --checkpoint (or an --output holding checkpoints; {out} has none)")
         checkpoint = checkpoint[-1][0]
     checkpoint = Path(checkpoint)
-    found = load_weights_for_eval(checkpoint, EMA_CHECKPOINT_INDEX if ema is not None else None)
+    return checkpoint, load_weights_for_eval(checkpoint, EMA_CHECKPOINT_INDEX if cfg["model_ema"] else None)
+
+
+def run_eval_only(cfg: dict, accelerator: Accelerator, model, loaded: tuple[Path, dict], val_set, out: Path) -> int:
+    checkpoint, found = loaded
     val_dl = val_loader(val_set, cfg, accelerator)
     results = {"checkpoint": str(checkpoint), "model": cfg["model"]}
     for name, weights in found.items():
-        model.load_state_dict(weights)
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as error:  # torch lists every missing and unexpected key; the start names the problem
+            raise UserValueError(f"--checkpoint {checkpoint}: its {name} weights do not fit "
+                                 f"{describe_model(cfg)}: {' '.join(str(error).split())[:300]}") from None
         res = validate(model, val_dl, accelerator, cfg["channels_last"])
         prefix = "" if name == "model" else "ema_"
         results.update({f"{prefix}val_top1": res["top1"], f"{prefix}val_top5": res["top5"],

@@ -40,7 +40,7 @@ def test_configs_load():
         load_config(CONFIG, ["train.learning_rate=1"])
 
 
-def test_train_resume_track_evaluate(data):
+def test_train_resume_track_evaluate(data, capsys):
     base, got, lasot = data
     out = str(base / "train")
     # deterministic: the resumed run below must equal the uninterrupted one to the last bit on a GPU too
@@ -63,11 +63,16 @@ def test_train_resume_track_evaluate(data):
     train(load_config(CONFIG, again + ["train.max_steps=3"]), progress=False)
     assert not torch.load(os.path.join(other, "final.pth"), weights_only=False)["finished"]
     assert "step_00000003" in os.listdir(os.path.join(other, "checkpoints"))
-    train(load_config(CONFIG, again), progress=False)
+    capsys.readouterr()
+    train(load_config(CONFIG, again), progress=True)
+    # 8 pairs in batches of 4: the resumed epoch's bar starts at 1/2 and ends at its last step, 2/2
+    assert "2/2" in capsys.readouterr().err
     resumed = torch.load(os.path.join(other, "final.pth"), weights_only=False)
     assert resumed["finished"] and resumed["step"] == 4
     for key, value in final["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
+    assert train(load_config(CONFIG, again), progress=False) == {}, "a finished run is not trained again"
+    assert "nothing to do" in capsys.readouterr().out
 
     results, reports = str(base / "results"), str(base / "reports")
     summary = run("got10k", got, "val", "tiny", results, checkpoint=os.path.join(out, "final.pth"), progress=False)
@@ -82,6 +87,15 @@ def test_train_resume_track_evaluate(data):
         assert 0 <= perf["sr75"] <= perf["sr50"] <= 1 and 0 <= perf["ao"] <= 1
     assert os.path.getsize(os.path.join(reports, "GOT-10k", "success_plot.png")) > 0
     assert "frame 1 excluded" in format_report(report)
+    # the got10k toolkit's ExperimentGOT10k writes one time column per repetition of a run
+    for seq in sorted(os.listdir(os.path.join(results, "GOT-10k", "first_box"))):
+        time_file = os.path.join(results, "GOT-10k", "first_box", seq, f"{seq}_time.txt")
+        one = np.loadtxt(time_file, delimiter=",")
+        np.savetxt(time_file, np.stack([one, 2 * one, 4 * one], axis=1), fmt="%.8f", delimiter=",")
+    repeated = evaluate("got10k", got, "val", results, ["first_box"], reports, plots=False)["trackers"]["first_box"]
+    before = report["trackers"]["first_box"]
+    assert repeated["fps"] == pytest.approx(before["fps"] * 3 / 7)  # 3x the frames in 7x the time
+    assert repeated["speed_fps"] == pytest.approx(before["speed_fps"] * (1 + 1 / 2 + 1 / 4) / 3)
 
     run_main(["--dataset", "got10k", "--root", got, "--split", "test", "--checkpoint", os.path.join(out, "final.pth"),
               "--name", "tiny", "--results-dir", results, "--pack"])
@@ -91,6 +105,9 @@ def test_train_resume_track_evaluate(data):
         assert sorted(archive.namelist()) == ["GOT-10k_Test_000001/", "GOT-10k_Test_000001/GOT-10k_Test_000001_001.txt",
                                               "GOT-10k_Test_000001/GOT-10k_Test_000001_time.txt"]
 
+    # val and test runs share the tracker's folder, each keeps its own summary
+    assert {"tiny_val_run_summary.json", "tiny_test_run_summary.json"} <= set(os.listdir(os.path.join(results,
+                                                                                                   "GOT-10k")))
     run("lasot", lasot, "test", "tiny", results, checkpoint=os.path.join(out, "final.pth"), progress=False)
     assert os.path.exists(os.path.join(results, "LaSOT", "tiny", "cube-1.txt"))
     report = evaluate("lasot", lasot, "test", results, ["tiny"], reports)

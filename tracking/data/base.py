@@ -8,6 +8,8 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from visionssm.utils.cli import UserValueError
+
 
 @dataclass
 class Sequence:
@@ -30,7 +32,8 @@ class Sequence:
         self.boxes = np.asarray(self.boxes, dtype=np.float64).reshape(-1, 4)
         self.visible = np.asarray(self.visible, dtype=bool).reshape(-1)
         if len(self.visible) != len(self.boxes):
-            raise ValueError(f"sequence {self.name}: {len(self.boxes)} boxes but {len(self.visible)} visibility flags")
+            raise UserValueError(f"sequence {self.name}: {len(self.boxes)} boxes but {len(self.visible)} visibility "
+                                 "flags")
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -55,7 +58,7 @@ class SequenceDataset:
         if seq_names is not None:
             unknown = sorted(set(seq_names) - set(names))
             if unknown:
-                raise ValueError(f"{self.label} {self.split}: sequences not in {where}: {unknown[:5]}")
+                raise UserValueError(f"{self.label} {self.split}: sequences not in {where}: {unknown[:5]}")
             names = list(seq_names)
         self.seq_names = names
         self._load = lru_cache(maxsize=4096)(self._load_uncached)
@@ -95,7 +98,7 @@ def read_boxes(path: str) -> np.ndarray:
             parts = line.replace("\t", ",").replace(" ", ",").split(",")
             parts = [p for p in parts if p != ""]
             if len(parts) != 4:
-                raise ValueError(f"{path}:{line_no}: expected 4 numbers (x,y,w,h), got {line!r}")
+                raise UserValueError(f"{path}:{line_no}: expected 4 numbers (x,y,w,h), got {line!r}")
             rows.append([float(p) for p in parts])
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 

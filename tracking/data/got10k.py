@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from visionssm.utils.cli import UserFileError, UserValueError
+
 from .base import Sequence, SequenceDataset, read_boxes, read_flags, valid_box_mask
 
 SPLITS = ("train", "val", "test")
@@ -44,13 +46,13 @@ class Got10k(SequenceDataset):
 
     def __init__(self, root: str, split: str = "train", seq_names: list[str] | None = None):
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+            raise UserValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.root = root
         self.split = split
         self.split_dir = os.path.join(root, split)
         list_file = os.path.join(self.split_dir, "list.txt")
         if not os.path.isfile(list_file):
-            raise FileNotFoundError(f"GOT-10k: {list_file} not found (expected <root>/{split}/list.txt)")
+            raise UserFileError(f"GOT-10k: {list_file} not found (expected <root>/{split}/list.txt)")
         with open(list_file) as f:
             names = [line.strip() for line in f if line.strip()]
         self._set_sequences(names, seq_names, "list.txt")
@@ -62,7 +64,7 @@ class Got10k(SequenceDataset):
         boxes = read_boxes(groundtruth)
         frames = sorted(glob.glob(os.path.join(seq_dir, "*.jpg")))
         if not frames:
-            raise FileNotFoundError(f"GOT-10k: no frames in {seq_dir}")
+            raise UserFileError(f"GOT-10k: no frames in {seq_dir}")
         meta = {"groundtruth": groundtruth}
         meta_file = os.path.join(seq_dir, "meta_info.ini")
         if os.path.isfile(meta_file):
@@ -76,14 +78,15 @@ class Got10k(SequenceDataset):
             visible[0] = True
             return Sequence(name, frames, boxes, visible, self.name, meta)
         if len(boxes) != len(frames):
-            raise ValueError(f"GOT-10k {name}: {len(frames)} frames but {len(boxes)} boxes")
+            raise UserValueError(f"GOT-10k {name}: {len(frames)} frames but {len(boxes)} boxes")
         visible = valid_box_mask(boxes)
         for label in ("absence", "cover", "cut_by_image"):
             path = os.path.join(seq_dir, f"{label}.label")
             if os.path.isfile(path):
                 flags = read_flags(path)
                 if len(flags) != len(frames):
-                    raise ValueError(f"GOT-10k {name}: {label}.label has {len(flags)} entries for {len(frames)} frames")
+                    raise UserValueError(f"GOT-10k {name}: {label}.label has {len(flags)} entries for "
+                                         f"{len(frames)} frames")
                 meta[label] = flags
         if "absence" in meta:
             visible &= meta["absence"] == 0

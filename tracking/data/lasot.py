@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from visionssm.utils.cli import UserFileError, UserValueError
+
 from .base import Sequence, SequenceDataset, read_boxes, read_flags, valid_box_mask
 
 SPLITS = ("train", "test", "all")
@@ -36,9 +38,9 @@ class LaSOT(SequenceDataset):
 
     def __init__(self, root: str, split: str = "train", seq_names: list[str] | None = None):
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+            raise UserValueError(f"split must be one of {SPLITS}, got {split!r}")
         if not os.path.isdir(root):
-            raise FileNotFoundError(f"LaSOT: root {root} not found")
+            raise UserFileError(f"LaSOT: root {root} not found")
         self.root = root
         self.split = split
         found = sorted(
@@ -50,7 +52,7 @@ class LaSOT(SequenceDataset):
             names = found
         elif split == "test":
             if not os.path.isfile(test_file):
-                raise FileNotFoundError(f"LaSOT: {test_file} not found (needed for split='test')")
+                raise UserFileError(f"LaSOT: {test_file} not found (needed for split='test')")
             names = _read_list(test_file)
         elif os.path.isfile(train_file):
             names = _read_list(train_file)
@@ -70,9 +72,9 @@ class LaSOT(SequenceDataset):
         boxes = read_boxes(groundtruth)
         frames = sorted(glob.glob(os.path.join(seq_dir, "img", "*.jpg")))
         if not frames:
-            raise FileNotFoundError(f"LaSOT: no frames in {seq_dir}/img")
+            raise UserFileError(f"LaSOT: no frames in {seq_dir}/img")
         if len(frames) < len(boxes):
-            raise ValueError(f"LaSOT {name}: {len(frames)} frames but {len(boxes)} boxes")
+            raise UserValueError(f"LaSOT {name}: {len(frames)} frames but {len(boxes)} boxes")
         frames = frames[: len(boxes)]
         meta = {"category": name.rsplit("-", 1)[0], "groundtruth": groundtruth}
         flags = {}
@@ -81,7 +83,7 @@ class LaSOT(SequenceDataset):
             if os.path.isfile(path):
                 values = read_flags(path)
                 if len(values) != len(boxes):
-                    raise ValueError(f"LaSOT {name}: {label}.txt has {len(values)} flags for {len(boxes)} frames")
+                    raise UserValueError(f"LaSOT {name}: {label}.txt has {len(values)} flags for {len(boxes)} frames")
                 flags[label] = values.astype(bool)
             else:
                 flags[label] = np.zeros(len(boxes), dtype=bool)

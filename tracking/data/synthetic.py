@@ -14,12 +14,13 @@ Used by the CPU tests (tiny videos), by the smoke config and by the GPU training
 
 from __future__ import annotations
 
-import argparse
 import os
 from concurrent.futures import ProcessPoolExecutor
 
 import cv2
 import numpy as np
+
+from visionssm.utils.cli import ArgumentParser, UserValueError, run_main
 
 
 def _smooth_field(rng: np.random.Generator, height: int, width: int, cells: int = 5) -> np.ndarray:
@@ -230,7 +231,7 @@ def make_lasot(
 ) -> str:
     """Write generated videos as ``<root>/<category>/<category>-<n>/`` in LaSOT's layout; returns ``root``."""
     if not 0 <= test_per_category <= per_category:
-        raise ValueError("test_per_category must be between 0 and per_category")
+        raise UserValueError("--test-per-category must be between 0 and --per-category")
     width, height = image_size
     rng = np.random.default_rng([seed, 7])
     jobs, train, test = [], [], []
@@ -259,21 +260,34 @@ def _run(jobs, fn, workers: int):
             fn(job)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("layout", choices=["got10k", "lasot"])
-    parser.add_argument("root")
+PROG = "python -m visionssm.tracking.data.synthetic"
+
+
+def _main(argv=None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("layout", choices=["got10k", "lasot"], help="which benchmark's folder layout to write")
+    parser.add_argument("root", help="folder to write the videos into")
     parser.add_argument("--train", type=int, default=20, help="GOT-10k train sequences")
     parser.add_argument("--val", type=int, default=5, help="GOT-10k val sequences")
     parser.add_argument("--test", type=int, default=2, help="GOT-10k test sequences")
     parser.add_argument("--categories", nargs="+", default=["cube", "ball"], help="LaSOT categories")
-    parser.add_argument("--per-category", type=int, default=4)
-    parser.add_argument("--test-per-category", type=int, default=1)
-    parser.add_argument("--frames", type=int, nargs=2, default=(40, 80), metavar=("MIN", "MAX"))
-    parser.add_argument("--size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--per-category", type=int, default=4, help="LaSOT sequences per category")
+    parser.add_argument("--test-per-category", type=int, default=1, help="LaSOT test sequences per category")
+    parser.add_argument("--frames", type=int, nargs=2, default=(40, 80), metavar=("MIN", "MAX"),
+                        help="frames per video, drawn between MIN and MAX")
+    parser.add_argument("--size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"), help="frame size")
+    parser.add_argument("--seed", type=int, default=0, help="drawing seed")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes drawing in parallel")
     args = parser.parse_args(argv)
+    for flag, value, minimum in (("--train", args.train, 0), ("--val", args.val, 0), ("--test", args.test, 0),
+                                 ("--per-category", args.per_category, 1), ("--workers", args.workers, 0),
+                                 ("--frames MIN", args.frames[0], 2), ("--size", min(args.size), 8)):
+        if value < minimum:
+            raise UserValueError(f"{flag} must be >= {minimum}, got {value}")
+    if args.frames[0] > args.frames[1]:
+        raise UserValueError(f"--frames MIN MAX: MIN {args.frames[0]} is above MAX {args.frames[1]}")
+    if os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise UserValueError(f"root {args.root} is a file, not a folder to write videos into")
     frames = tuple(args.frames)
     if args.layout == "got10k":
         splits = {k: v for k, v in (("train", args.train), ("val", args.val), ("test", args.test)) if v > 0}
@@ -282,7 +296,12 @@ def main(argv=None):
         make_lasot(args.root, tuple(args.categories), args.per_category, args.test_per_category, frames,
                    tuple(args.size), args.seed, args.workers)
     print(f"wrote {args.layout} layout under {args.root}")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog=PROG)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -30,6 +30,7 @@ from timm.models import checkpoint_seq
 
 from visionssm.models.comba_vision import blocks_then_norm
 from visionssm.utils.checkpoint import read_state_dict
+from visionssm.utils.cli import UserValueError
 
 
 def create_classifier(name: str, **kwargs) -> nn.Module:
@@ -38,7 +39,7 @@ def create_classifier(name: str, **kwargs) -> nn.Module:
 
     known = sorted(model for models in FAMILIES.values() for model in models)
     if name not in known:
-        raise ValueError(f"unknown backbone {name!r}: expected one of {known} or 'tiny'")
+        raise UserValueError(f"unknown backbone {name!r}: expected one of {known} or 'tiny'")
     kwargs.setdefault("mixer_causal", False)
     return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
 
@@ -199,7 +200,7 @@ def build_pair_backbone(
     """
     if name == "tiny":
         if pretrained:
-            raise ValueError("the 'tiny' test backbone has no ImageNet checkpoint")
+            raise UserValueError("the 'tiny' test backbone has no ImageNet checkpoint")
         return TinyPairBackbone(template_size, search_size, **kwargs)
     model = create_classifier(name, **kwargs)
     if pretrained:

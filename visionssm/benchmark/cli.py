@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from visionssm.utils.benchmark import environment, save_results
+from visionssm.utils.cli import ArgumentParser, run_main
 
 from . import kernel_suites
 from .config import CHART_AXES, COMPILE_MODES, FLOP_RULE, MODES, TIMING_RULE, BenchmarkConfig
@@ -53,16 +54,17 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="visionssm-benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Subcommand: `visionssm-benchmark kernels [--ops ...] [--quick] [--out DIR]` runs the kernel suites "
                "(`visionssm-benchmark kernels --help`).")
     p.add_argument("models", nargs="*", help="timm model names or patterns (e.g. 'gka_vision_*')")
     p.add_argument("--batch-size", "-b", type=int, default=None, help="per device (default 256 on GPU, 4 on CPU)")
     p.add_argument("--img-size", type=int, default=224, help="square input resolution (default 224)")
-    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (aliases fp32, bf16, fp16)")
-    p.add_argument("--precision", default="amp", help="amp: fp32 weights under autocast(dtype) (default); "
-                   "pure: weights and inputs cast to dtype")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (aliases fp32, bf16, fp16); default "
+                   "bfloat16 on a GPU, float32 on CPU (where bf16 autocast is several times slower)")
+    p.add_argument("--precision", default="amp", help="amp: fp32 weights under autocast(dtype) (default; no autocast "
+                   "for float32); pure: weights and inputs cast to dtype")
     p.add_argument("--channels-last", action="store_true", help="model and input in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time is in warm-up)")
     p.add_argument("--compile-mode", default="default", help=f"one of {COMPILE_MODES}")
@@ -102,7 +104,8 @@ def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
             raise ValueError(f"gpus must be 'auto' or a positive integer, got {args.gpus!r}") from None
     return BenchmarkConfig(
         models=list(args.models), batch_size=args.batch_size if args.batch_size is not None else (4 if on_cpu else 256),
-        img_size=args.img_size, dtype=args.dtype, precision=args.precision, channels_last=args.channels_last,
+        img_size=args.img_size, dtype=args.dtype or ("float32" if on_cpu else "bfloat16"), precision=args.precision,
+        channels_last=args.channels_last,
         compile=args.compile, compile_mode=args.compile_mode, modes=tuple(args.modes),
         warmup=args.warmup if args.warmup is not None else 10,
         repeats=args.repeats if args.repeats is not None else (5 if on_cpu else 50), device=device,
@@ -150,6 +153,11 @@ def _run_models(parser: argparse.ArgumentParser, args: argparse.Namespace, argv:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: exit status 0, 1 when a model failed, 2 with one error line for a bad argument."""
+    return run_main(_main, argv, prog="visionssm-benchmark")
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kernels"]:
         return kernel_suites.main(argv[1:])

@@ -27,6 +27,7 @@ import torch
 
 from visionssm.layers import mixer_kernel_ops
 from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, settle_host_bound, side_by_side
+from visionssm.utils.cli import ArgumentParser
 
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
 
@@ -92,7 +93,7 @@ def run_suites(ops: Sequence[str], *, quick: bool = False, out: str | Path | Non
 
 def build_parser(default_out: str | Path = DEFAULT_OUT) -> argparse.ArgumentParser:
     ops = mixer_kernel_ops()
-    parser = argparse.ArgumentParser(prog="visionssm-benchmark kernels", description=__doc__,
+    parser = ArgumentParser(prog="visionssm-benchmark kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", choices=ops, default=ops, help="kernel ops (default: all)")
     parser.add_argument("--quick", action="store_true", help="first shape only (a smoke run)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from visionssm.utils.benchmark import HOST_BOUND_MARK, host_bound_note, save_results
 
-__all__ = ["HOST_BOUND_MARK", "format_table", "plot_results", "write_outputs"]
+__all__ = ["HOST_BOUND_MARK", "format_table", "numerics", "plot_results", "write_outputs"]
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -31,6 +31,15 @@ def _compiled(bench: dict) -> str:
         return ""
     mode = bench.get("compile_mode") or "default"
     return f"  torch.compile({'' if mode == 'default' else f'mode={mode!r}'})"
+
+
+def numerics(bench: dict) -> str:
+    """What the numbers were computed in: ``float32``, ``bfloat16 autocast`` (fp32 weights) or ``bfloat16 weights``
+    (``--precision pure``); float32 under ``amp`` runs no autocast at all."""
+    dtype, precision = bench.get("dtype"), bench.get("precision")
+    if dtype == "float32":
+        return "float32"
+    return f"{dtype} autocast" if precision == "amp" else f"{dtype} weights and inputs"
 
 
 def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> str:
@@ -68,7 +77,7 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
         bench = env.get("benchmark", {})
         out.append(f"# {env['device']} x{max(1, env.get('device_count') or 1)}  torch {env['torch']}  "
                    f"timm {env.get('timm')}  {env['time_utc']}  batch {bench.get('batch_size')}  "
-                   f"{bench.get('img_size')}px  {bench.get('dtype')} ({bench.get('precision')})"
+                   f"{bench.get('img_size')}px  {numerics(bench)}"
                    f"{'  channels_last' if bench.get('channels_last') else ''}"
                    f"{_compiled(bench)}")
     out += [render(header), render(["-" * w for w in widths]), *map(render, lines)]
@@ -111,7 +120,7 @@ def plot_results(rows: list[dict], path: str | Path, *, x: str = "params", env: 
     if env is not None:
         bench = env.get("benchmark", {})
         ax.set_title(f"{env['device']}, batch {bench.get('batch_size')}, {bench.get('img_size')}px, "
-                     f"{bench.get('dtype')}{', channels_last' if bench.get('channels_last') else ''}"
+                     f"{numerics(bench)}{', channels_last' if bench.get('channels_last') else ''}"
                      f"{', compiled' if bench.get('compile') else ''} ({env['date']})", fontsize=9)
     fig.tight_layout()
     path = Path(path)

@@ -26,6 +26,8 @@ from PIL import Image
 from torch.utils.data import Sampler, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS, DatasetFolder
 
+from visionssm.utils.cli import UserFileError, UserValueError
+
 __all__ = ["EpochShuffleSampler", "SafeImageFolder", "ShardSampler", "build_split", "collate_skipping",
            "patch_timm_posterize"]
 
@@ -76,7 +78,7 @@ class SafeImageFolder(DatasetFolder):
         found = sorted(e.name for e in os.scandir(directory) if e.is_dir())
         unknown = sorted(set(found) - set(self._fixed_class_to_idx))
         if unknown:
-            raise ValueError(f"{directory} has class folders the training split does not have: {unknown[:5]}")
+            raise UserValueError(f"{directory} has class folders the training split does not have: {unknown[:5]}")
         return sorted(self._fixed_class_to_idx, key=self._fixed_class_to_idx.get), dict(self._fixed_class_to_idx)
 
     def _try_load(self, index: int):
@@ -143,22 +145,28 @@ def collate_skipping(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor
     return images, targets, unreadable
 
 
+def split_root(data_dir: str | os.PathLike, split: str) -> Path:
+    """The ``split`` folder of ``data_dir``; a :class:`UserFileError` naming what is missing if it is not there."""
+    root = Path(data_dir) / split
+    if not Path(data_dir).is_dir():
+        raise UserFileError(f"data directory {data_dir} does not exist")
+    if not root.is_dir():
+        present = sorted(p.name for p in Path(data_dir).iterdir() if p.is_dir())
+        raise UserFileError(f"split {split!r} not found: {root} is not a directory "
+                            f"(subdirectories of {data_dir}: {present})")
+    return root
+
+
 def build_split(data_dir: str | os.PathLike, split: str, transform: Callable | None, on_error: str,
                 class_to_idx: dict[str, int] | None = None, augment_seed: int | None = None) -> SafeImageFolder:
     """The ``split`` folder of ``data_dir`` as a ``SafeImageFolder``, or a clear error if it is missing or empty."""
-    root = Path(data_dir) / split
-    if not Path(data_dir).is_dir():
-        raise FileNotFoundError(f"data directory {data_dir} does not exist")
-    if not root.is_dir():
-        present = sorted(p.name for p in Path(data_dir).iterdir() if p.is_dir())
-        raise FileNotFoundError(f"split {split!r} not found: {root} is not a directory "
-                                f"(subdirectories of {data_dir}: {present})")
+    root = split_root(data_dir, split)
     try:
         return SafeImageFolder(root, transform=transform, on_error=on_error, class_to_idx=class_to_idx,
                                augment_seed=augment_seed)
     except FileNotFoundError as e:  # torchvision: no class folder, or no image with a known extension
-        raise FileNotFoundError(f"split {split!r} at {root} is empty: expected {root}/<class>/<image> files with "
-                                f"one of the extensions {', '.join(IMG_EXTENSIONS)} ({e})") from None
+        raise UserFileError(f"split {split!r} at {root} is empty: expected {root}/<class>/<image> files with "
+                            f"one of the extensions {', '.join(IMG_EXTENSIONS)} ({e})") from None
 
 
 class EpochShuffleSampler(Sampler):

@@ -14,7 +14,6 @@ interrupted generation never leaves a half-written set behind.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from visionssm.utils.cli import ArgumentParser, UserValueError, run_main
 
 __all__ = ["CLASS_NAMES", "SyntheticSpec", "draw_image", "ensure_synthetic_dataset", "main"]
 
@@ -190,12 +191,12 @@ class SyntheticSpec:
 
     def __post_init__(self):
         if not 2 <= self.classes <= len(CLASS_NAMES):
-            raise ValueError(f"classes must be in [2, {len(CLASS_NAMES)}], got {self.classes}")
+            raise UserValueError(f"classes must be in [2, {len(CLASS_NAMES)}], got {self.classes}")
         for name in ("train_per_class", "val_per_class"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UserValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.image_size < 8:
-            raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+            raise UserValueError(f"image_size must be >= 8, got {self.image_size}")
 
 
 def _draw_class(args) -> None:
@@ -221,12 +222,17 @@ def ensure_synthetic_dataset(root: str | os.PathLike, spec: SyntheticSpec | None
     if manifest.is_file():
         found = json.loads(manifest.read_text())
         if found != asdict(spec):
-            raise ValueError(f"{root} holds a generated set with different parameters ({found}); "
+            raise UserValueError(f"{root} holds a generated set with different parameters ({found}); "
                              f"wanted {asdict(spec)}: remove it or choose another directory")
         return root
+    if root.exists() and not root.is_dir():
+        raise UserValueError(f"{root} is a file, not a directory for the generated set")
     if root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} exists, is not empty and has no manifest.json: not overwriting it")
-    root.parent.mkdir(parents=True, exist_ok=True)
+        raise UserValueError(f"{root} exists, is not empty and has no manifest.json: not overwriting it")
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserValueError(f"cannot write the generated set to {root}: {error.strerror or error}") from None
     tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     start = time.perf_counter()
@@ -250,21 +256,31 @@ def ensure_synthetic_dataset(root: str | os.PathLike, spec: SyntheticSpec | None
     return root
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv=None) -> None:
+    parser = ArgumentParser(prog="python -m visionssm.data.synthetic", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory to write (ImageFolder layout)")
     defaults = SyntheticSpec()
-    parser.add_argument("--classes", type=int, default=defaults.classes)
-    parser.add_argument("--train-per-class", type=int, default=defaults.train_per_class)
-    parser.add_argument("--val-per-class", type=int, default=defaults.val_per_class)
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--classes", type=int, default=defaults.classes,
+                        help=f"number of classes, 2 to {len(CLASS_NAMES)} (default {defaults.classes})")
+    parser.add_argument("--train-per-class", type=int, default=defaults.train_per_class,
+                        help=f"training images per class (default {defaults.train_per_class})")
+    parser.add_argument("--val-per-class", type=int, default=defaults.val_per_class,
+                        help=f"validation images per class (default {defaults.val_per_class})")
+    parser.add_argument("--image-size", type=int, default=defaults.image_size,
+                        help=f"image side in pixels, at least 8 (default {defaults.image_size})")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help=f"drawing seed (default {defaults.seed})")
     parser.add_argument("--workers", type=int, default=0, help="processes drawing in parallel (0: all cores)")
     args = parser.parse_args(argv)
+    if args.workers < 0:
+        raise UserValueError(f"--workers must be >= 0, got {args.workers}")
     spec = SyntheticSpec(classes=args.classes, train_per_class=args.train_per_class,
                          val_per_class=args.val_per_class, image_size=args.image_size, seed=args.seed)
     ensure_synthetic_dataset(args.out, spec, workers=args.workers)
 
 
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog="python -m visionssm.data.synthetic")
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ epoch and read back for ``--eval-only``.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import resource
@@ -24,19 +25,27 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader
 
-from visionssm.data.loader import EpochShuffleSampler, ShardSampler, collate_skipping, patch_timm_posterize
+from visionssm.data.loader import (
+    EpochShuffleSampler,
+    ShardSampler,
+    collate_skipping,
+    patch_timm_posterize,
+    split_root,
+)
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
 from visionssm.utils.checkpoint import read_state_dict
-from visionssm.utils.training import scaled_lr
+from visionssm.utils.cli import UserFileError, UserTypeError, UserValueError, cap_workers
+from visionssm.utils.training import CheckpointManager, scaled_lr
 
-__all__ = ["build_criterion", "build_optimizer", "build_scheduler", "build_train_loader", "create_model",
-           "data_config", "eval_transform", "fit_schedule", "load_weights_for_eval", "make_accelerator",
-           "peak_memory_mib", "resolve_amp", "resolve_best_key", "resolve_data_dir", "save_weights", "val_loader"]
+__all__ = ["build_criterion", "build_optimizer", "build_scheduler", "build_train_loader", "check_config",
+           "create_model", "data_config", "eval_transform", "find_resume_checkpoint", "fit_schedule",
+           "load_weights_for_eval", "make_accelerator", "peak_memory_mib", "resolve_amp", "resolve_best_key",
+           "resolve_data_dir", "save_weights", "synthetic_spec", "val_loader"]
 
 
 def resolve_amp(amp: str) -> str:
     if amp == "fp16" and not torch.cuda.is_available():
-        raise ValueError("amp=fp16 needs a GPU; use bf16 or no on CPU")
+        raise UserValueError("--amp fp16 needs a GPU; use bf16 or no on CPU")
     if amp != "auto":
         return amp
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
@@ -62,13 +71,109 @@ def make_accelerator(cfg: dict, out: Path, amp: str) -> Accelerator:
     )
 
 
+def _check_at_least(cfg: dict, minimum: int, *keys: str) -> None:
+    for key in keys:
+        value = cfg[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise UserValueError(f"--{key.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_model(cfg: dict) -> None:
+    """The model name is timm's and its ``model_kwargs`` are arguments it takes (built on the meta device: free)."""
+    name, kwargs = cfg["model"], cfg["model_kwargs"]
+    if not isinstance(name, str) or not timm.is_model(name):
+        close = difflib.get_close_matches(str(name), timm.list_models(), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else " (timm.list_models() lists them)"
+        raise UserValueError(f"--model {name!r} is not a timm or visionssm model{hint}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise UserTypeError(f"--model-kwargs must be a mapping such as '{{dims: 64}}', got {kwargs!r}")
+    try:
+        with torch.device("meta"):
+            create_model(cfg, num_classes=2)
+    except TypeError as error:
+        raise UserValueError(f"--model-kwargs {kwargs!r} do not fit {name}: {error}") from None
+    except Exception:  # a model that cannot be built on the meta device is checked by its real build
+        pass
+
+
+def _check_resume(cfg: dict) -> None:
+    resume = cfg["resume"]
+    if isinstance(resume, bool) or resume in ("auto", "latest", "never"):
+        find_resume_checkpoint(resume, CheckpointManager(None, cfg["output"], keep_last=cfg["keep_last"]))
+    elif not (Path(str(resume)) / "trainer_state.json").is_file():
+        raise UserFileError(f"--resume {resume}: not a complete checkpoint directory (no trainer_state.json)")
+
+
+def find_resume_checkpoint(resume, checkpoints: CheckpointManager) -> Path | None:
+    """The checkpoint ``resume`` (auto | latest | never | a directory) means for ``checkpoints``, or ``None``."""
+    resume = "never" if resume is False else ("latest" if resume is True else str(resume))
+    latest = checkpoints.latest()
+    if resume == "auto":
+        return latest
+    if resume == "latest":
+        if latest is None:
+            raise UserFileError(f"--resume: no complete checkpoint under {checkpoints.root}")
+        return latest
+    if resume == "never":
+        if latest is not None:
+            raise UserValueError(f"{checkpoints.root} already holds checkpoints (latest {latest.name}) and "
+                                 "--resume never: choose another --output or resume")
+        return None
+    path = Path(resume)
+    if not (path / "trainer_state.json").is_file():
+        raise UserFileError(f"--resume {path}: not a complete checkpoint directory (no trainer_state.json)")
+    return path
+
+
+def check_config(cfg: dict, say=print) -> None:
+    """Everything the user may have got wrong, checked before any work is done or any file written: the model and
+    its kwargs, the data folders (or the generated set's parameters), the checkpoint to evaluate or resume, the
+    optimizer, schedule and value ranges. Raises a :class:`~visionssm.utils.cli.UserError` naming the setting.
+
+    Caps ``cfg['workers']`` at the CPUs this process may use (``say`` gets the note)."""
+    _check_at_least(cfg, 1, "epochs", "batch_size", "grad_accum_steps", "keep_last", "log_interval")
+    _check_at_least(cfg, 0, "workers", "checkpoint_every_steps", "warmup_epochs", "cooldown_epochs")
+    cfg["workers"] = cap_workers(cfg["workers"], "workers", say)
+    resolve_amp(cfg["amp"])
+    _check_model(cfg)
+    if cfg["data_dir"] is not None:
+        for split in (cfg["train_split"], cfg["val_split"]):
+            try:
+                split_root(cfg["data_dir"], split)
+            except UserFileError as error:
+                raise UserFileError(f"--data-dir: {error}") from None
+    else:
+        try:
+            synthetic_spec(cfg)
+        except UserValueError as error:
+            raise UserValueError(f"generated set (--synthetic-*): {error}") from None
+    if cfg["eval_only"]:
+        if cfg["checkpoint"] is not None and not Path(cfg["checkpoint"]).exists():
+            raise UserFileError(f"--checkpoint {cfg['checkpoint']} not found")
+    else:
+        _check_resume(cfg)
+    if cfg["clip_grad"] and cfg["clip_mode"] not in ("norm", "value"):
+        raise UserValueError(f"--clip-mode must be norm or value, got {cfg['clip_mode']!r}")
+    resolve_best_key(cfg, ema=cfg["model_ema"] or None)
+    probe = torch.nn.Linear(1, 1)  # the optimizer and schedule names and arguments, on one parameter
+    try:
+        optimizer, _, _ = build_optimizer(dict(cfg, layer_decay=None), probe, world=1)
+    except ValueError as error:  # timm: an optimizer name it does not know
+        raise UserValueError(f"--opt: {error}") from None
+    build_scheduler(cfg, optimizer, updates_per_epoch=1, say=lambda _note: None)
+
+
+def synthetic_spec(cfg: dict) -> SyntheticSpec:
+    return SyntheticSpec(classes=cfg["synthetic_classes"], train_per_class=cfg["synthetic_train_per_class"],
+                         val_per_class=cfg["synthetic_val_per_class"], image_size=cfg["synthetic_image_size"],
+                         seed=cfg["synthetic_seed"])
+
+
 def resolve_data_dir(cfg: dict, accelerator: Accelerator) -> Path:
     """``data_dir``, or the generated set (drawn once, by the main process, the others waiting)."""
     if cfg["data_dir"] is not None:
         return Path(cfg["data_dir"])
-    spec = SyntheticSpec(classes=cfg["synthetic_classes"], train_per_class=cfg["synthetic_train_per_class"],
-                         val_per_class=cfg["synthetic_val_per_class"], image_size=cfg["synthetic_image_size"],
-                         seed=cfg["synthetic_seed"])
+    spec = synthetic_spec(cfg)
     # Relative to the working directory, like the default output folder: an installed package has no checkout.
     root = Path(cfg["synthetic_dir"]) if cfg["synthetic_dir"] else (
         Path("data") / "generated" /
@@ -124,9 +229,9 @@ def fit_schedule(epochs: int, warmup: int, cooldown: int) -> tuple[int, int, str
     shrink in proportion, rounded down.
     """
     if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
+        raise UserValueError(f"--epochs must be >= 1, got {epochs}")
     if warmup < 0 or cooldown < 0:
-        raise ValueError(f"warmup_epochs and cooldown_epochs must be >= 0, got {warmup} and {cooldown}")
+        raise UserValueError(f"--warmup-epochs and --cooldown-epochs must be >= 0, got {warmup} and {cooldown}")
     room = epochs - 1
     if warmup + cooldown <= room:
         return warmup, cooldown, None
@@ -137,29 +242,49 @@ def fit_schedule(epochs: int, warmup: int, cooldown: int) -> tuple[int, int, str
     return fitted_warmup, fitted_cooldown, note
 
 
+# A warmup inside the cosine ends where the cosine has already fallen to (1 + cos(pi * warmup / cycle)) / 2 of the
+# peak; below this fraction the warmup is prepended instead, so that the run reaches the lr it prints.
+MIN_PEAK_FRACTION = 0.95
+
+
 def build_scheduler(cfg: dict, optimizer, updates_per_epoch: int, say):
-    """timm's scheduler stepped per update, over exactly ``cfg['epochs']`` epochs."""
+    """timm's scheduler stepped per update, over exactly ``cfg['epochs']`` epochs.
+
+    With ``warmup_prefix: false`` the warmup runs inside the cosine (MambaVision's recipe), so the lr drops at the
+    warmup's end to the cosine's value there; when the warmup is a large part of the cycle (a shortened recipe:
+    ``--epochs 5`` of a 320-epoch one) that drop would keep the run far below its lr, so the warmup is prepended.
+    """
     warmup, cooldown, note = fit_schedule(cfg["epochs"], cfg["warmup_epochs"], cfg["cooldown_epochs"])
     if note:
         say(note)
+    prefix = cfg["warmup_prefix"]
+    if not prefix and warmup and cfg["sched"] == "cosine":
+        reached = (1 + math.cos(math.pi * warmup / (cfg["epochs"] - cooldown))) / 2
+        if reached < MIN_PEAK_FRACTION:
+            prefix = True
+            say(f"note: warmup_prefix false -> true: a {warmup}-epoch warmup inside a {cfg['epochs'] - cooldown}-"
+                f"epoch cosine would end at {reached:.0%} of the lr, so the cosine starts after the warmup")
     # timm adds the cooldown (and a prefixed warmup) to the cycle it is given, so it gets what is left of the run.
-    cycle = cfg["epochs"] - cooldown - (warmup if cfg["warmup_prefix"] else 0)
-    scheduler, num_epochs = create_scheduler_v2(
-        optimizer, sched=cfg["sched"], num_epochs=cycle, warmup_epochs=warmup, cooldown_epochs=cooldown,
-        warmup_lr=cfg["warmup_lr"], min_lr=cfg["min_lr"], warmup_prefix=cfg["warmup_prefix"], noise_seed=cfg["seed"],
-        step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    cycle = cfg["epochs"] - cooldown - (warmup if prefix else 0)
+    try:
+        scheduler, num_epochs = create_scheduler_v2(
+            optimizer, sched=cfg["sched"], num_epochs=cycle, warmup_epochs=warmup, cooldown_epochs=cooldown,
+            warmup_lr=cfg["warmup_lr"], min_lr=cfg["min_lr"], warmup_prefix=prefix, noise_seed=cfg["seed"],
+            step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    except ValueError as error:  # timm: an unknown schedule name
+        raise UserValueError(f"--sched: {error}") from None
     if scheduler is None:
-        raise ValueError(f"sched={cfg['sched']!r} gives no scheduler; use e.g. cosine or constant")
+        raise UserValueError(f"--sched {cfg['sched']!r} gives no scheduler; use e.g. cosine or constant")
     if num_epochs != cfg["epochs"]:
-        raise ValueError(f"sched={cfg['sched']!r} runs {num_epochs} epochs for epochs={cfg['epochs']}: use a "
-                         "schedule without restarts (cycle_limit 1)")
+        raise UserValueError(f"--sched {cfg['sched']!r} runs {num_epochs} epochs for epochs={cfg['epochs']}: use a "
+                             "schedule without restarts (cycle_limit 1)")
     return scheduler
 
 
 def build_train_loader(cfg: dict, train_set, data_cfg: dict, world: int):
     """The training DataLoader with its sampler and generator (both re-seeded per epoch by the loop)."""
     if cfg["batch_size"] < 1:
-        raise ValueError(f"batch_size must be >= 1, got {cfg['batch_size']}")
+        raise UserValueError(f"--batch-size must be >= 1, got {cfg['batch_size']}")
     patch_timm_posterize()
     train_set.transform = create_transform(
         data_cfg["input_size"], is_training=True, scale=tuple(cfg["scale"]), ratio=tuple(cfg["ratio"]),
@@ -167,7 +292,7 @@ def build_train_loader(cfg: dict, train_set, data_cfg: dict, world: int):
         interpolation=cfg["train_interpolation"], mean=data_cfg["mean"], std=data_cfg["std"],
         re_prob=cfg["reprob"], re_mode=cfg["remode"], re_count=cfg["recount"])
     if len(train_set) < cfg["batch_size"] * world:
-        raise ValueError(f"the training split has {len(train_set)} images, fewer than one global batch "
+        raise UserValueError(f"the training split has {len(train_set)} images, fewer than one global batch "
                          f"({cfg['batch_size']} x {world} processes)")
     sampler = EpochShuffleSampler(len(train_set), seed=cfg["seed"], tag_epoch=True)
     # Augmentation draws are per image (SafeImageFolder augment_seed). The DataLoader gets its own generator so
@@ -189,7 +314,7 @@ def build_criterion(cfg: dict, num_classes: int):
             return LabelSmoothingCrossEntropy(smoothing=cfg["smoothing"]), None
         return torch.nn.CrossEntropyLoss(), None
     if cfg["batch_size"] % 2:
-        raise ValueError(f"batch_size (per process) must be even with Mixup/CutMix, got {cfg['batch_size']}")
+        raise UserValueError(f"--batch-size (per process) must be even with Mixup/CutMix, got {cfg['batch_size']}")
     mixup_fn = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], cutmix_minmax=cfg["cutmix_minmax"],
                      prob=cfg["mixup_prob"], switch_prob=cfg["mixup_switch_prob"], mode=cfg["mixup_mode"],
                      label_smoothing=cfg["smoothing"], num_classes=num_classes)
@@ -217,9 +342,9 @@ def resolve_best_key(cfg: dict, ema) -> str:
     if best_key == "auto":
         return "ema_val_top1" if ema is not None else "val_top1"
     if best_key not in ("top1", "ema_top1"):
-        raise ValueError(f"best_metric must be auto, top1 or ema_top1, got {cfg['best_metric']!r}")
+        raise UserValueError(f"--best-metric must be auto, top1 or ema_top1, got {cfg['best_metric']!r}")
     if best_key == "ema_top1" and ema is None:
-        raise ValueError("best_metric=ema_top1 needs model_ema: true")
+        raise UserValueError("--best-metric ema_top1 needs model_ema: true")
     return {"top1": "val_top1", "ema_top1": "ema_val_top1"}[best_key]
 
 
@@ -235,7 +360,7 @@ def load_weights_for_eval(checkpoint: Path, ema_index: int | None) -> dict:
     """Weights to evaluate from a checkpoint directory (model and, if saved, EMA) or a weights file."""
     if not checkpoint.is_dir():
         if not checkpoint.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint} is neither a checkpoint directory nor a weights file")
+            raise UserFileError(f"--checkpoint {checkpoint} is neither a checkpoint directory nor a weights file")
         return {"model": read_state_dict(checkpoint)}
     found = {"model": read_state_dict(checkpoint / "model.safetensors")}
     ema_file = checkpoint / f"custom_checkpoint_{ema_index}.pkl" if ema_index is not None else None

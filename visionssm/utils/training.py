@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,6 +27,7 @@ from typing import Any
 import yaml
 
 from visionssm.configs import find_config
+from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError
 
 __all__ = ["CheckpointManager", "MetricsLog", "TrainState", "DEFAULT_CONFIG", "deterministic_algorithms",
            "parse_config", "plot_curves", "plot_runs", "scaled_lr"]
@@ -74,11 +77,39 @@ def deterministic_algorithms(enabled: bool = True) -> Iterator[None]:
 def _load_yaml(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise UserFileError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise UserValueError(f"config file {path} is not valid YAML: {error}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+        raise UserValueError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+_GROUP_LINE = re.compile(r"#\s*---\s*(.+?)\s*---\s*$")
+_KEY_LINE = re.compile(r"([a-z_][a-z0-9_]*):[^#]*(?:#\s*(.*))?$")
+
+
+def key_docs(path: str | os.PathLike = DEFAULT_CONFIG) -> tuple[dict[str, str], dict[str, str]]:
+    """Each key's ``--help`` text and group, read from the defaults file's comments: the comment after the key (and
+    comment lines indented under it), and the last ``# --- name ---`` line above it."""
+    helps: dict[str, str] = {}
+    groups: dict[str, str] = {}
+    group, key = "settings", None
+    for line in Path(path).read_text().splitlines():
+        header = _GROUP_LINE.match(line.strip())
+        entry = _KEY_LINE.match(line)
+        if header:
+            group, key = header.group(1), None
+        elif entry:
+            key = entry.group(1)
+            helps[key], groups[key] = (entry.group(2) or "").strip(), group
+        elif key is not None and line[:1].isspace() and line.strip().startswith("#"):
+            helps[key] = f"{helps[key]} {line.strip()[1:].strip()}".strip()
+        else:
+            key = None
+    return helps, groups
 
 
 def _flag(key: str) -> str:
@@ -115,10 +146,19 @@ def _value_parser(key: str, default: Any):
     return parse
 
 
+def _yaml_text(value) -> str:
+    """A value as it would be typed on the command line (YAML: null, true, [0.08, 1.0])."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).removesuffix("\n...\n").strip()
+
+
 def _check_known(config: Mapping, known: Iterable[str], source: str) -> None:
+    known = list(known)
     unknown = sorted(set(config) - set(known))
     if unknown:
-        raise ValueError(f"{source}: unknown config keys {unknown} (every key is listed in {DEFAULT_CONFIG})")
+        hints = [f"{k} -> {close[0]}" for k in unknown if (close := difflib.get_close_matches(k, known, n=1))]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+        raise UserValueError(f"{source}: unknown config keys {unknown}{hint}; every key is listed in "
+                             f"{DEFAULT_CONFIG}")
 
 
 def _apply_layer(merged: dict, layer: Mapping) -> None:
@@ -137,34 +177,45 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
     ``configs/imagenet/mamba_vision_T.yaml``; see :func:`visionssm.configs.find_config`).
     """
     defaults = _load_yaml(defaults_file)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = ArgumentParser(prog=prog, add_help=False)
     pre.add_argument("-c", "--config", default=None,
                      help="recipe YAML overriding the defaults, or the name of a shipped recipe (mamba_vision_T)")
     known, _ = pre.parse_known_args(argv)
     merged = dict(defaults)
     if known.config:
-        recipe_file = find_config(known.config, "imagenet")
+        try:
+            recipe_file = find_config(known.config, "imagenet")
+        except FileNotFoundError as error:
+            raise UserFileError(f"--config: {error}") from None
         recipe = _load_yaml(recipe_file)
         _check_known(recipe, defaults, str(recipe_file))
         _apply_layer(merged, {k: _yaml_number(v) if isinstance(defaults[k], float) else v for k, v in recipe.items()})
 
-    parser = argparse.ArgumentParser(
-        prog=prog, argument_default=argparse.SUPPRESS, parents=[pre],
+    parser = ArgumentParser(
+        prog=prog, argument_default=argparse.SUPPRESS, parents=[pre], usage="%(prog)s [-c RECIPE] [--KEY VALUE ...]",
         description="Train or evaluate a timm/visionssm image classifier with accelerate. Every key of "
                     f"{Path(defaults_file).name} is a flag (batch_size: --batch-size); values use YAML syntax "
                     "(--scale '[0.08, 1.0]', --model-kwargs '{dims: 64}'). Giving --model without --model-kwargs "
-                    "resets model_kwargs to {}. --epochs is the whole run, warmup and cooldown included.")
+                    "resets model_kwargs to {}. --epochs is the whole run, warmup and cooldown included. "
+                    "Written into the working directory: the run's folder (--output, default output/train) and, "
+                    "without --data-dir, the generated set (data/generated/<set>, about 14 MB, drawn once).")
+    helps, group_of = key_docs(defaults_file)
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for key, default in defaults.items():
-        shown = f" (default: {merged[key]})"
+        group_name = group_of.get(key, "settings")
+        if group_name not in groups:
+            groups[group_name] = parser.add_argument_group(group_name)
+        # argparse %-formats help texts
+        text = f"{helps.get(key) or ''} (default: {_yaml_text(merged[key])})".replace("%", "%%")
         if key == "resume":
             # bare --resume: continue from the latest checkpoint and fail if there is none
-            parser.add_argument("--resume", nargs="?", const="latest",
-                                help="auto | latest | never | CHECKPOINT_DIR (bare --resume: latest)" + shown)
+            groups[group_name].add_argument("--resume", nargs="?", const="latest",
+                                            help=f"bare --resume: latest. {text}")
         elif isinstance(default, bool):
-            parser.add_argument(_flag(key), action=argparse.BooleanOptionalAction, help=shown.strip())
+            groups[group_name].add_argument(_flag(key), action=argparse.BooleanOptionalAction, help=text.strip())
         else:
-            parser.add_argument(_flag(key), type=_value_parser(key, default), metavar=key.upper(),
-                                help=shown.strip())
+            groups[group_name].add_argument(_flag(key), type=_value_parser(key, default), metavar=key.upper(),
+                                            help=text.strip())
     given = vars(parser.parse_args(argv))
     given.pop("config", None)
     _apply_layer(merged, given)
@@ -173,7 +224,7 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
     if config["amp"] is False:  # YAML reads a bare `no` as false
         config["amp"] = "no"
     if config["amp"] not in _AMP_CHOICES:
-        raise ValueError(f"amp must be one of {_AMP_CHOICES}, got {config['amp']!r}")
+        raise UserValueError(f"--amp must be one of {_AMP_CHOICES}, got {config['amp']!r}")
     return config
 
 
@@ -186,7 +237,7 @@ def scaled_lr(lr_base: float, lr_base_size: int, global_batch: int, rule: str) -
         return lr_base * math.sqrt(ratio)
     if rule == "none":
         return lr_base
-    raise ValueError(f"lr_scale must be linear, sqrt or none, got {rule!r}")
+    raise UserValueError(f"--lr-scale must be linear, sqrt or none, got {rule!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
