@@ -1,0 +1,294 @@
+"""Whole models under ``torch.compile`` and ``torch.export`` (issue #43): one graph, no breaks, no recompilation.
+
+Every model visionssm registers with timm is built on a tiny preset of its family (``TINY``: the family's layout,
+every block type, a few blocks; a new family fails ``test_every_family_has_a_tiny_preset`` until it gets one).
+Registered models that are the same network on that preset (``mamba_vision_T``/``S``/``T2`` differ only in sizes
+the preset overrides) are checked once, under the first of their names (``MODELS``); those that still differ (the
+B/L presets' layer scale) are checked on their own. Checks whose subject is the traced code take the first of each
+family (``FAMILY_MODELS``).
+
+CPU (the PyTorch path of the kernels, ``VISIONSSM_KERNELS=torch`` from tests/conftest.py):
+- ``torch._dynamo.explain``: 1 graph, 0 breaks, eval and train (every model);
+- ``torch.compile(fullgraph=True, backend="aot_eager")``, train mode: output, every parameter gradient and the
+  BatchNorm statistics equal eager's, and a second call on new data compiles nothing;
+- per-block DropPath rates with a forward hook on a block, and with gradient checkpointing: one graph, and no
+  recompilation on the next call;
+- eval mode without gradients: the compiled model and ``torch.export.export``'s module give eager's output;
+- the same train step on the Triton kernels in Triton's interpreter (the layers' Triton-path code, the registered
+  ops' fakes against their kernels).
+
+GPU (``cuda``-marked, the Triton path): explain, and Inductor against eager with bf16 autocast and channels_last in
+train and eval mode (every model); smoke runs of ``mode="reduce-overhead"`` and ``mode="max-autotune-no-cudagraphs"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import timm
+import torch
+
+from visionssm.models import FAMILIES  # importing the package registers every family
+
+# the hierarchical families: two conv stages and one windowed token stage (a mixer block and an attention-slot block),
+# whose 3-token window pads the 4x4 map to 6x6: four windows of 9 tokens, an odd sequence length
+_HIERARCHICAL = {"depths": (1, 1, 2), "dims": (8, 16, 32), "stem_dim": 8, "num_heads": (1, 1, 2),
+                 "window_size": (8, 8, 3)}
+#: family -> (kwargs of timm.create_model giving a tiny network of that family, input side in pixels)
+TINY = {
+    "mamba_vision": (_HIERARCHICAL, 64),
+    "gka_vision": (_HIERARCHICAL, 64),
+    # SKA's output projection starts at zero (the paper): trunc-normal here, so that its other parameters get gradients
+    "echo_vision": ({**_HIERARCHICAL, "attn_mixer_kwargs": {"zero_init_output": False}}, 64),
+    "comba_vision": ({"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,
+                      "mlp_ratio": 2.0, "mixer_kwargs": {"gate_rank": 4}}, 32),
+}
+BATCH = 2
+RTOL, ATOL = 1e-4, 1e-5  # float32: the compiled graph runs the same ops, decomposed
+
+
+def _family(name: str) -> str:
+    return next(family for family, names in FAMILIES.items() if name in names)
+
+
+def _build(name: str, **kwargs) -> torch.nn.Module:
+    preset, _ = TINY[_family(name)]
+    return timm.create_model(name, num_classes=10, **{**preset, "drop_path_rate": 0.0, **kwargs})
+
+
+def _distinct_models() -> list[str]:
+    """One registered name per distinct tiny network (the first, sorted), every family represented."""
+    seen: dict[str, str] = {}
+    for name in sorted(n for names in FAMILIES.values() for n in names):
+        if _family(name) in TINY:
+            seen.setdefault(repr(_build(name)), name)
+    return sorted(seen.values())
+
+
+MODELS = _distinct_models()
+# the first of each family's (the B/L presets' layer scale included): the equality, export and variant checks, whose
+# subject is the traced code rather than which modules a preset holds
+FAMILY_MODELS = sorted({_family(name): name for name in reversed(MODELS)}.values())
+
+
+def _input(name: str, batch: int = BATCH) -> torch.Tensor:
+    _, side = TINY[_family(name)]
+    return torch.randn(batch, 3, side, side)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from nothing: code compiled for an earlier test's model would count as a recompile."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _no_recompile(check: bool = True):
+    """A context in which a recompilation raises (``check``), or a plain one (a first call compiles)."""
+    return torch._dynamo.config.patch(error_on_recompile=True) if check else contextlib.nullcontext()
+
+
+def _explain(model: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """None for one graph and no break, else what dynamo reports."""
+    explanation = torch._dynamo.explain(model)(x)
+    if explanation.graph_count == 1 and explanation.graph_break_count == 0:
+        return None
+    reasons = "\n".join(f"- {b.reason.splitlines()[0]} at {b.user_stack[-1] if b.user_stack else '?'}"
+                        for b in explanation.break_reasons)
+    return f"{explanation.graph_count} graphs, {explanation.graph_break_count} breaks:\n{reasons}"
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def _assert_grads_close(model: torch.nn.Module, eager: torch.nn.Module) -> None:
+    """Every parameter's gradient equals eager's, each to float32 tolerance of its own size (a branch behind a 1e-5
+    layer scale has gradients far below an absolute tolerance), floored at a hundredth of the largest (a gradient
+    that is zero in exact arithmetic, a conv bias before a training-mode BatchNorm, is rounding noise)."""
+    got, want = _grads(model), _grads(eager)
+    largest = max(g.abs().max().item() for g in want.values() if g is not None)
+    for param, g in want.items():
+        assert g is not None and got[param] is not None, f"no gradient for {param}"
+        atol = ATOL * max(g.abs().max().item(), 1e-2 * largest)
+        torch.testing.assert_close(got[param], g, rtol=RTOL, atol=atol, msg=lambda m, p=param: f"{p}: {m}")
+
+
+def test_every_family_has_a_tiny_preset():
+    assert set(FAMILIES) <= set(TINY), f"add a tiny preset to TINY for {sorted(set(FAMILIES) - set(TINY))}"
+    assert {_family(name) for name in MODELS} == set(FAMILIES)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name", MODELS)
+def test_explain_one_graph(name, mode):
+    model = getattr(_build(name), mode)()
+    problem = _explain(model, _input(name))
+    assert problem is None, f"{name} ({mode}): {problem}"
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_compiled_train_step_matches_eager(name):
+    """fullgraph aot_eager forward+backward in train mode: outputs, every gradient and the BatchNorm running
+    statistics equal eager's; the next call, on new data, compiles nothing."""
+    eager = _build(name).train()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for step in range(2):
+        x = _input(name)
+        with _no_recompile(step > 0):
+            out = compiled(x)
+        expected = eager(x)
+        torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
+        grad = torch.randn_like(expected)
+        out.backward(grad)
+        expected.backward(grad)
+        _assert_grads_close(model, eager)
+        for (buffer, b), (_, b_eager) in zip(model.named_buffers(), eager.named_buffers()):
+            torch.testing.assert_close(b, b_eager, rtol=RTOL, atol=ATOL, msg=lambda m, p=buffer: f"{p}: {m}")
+        model.zero_grad()
+        eager.zero_grad()
+
+
+@pytest.mark.parametrize("variant", ["hook", "checkpointing"])
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_drop_path_hooks_checkpointing_one_graph(name, variant):
+    """Per-block DropPath rates, with a forward hook on a block or with gradient checkpointing: one graph in train
+    mode (fullgraph), the hook runs on every call, and the next call compiles nothing."""
+    model = _build(name, drop_path_rate=0.3).train()
+    calls = torch.zeros(())  # counted in place: a Python counter would be a guarded constant
+
+    def hook(module, args, out):
+        calls.add_(1)
+
+    if variant == "hook":
+        blocks = [m for m in model.modules() if type(m).__name__.endswith("Block")]
+        blocks[-1].register_forward_hook(hook)
+    else:
+        model.set_grad_checkpointing(True)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for step in range(2):
+        with _no_recompile(step > 0):
+            out = compiled(_input(name))
+        out.square().mean().backward()
+        assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+        model.zero_grad()
+    assert calls.item() == (2 if variant == "hook" else 0)
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_eval_compile_and_export_match_eager(name):
+    """Eval mode without gradients: the fullgraph aot_eager compile and ``torch.export.export``'s module give eager's
+    output, on the data traced and on new data (without recompiling)."""
+    model = _build(name).eval()
+    x = _input(name)
+    exported = torch.export.export(model, (x,)).module()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for step in range(2):
+            x = _input(name)
+            expected = model(x)
+            torch.testing.assert_close(exported(x), expected, rtol=RTOL, atol=ATOL)
+            with _no_recompile(step > 0):
+                torch.testing.assert_close(compiled(x), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_triton_path_train_step(name, triton_interpreter):
+    """The Triton kernels (in Triton's interpreter) under a fullgraph aot_eager compile, train mode: one graph (the
+    layers take other code there, e.g. fused prologues), and the output and every gradient equal eager's on the same
+    path (the registered ops' fakes match their kernels)."""
+    eager = _build(name).train()
+    model = copy.deepcopy(eager)
+    x = _input(name, batch=1)  # the interpreter's time grows with the grid
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    expected = eager(x)
+    torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    _assert_grads_close(model, eager)
+
+
+# ---- GPU: Inductor on the Triton path ----------------------------------------------------------------------------
+
+
+def _cuda_model(name: str, **kwargs) -> torch.nn.Module:
+    return _build(name, **kwargs).cuda().to(memory_format=torch.channels_last)
+
+
+def _assert_near(got: torch.Tensor, want: torch.Tensor, tol: float, floor: float, what: str) -> None:
+    """``‖got − want‖ ≤ tol · max(‖want‖, floor)``: bf16 rounding differs between fused and unfused code, and the
+    floor keeps a tensor whose values are all near zero (a gradient behind a small layer scale) from failing on it."""
+    error = (got.float() - want.float()).norm().item()
+    scale = max(want.float().norm().item(), floor)
+    assert error <= tol * scale, f"{what}: error {error:.3g} against norm {scale:.3g}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_explain_one_graph(name, mode):
+    model = getattr(_cuda_model(name), mode)()
+    x = _input(name).cuda().to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        problem = _explain(model, x)
+    assert problem is None, f"{name} ({mode}, cuda, bf16): {problem}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_inductor_matches_eager(name, mode):
+    """Inductor (default mode), bf16 autocast, channels_last: outputs (and in train mode every gradient) equal
+    eager's within bf16 tolerance; the next call compiles nothing."""
+    eager = getattr(_cuda_model(name), mode)()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True)
+    train = mode == "train"
+    for step in range(2):
+        x = _input(name).cuda().to(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(train):
+            with _no_recompile(step > 0):
+                out = compiled(x)
+            expected = eager(x)
+        assert out.dtype == expected.dtype
+        _assert_near(out, expected, 2e-2, 1e-6, f"{name} {mode}: output")
+        if not train:
+            continue
+        grad = torch.randn_like(expected)
+        out.backward(grad)
+        expected.backward(grad)
+        got, want = _grads(model), _grads(eager)
+        floor = 1e-3 * max(g.float().norm().item() for g in want.values())
+        for param, g in want.items():
+            assert got[param] is not None, f"{name}: no gradient for {param}"
+            _assert_near(got[param], g, 5e-2, floor, f"{name}: gradient of {param}")
+        model.zero_grad()
+        eager.zero_grad()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_cuda_compile_modes_run(name, compile_mode):
+    """Smoke: CUDA graphs and max-autotune compile the whole model (fullgraph) and run it, eval and train (with
+    per-block DropPath), bf16 autocast, channels_last, without recompiling on later calls."""
+    for mode in ("eval", "train"):
+        torch._dynamo.reset()
+        model = getattr(_cuda_model(name, drop_path_rate=0.3), mode)()
+        compiled = torch.compile(model, fullgraph=True, mode=compile_mode)
+        train = mode == "train"
+        for step in range(3):
+            x = _input(name).cuda().to(memory_format=torch.channels_last)
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(train), _no_recompile(step > 0):
+                out = compiled(x)
+            assert out.isfinite().all(), f"{name} {compile_mode} {mode}: non-finite output"
+            if train:
+                out.float().square().mean().backward()
+                assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+                model.zero_grad(set_to_none=True)
