@@ -158,16 +158,16 @@ def evaluate(dataset: str, root: str, split: str, results_dir: str, trackers: li
 def format_report(report: dict) -> str:
     lines = [f"{report['dataset']} / {report['split']}"]
     if report["dataset"] == "got10k":
-        lines.append(f"{'tracker':<24}{'AO':>8}{'SR0.5':>8}{'SR0.75':>8}{'FPS':>9}{'mean 1/t':>10}{'frames':>9}")
+        lines.append(f"{'tracker':<24}{'AO':>8}{'SR0.5':>8}{'SR0.75':>8}{'FPS':>12}{'mean 1/t':>12}{'frames':>9}")
         for name, p in report["trackers"].items():
-            lines.append(f"{name:<24}{p['ao']:>8.3f}{p['sr50']:>8.3f}{p['sr75']:>8.3f}{p.get('fps', -1):>9.1f}"
-                         f"{p.get('speed_fps', -1):>10.1f}{p['frames']:>9d}")
+            lines.append(f"{name:<24}{p['ao']:>8.3f}{p['sr50']:>8.3f}{p['sr75']:>8.3f}{p.get('fps', -1):>12.1f}"
+                         f"{p.get('speed_fps', -1):>12.1f}{p['frames']:>9d}")
     else:
-        lines.append(f"{'tracker':<24}{'AUC %':>8}{'P@20':>8}{'NP@0.2':>8}{'OP50':>8}{'OP75':>8}{'FPS':>9}"
-                     f"{'mean 1/t':>10}{'seqs':>6}")
+        lines.append(f"{'tracker':<24}{'AUC %':>8}{'P@20':>8}{'NP@0.2':>8}{'OP50':>8}{'OP75':>8}{'FPS':>12}"
+                     f"{'mean 1/t':>12}{'seqs':>6}")
         for name, p in report["trackers"].items():
             lines.append(f"{name:<24}{p['auc']:>8.2f}{p['precision_20px']:>8.2f}{p['norm_precision_0.20']:>8.2f}"
-                         f"{p['op50']:>8.2f}{p['op75']:>8.2f}{p.get('fps', -1):>9.1f}{p.get('speed_fps', -1):>10.1f}"
+                         f"{p['op50']:>8.2f}{p['op75']:>8.2f}{p.get('fps', -1):>12.1f}{p.get('speed_fps', -1):>12.1f}"
                          f"{p['sequences']:>6d}")
     lines.append("Speed: FPS = frames / tracking time (frame 1 excluded, as tracking.run prints it); mean 1/t = the "
                  "toolkit's speed, mean of 1/t over per-frame times (-1: no time files).")
