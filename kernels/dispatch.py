@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 
 __all__ = ["BACKENDS", "backend", "exporting", "fx_tracing", "get_forced_backend", "interpreter_enabled",
-           "select_backend", "set_backend", "triton_available"]
+           "op_backend", "select_backend", "set_backend", "triton_available"]
 
 BACKENDS = ("triton", "torch")
 BACKEND_ENV = "VISIONSSM_KERNELS"
@@ -101,6 +101,17 @@ def exporting() -> bool:
 
 def select_backend(*tensors: torch.Tensor | None) -> str:
     """Return ``'triton'`` or ``'torch'`` for an op called on ``tensors`` (``None`` entries are ignored)."""
+    return _choose(tensors, exporting())
+
+
+def op_backend(*tensors: torch.Tensor | None) -> str:
+    """:func:`select_backend` for the kernels of a registered op (:mod:`.library`) and their fakes: without the export
+    rule, since AOTAutograd traces a compiled graph with FX (the public functions send exports to the reference
+    before any registered op is reached)."""
+    return _choose(tensors, False)
+
+
+def _choose(tensors, export: bool) -> str:
     present = [t for t in tensors if t is not None]
     on_cuda = any(t.is_cuda for t in present)
     forced = get_forced_backend()
@@ -113,7 +124,7 @@ def select_backend(*tensors: torch.Tensor | None) -> str:
             raise ValueError("the triton backend was forced for CPU tensors: set TRITON_INTERPRET=1 before importing "
                              "visionssm to run the Triton kernels in Triton's interpreter, or move the tensors to CUDA")
         return "triton"
-    if exporting() or not triton_available():
+    if export or not triton_available():
         return "torch"
     if on_cuda or interpreter_enabled():
         return "triton"

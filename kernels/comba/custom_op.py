@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import comba_chunked
 
@@ -27,7 +27,7 @@ def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Te
                   beta: torch.Tensor, scale: float, causal: bool,
                   save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     # k, v, p share q's dtype and all six share a device (validated): q, g and beta decide the backend
-    if select_backend(q, g, beta) != "triton":
+    if op_backend(q, g, beta) != "triton":
         return _reference(q, k, v, p, g, beta, scale, causal), []
     from .launch import fwd_plan, run_fwd
 
@@ -39,7 +39,7 @@ def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Te
 
 def _comba_fake(q, k, v, p, g, beta, scale, causal, save):
     o = v.new_empty(v.shape)
-    if not save or select_backend(q, g, beta) != "triton":
+    if not save or op_backend(q, g, beta) != "triton":
         return o, []
     from .launch import training_saved_layout
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import gated_rmsnorm_reference, up_project_gate
 
@@ -20,7 +20,7 @@ def _triton(*tensors) -> bool:
     from .. import tuning
     from . import OP
 
-    return select_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
+    return op_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
 
 
 def _layout(o, gate, weight):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import add_layer_norm_reference, layer_norm_reference
 
@@ -23,7 +23,7 @@ def _triton(*tensors) -> bool:
     from .. import tuning
     from . import MAX_CHANNELS, OP
 
-    return (select_backend(*tensors) == "triton" and tensors[0].shape[-1] <= MAX_CHANNELS
+    return (op_backend(*tensors) == "triton" and tensors[0].shape[-1] <= MAX_CHANNELS
             and not tuning.overrides(OP).get("reference", False))
 
 

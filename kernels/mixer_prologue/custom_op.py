@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import mixer_prologue_reference
 
@@ -24,7 +24,7 @@ def _triton(*tensors) -> bool:
     from .. import tuning
     from . import OP
 
-    return select_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
+    return op_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
 
 
 def _present(params, alpha_col, decay_col) -> list[bool]:

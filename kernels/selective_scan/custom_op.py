@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from .naive import selective_scan_torch
 
 
@@ -42,7 +42,7 @@ def selective_scan_forward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor
                            delta_softplus: bool, causal: bool, return_last_state: bool,
                            save_states: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     tensors = (u, delta, A, B, C, D, z, delta_bias)
-    if select_backend(*tensors) != "triton":
+    if op_backend(*tensors) != "triton":
         return (*_reference(*tensors, delta_softplus, causal, return_last_state, save_states), [])
     from .launch import forward
 
@@ -55,7 +55,7 @@ def selective_scan_forward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor
 def _selective_scan_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, return_last_state,
                          save_states):
     tensors = (u, delta, A, B, C, D, z, delta_bias)
-    triton = select_backend(*tensors) == "triton"
+    triton = op_backend(*tensors) == "triton"
     batch, dim, length = u.shape
     nstate = A.shape[1]
     out = u.new_empty(u.shape)
@@ -72,7 +72,7 @@ def _selective_scan_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, ca
 def selective_scan_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
                             delta_softplus: bool, causal: bool, return_last_state: bool,
                             save_states: bool) -> list[torch.Tensor]:
-    if select_backend(*inputs) != "triton":
+    if op_backend(*inputs) != "triton":
         return library.reference_backward(_reference, grads, inputs, delta_softplus, causal, return_last_state,
                                           save_states)
     from .launch import backward, launch_config, saved_shapes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import ska_parallel
 
@@ -21,7 +21,7 @@ def _reference(q, k, v, causal, ridge, power, num_iters, normalize, save):
 
 def ska_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, ridge: float, power: int,
                 num_iters: int, normalize: bool, save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    if select_backend(q, k, v) != "triton":
+    if op_backend(q, k, v) != "triton":
         return _reference(q, k, v, causal, ridge, power, num_iters, normalize, save), []
     from .launch import get_plan, kernel_inputs, run_causal_fwd, run_global_fwd
 
@@ -34,7 +34,7 @@ def ska_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 def _ska_fake(q, k, v, causal, ridge, power, num_iters, normalize, save):
     o = v.new_empty(v.shape)
-    if not save or select_backend(q, k, v) != "triton":
+    if not save or op_backend(q, k, v) != "triton":
         return o, []
     from .launch import saved_shapes
 
@@ -45,7 +45,7 @@ def _ska_fake(q, k, v, causal, ridge, power, num_iters, normalize, save):
 def ska_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
                  causal: bool, ridge: float, power: int, num_iters: int, normalize: bool,
                  save: bool) -> list[torch.Tensor]:
-    if select_backend(*inputs) != "triton":
+    if op_backend(*inputs) != "triton":
         return library.reference_backward(_reference, grads, inputs, causal, ridge, power, num_iters, normalize, save)
     if not save:
         raise RuntimeError("ska: the backward needs what the forward keeps, which the op was told not to keep "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import visionssm.kernels as kernels
-from visionssm.kernels import library
+from visionssm.kernels import dispatch, library
 
 
 @pytest.mark.parametrize("name", kernels.OPS)
@@ -56,3 +56,18 @@ def test_tracing_is_true_under_torch_compile_only():
     x = torch.zeros(2)
     assert torch.equal(fn(x), x - 1)
     assert torch.equal(torch.compile(fn, fullgraph=True, backend="eager")(x), x + 1)
+
+
+def test_registered_ops_choose_their_kernels_without_the_export_rule(monkeypatch):
+    """Inductor (and torch 2.11's AOTAutograd) run the fakes while FX traces, which select_backend's export rule would
+    send to the reference: the fakes would then promise the reference's (empty) saved tensors and the compiled
+    backward would recompute the reference. The registered ops ask op_backend, which has no export rule."""
+    x = torch.randn(3, device="cuda" if torch.cuda.is_available() else "cpu")
+    if not dispatch.triton_available() or not (x.is_cuda or dispatch.interpreter_enabled()):
+        pytest.skip("the Triton kernels cannot run here")
+    monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "fx_tracing", lambda: True)
+    with dispatch.backend(None):
+        assert dispatch.select_backend(x) == "torch"
+        assert dispatch.op_backend(x) == "triton"
+        assert dispatch.op_backend(x.double()) == "torch"
