@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape
+from .. import library
+from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape, needs_grad
+from .custom_op import gka_causal_op, gka_global_op
 
 __all__ = ["SOLVERS", "SUPPORTED_HEAD_DIMS", "gka", "resolve_solver"]
 
@@ -101,6 +103,11 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
     """
     _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters, solver)
     solver = resolve_solver(solver, causal, q.shape[-1])
+    if library.tracing():
+        if causal:
+            return gka_causal_op(q, k, v, g, beta, alpha, float(ridge), num_iters, solver)[0]
+        return gka_global_op(q, k, v, beta, alpha, float(ridge), num_iters, solver,
+                             needs_grad(q, k, v, beta, alpha))[0]
     from ..dispatch import select_backend
 
     if select_backend(q, k, v, g, beta, alpha) == "triton":

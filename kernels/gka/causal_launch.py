@@ -48,7 +48,7 @@ from ..utils import (
 from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fused_split", "fwd_plan", "late_chunks",
-           "launch_config"]
+           "launch_config", "per_token_solve", "saved_shapes"]
 
 SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
             "scan_warps", "state_rows", "columns", "coarse_launch", "coarse_warps", "fused_grad", "fused_stages",
@@ -173,6 +173,22 @@ def launch_config(K: int, V: int, per_token: bool) -> dict:
     return cfg
 
 
+def per_token_solve(solver: str, K: int) -> bool:
+    """Whether ``solver`` (resolved) runs as the per-token direct solve (16-wide heads) rather than a Chebyshev one."""
+    return solver == "direct" and K == 16
+
+
+def saved_shapes(B: int, T: int, H: int, K: int, V: int, per_token: bool, cfg: dict | None = None) -> tuple:
+    """Shapes of the fp32 tensors :func:`causal_fwd` keeps for the backward: x (B, T, H, K), ‖H_t‖_F (B, T, H; None
+    for the per-token solve, which does not save it), H0 (B·H, NT, K, K) and S0 (B·H, NT, K, V) over NT chunks.
+    ``cfg``: :func:`launch_config`'s settings, computed when not given (a pure function of shapes and overrides, so
+    the registered op's fake kernel gives the shapes the launch allocates)."""
+    if cfg is None:
+        cfg = launch_config(K, V, per_token)
+    NT = cdiv(T, cfg["chunk"])
+    return (B, T, H, K), None if per_token else (B, T, H), (B * H, NT, K, K), (B * H, NT, K, V)
+
+
 def late_chunks(NT: int) -> int:
     """Chunks the late program of a split sequence walks (of NT): its NT − L steps as long as the early program's L
     state-only steps (STATE_STEP_SHARE of a step each) and NT − L full ones, within [1, NT − 1]."""
@@ -245,7 +261,7 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     plan.per_token, plan.num_iters, plan.num_coarse = per_token, num_iters, num_coarse
     plan.NT = NT = cdiv(T, BT)
     plan.NKR = NKR = K // cfg["state_rows"]
-    plan.h0_shape, plan.s0_shape = (B * H, NT, K, K), (B * H, NT, K, V)
+    _, _, plan.h0_shape, plan.s0_shape = saved_shapes(B, T, H, K, V, per_token, cfg)
     plan.dummy = torch.empty(1, device=q.device, dtype=torch.float32)
     c = _common(cfg, q, v, has_beta, has_alpha)
     plan.coarse = None
@@ -335,7 +351,7 @@ def fwd_plan(q, k, v, g, beta, alpha, solver: str, num_iters: int, ridge: float)
 
 def _new_fwd_plan(key, q, v, beta, alpha, solver: str, num_iters: int, ridge: float) -> _FwdPlan:
     K, V = q.shape[3], v.shape[3]
-    per_token = solver == "direct" and K == 16
+    per_token = per_token_solve(solver, K)
     cfg = launch_config(K, V, per_token)
     if solver == "chebyshev":
         iters, coarse = num_iters, 0

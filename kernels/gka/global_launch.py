@@ -61,7 +61,7 @@ from ..utils import DirectLaunch, aligned16, empty_output_like, launch_options
 from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel, gka_global_solve_kernel
 from .naive import EPS
 
-__all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan"]
+__all__ = ["GlobalPlan", "global_bwd", "global_fwd", "global_plan", "plan_config", "states_shape"]
 
 _PREFIX = "global_"
 _KNOWN = ("global_block_t", "global_block_t_bwd", "global_num_warps", "global_num_warps_bwd", "global_max_registers",
@@ -169,7 +169,7 @@ class GlobalPlan:
     def __init__(self, B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype, v_dtype: torch.dtype,
                  device: torch.device, has_beta: bool, has_alpha: bool, solver: str, num_iters: int, save: bool):
         full = dtype == torch.float32 or v_dtype == torch.float32
-        cfg = _launch_config(K, V, T, torch.float32 if full else dtype)
+        cfg = plan_config(K, V, T, dtype, v_dtype)
         interpreted = device.type != "cuda"
         # bf16 inputs: split products on bf16 tensor cores; fp32 inputs: exact fp32 FMAs where they fit (tf32x3's
         # 2⁻²¹ per product costs part of the 1e-4 gradient accuracy they are held to); fp16: tf32x3 (no room for a
@@ -186,7 +186,7 @@ class GlobalPlan:
         # between its launches (split)
         split = bool(cfg["split"])
         self.save = save
-        self.states_shape = (B * H, state_words(K, V, reload, bool(cfg["packed"]))) if save or reload or split else None
+        self.states_shape = states_shape(B, T, H, K, V, dtype, v_dtype, save, cfg)
         split_bwd = bool(cfg["split_bwd"])
         self.scratch_shape = (B * H, K * K + V * K) if reload or split_bwd else None
         # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
@@ -219,6 +219,25 @@ class GlobalPlan:
 
 
 _PLANS = tuning.PlanCache()
+
+
+def plan_config(K: int, V: int, T: int, dtype: torch.dtype, v_dtype: torch.dtype) -> dict:
+    """The launch settings of a problem with inputs q / k in ``dtype`` and v in ``v_dtype`` (fp32 settings when
+    either is fp32)."""
+    full = dtype == torch.float32 or v_dtype == torch.float32
+    return _launch_config(K, V, T, torch.float32 if full else dtype)
+
+
+def states_shape(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, v_dtype: torch.dtype, save: bool,
+                 cfg: dict | None = None) -> tuple[int, int] | None:
+    """Shape of the fp32 states the forward writes (H, M, Uᵀ per (batch, head); None: it writes none): when they are
+    saved for the backward, or the read-out re-reads them or the split forward passes them between its launches.
+    ``cfg``: :func:`plan_config`'s, computed when not given (a pure function of shapes, dtypes and overrides, so
+    the registered op's fake kernel gives the shape the launch allocates)."""
+    if cfg is None:
+        cfg = plan_config(K, V, T, dtype, v_dtype)
+    reload, split = bool(cfg["reload"]), bool(cfg["split"])
+    return (B * H, state_words(K, V, reload, bool(cfg["packed"]))) if save or reload or split else None
 
 
 def state_words(K: int, V: int, reload: bool, packed: bool) -> int:
