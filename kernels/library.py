@@ -24,9 +24,11 @@ import torch
 
 from .dispatch import exporting
 
-__all__ = ["NAMESPACE", "register", "reference_backward", "tracing"]
+__all__ = ["NAMESPACE", "REGISTERED", "register", "reference_backward", "tracing"]
 
 NAMESPACE = "visionssm"
+#: The forward ops registered so far, by name.
+REGISTERED: dict[str, torch._ops.OpOverload] = {}
 
 
 def tracing() -> bool:
@@ -103,6 +105,7 @@ def register(name: str, forward: Callable, forward_fake: Callable, backward: Cal
         return tuple(result)
 
     op.register_autograd(backward_formula, setup_context=setup_context)
+    REGISTERED[name] = op._opoverload
     return op._opoverload
 
 

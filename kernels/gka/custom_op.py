@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import select_backend
+from ..dispatch import op_backend
 from ..utils import device_guard
 
 
@@ -37,7 +37,7 @@ def _global_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save):
 def gka_causal_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
                        alpha: torch.Tensor | None, ridge: float, num_iters: int,
                        solver: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    if select_backend(q, k, v, g, beta, alpha) != "triton":
+    if op_backend(q, k, v, g, beta, alpha) != "triton":
         return _causal_reference(q, k, v, g, beta, alpha, ridge, num_iters, solver), []
     from .causal_launch import causal_fwd, fwd_plan
 
@@ -50,7 +50,7 @@ def gka_causal_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
 def _gka_causal_fake(q, k, v, g, beta, alpha, ridge, num_iters, solver):
     o = v.new_empty(v.shape)
-    if select_backend(q, k, v, g, beta, alpha) != "triton":
+    if op_backend(q, k, v, g, beta, alpha) != "triton":
         return o, []
     from .causal_launch import per_token_solve, saved_shapes
 
@@ -62,7 +62,7 @@ def _gka_causal_fake(q, k, v, g, beta, alpha, ridge, num_iters, solver):
 
 def gka_causal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
                         ridge: float, num_iters: int, solver: str) -> list[torch.Tensor]:
-    if select_backend(*inputs) != "triton":
+    if op_backend(*inputs) != "triton":
         return library.reference_backward(_causal_reference, grads, inputs, ridge, num_iters, solver)
     from .causal_launch import causal_bwd, fwd_plan
 
@@ -79,7 +79,7 @@ def gka_causal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | N
 def gka_global_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None,
                        alpha: torch.Tensor | None, ridge: float, num_iters: int, solver: str,
                        save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    if select_backend(q, k, v, beta, alpha) != "triton":
+    if op_backend(q, k, v, beta, alpha) != "triton":
         return _global_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save), []
     from .global_launch import global_fwd, global_plan
 
@@ -92,7 +92,7 @@ def gka_global_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
 
 def _gka_global_fake(q, k, v, beta, alpha, ridge, num_iters, solver, save):
     o = v.new_empty(v.shape)
-    if not save or select_backend(q, k, v, beta, alpha) != "triton":
+    if not save or op_backend(q, k, v, beta, alpha) != "triton":
         return o, []
     from .global_launch import states_shape
 
@@ -103,7 +103,7 @@ def _gka_global_fake(q, k, v, beta, alpha, ridge, num_iters, solver, save):
 
 def gka_global_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
                         ridge: float, num_iters: int, solver: str, save: bool) -> list[torch.Tensor]:
-    if select_backend(*inputs) != "triton":
+    if op_backend(*inputs) != "triton":
         return library.reference_backward(_global_reference, grads, inputs, ridge, num_iters, solver, save)
     if not save:
         raise RuntimeError("gka_global: the forward ran with save=False and kept no states for the backward; pass "
