@@ -73,8 +73,9 @@ MODELS = _distinct_models()
 FAMILY_MODELS = sorted({_family(name): name for name in reversed(MODELS)}.values())
 
 
-def _input(name: str, batch: int = BATCH) -> torch.Tensor:
+def _input(name: str, batch: int = BATCH, max_side: int | None = None) -> torch.Tensor:
     _, side = TINY[_family(name)]
+    side = side if max_side is None else min(side, max_side)
     return torch.randn(batch, 3, side, side)
 
 
@@ -115,6 +116,14 @@ def _assert_grads_close(model: torch.nn.Module, eager: torch.nn.Module) -> None:
         assert g is not None and got[param] is not None, f"no gradient for {param}"
         atol = ATOL * max(g.abs().max().item(), 1e-2 * largest)
         torch.testing.assert_close(got[param], g, rtol=RTOL, atol=atol, msg=lambda m, p=param: f"{p}: {m}")
+
+
+def _assert_near(got: torch.Tensor, want: torch.Tensor, tol: float, floor: float, what: str) -> None:
+    """``‖got − want‖ ≤ tol · max(‖want‖, floor)``: bf16 rounding differs between fused and unfused code, and the
+    floor keeps a tensor whose values are all near zero (a gradient behind a small layer scale) from failing on it."""
+    error = (got.float() - want.float()).norm().item()
+    scale = max(want.float().norm().item(), floor)
+    assert error <= tol * scale, f"{what}: error {error:.3g} against norm {scale:.3g}"
 
 
 def test_every_family_has_a_tiny_preset():
@@ -197,13 +206,34 @@ def test_eval_compile_and_export_match_eager(name):
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)
-def test_triton_path_train_step(name, triton_interpreter):
-    """The Triton kernels (in Triton's interpreter) under a fullgraph aot_eager compile, train mode: one graph (the
-    layers take other code there, e.g. fused prologues), and the output and every gradient equal eager's on the same
-    path (the registered ops' fakes match their kernels)."""
+def test_bf16_autocast_train_step_matches_eager(name):
+    """Under CPU bf16 autocast (the ops see what autocast gives their callers: bf16 activations, float32 weights),
+    the compiled train step's output and gradients equal eager's within bf16 rounding."""
     eager = _build(name).train()
     model = copy.deepcopy(eager)
-    x = _input(name, batch=1)  # the interpreter's time grows with the grid
+    x = _input(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+        expected = eager(x)
+    assert out.dtype == expected.dtype
+    _assert_near(out, expected, 2e-2, 1e-6, f"{name}: output")
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    got, want = _grads(model), _grads(eager)
+    floor = 1e-2 * max(g.float().norm().item() for g in want.values())
+    for param, g in want.items():
+        _assert_near(got[param], g, 5e-2, floor, f"{name}: gradient of {param}")
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_triton_path_train_and_eval(name, triton_interpreter):
+    """The Triton kernels (in Triton's interpreter) under a fullgraph aot_eager compile: one graph (the layers take
+    other code there, e.g. fused prologues), and in train mode the output and every gradient, in eval mode without
+    gradients the output, equal eager's on the same path (the registered ops' fakes match their kernels)."""
+    eager = _build(name).train()
+    model = copy.deepcopy(eager)
+    x = _input(name, batch=1, max_side=32)  # the interpreter's time grows with the grid (here: one 3x3 window)
     out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
     expected = eager(x)
     torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
@@ -211,6 +241,13 @@ def test_triton_path_train_step(name, triton_interpreter):
     out.backward(grad)
     expected.backward(grad)
     _assert_grads_close(model, eager)
+    # inference: the ops keep nothing for a backward (their no-grad layouts)
+    torch._dynamo.reset()
+    model.eval()
+    eager.eval()
+    with torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+        torch.testing.assert_close(out, eager(x), rtol=RTOL, atol=ATOL)
 
 
 # ---- GPU: Inductor on the Triton path ----------------------------------------------------------------------------
@@ -218,14 +255,6 @@ def test_triton_path_train_step(name, triton_interpreter):
 
 def _cuda_model(name: str, **kwargs) -> torch.nn.Module:
     return _build(name, **kwargs).cuda().to(memory_format=torch.channels_last)
-
-
-def _assert_near(got: torch.Tensor, want: torch.Tensor, tol: float, floor: float, what: str) -> None:
-    """``‖got − want‖ ≤ tol · max(‖want‖, floor)``: bf16 rounding differs between fused and unfused code, and the
-    floor keeps a tensor whose values are all near zero (a gradient behind a small layer scale) from failing on it."""
-    error = (got.float() - want.float()).norm().item()
-    scale = max(want.float().norm().item(), floor)
-    assert error <= tol * scale, f"{what}: error {error:.3g} against norm {scale:.3g}"
 
 
 @pytest.mark.cuda
