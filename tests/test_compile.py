@@ -33,7 +33,7 @@ import torch
 from visionssm.models import FAMILIES  # importing the package registers every family
 
 # the hierarchical families: two conv stages and one windowed token stage (a mixer block and an attention-slot block),
-# whose 3-token window pads the 4x4 map to 6x6: four windows of 9 tokens, an odd sequence length
+# whose 3x3 windows pad its 4x4 map (64 px input) to 6x6: four windows of 9 tokens, an odd sequence length
 _HIERARCHICAL = {"depths": (1, 1, 2), "dims": (8, 16, 32), "stem_dim": 8, "num_heads": (1, 1, 2),
                  "window_size": (8, 8, 3)}
 #: family -> (kwargs of timm.create_model giving a tiny network of that family, input side in pixels)
@@ -68,8 +68,8 @@ def _distinct_models() -> list[str]:
 
 
 MODELS = _distinct_models()
-# the first of each family's (the B/L presets' layer scale included): the equality, export and variant checks, whose
-# subject is the traced code rather than which modules a preset holds
+# one per family (its first in MODELS: for mamba/gka_vision the B/L presets' network, layer scale included) for the
+# equality, export and variant checks, whose subject is the traced code rather than which modules a preset holds
 FAMILY_MODELS = sorted({_family(name): name for name in reversed(MODELS)}.values())
 
 
