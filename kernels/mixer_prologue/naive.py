@@ -34,7 +34,8 @@ __all__ = ["mixer_prologue_reference"]
 def _short_conv_silu(x: torch.Tensor, weight: torch.Tensor, causal: bool) -> torch.Tensor:
     kernel_size = weight.shape[-1]
     padding = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
-    y = F.conv1d(F.pad(x.transpose(1, 2), padding), weight.reshape(weight.shape[0], 1, kernel_size),
+    # the weight in x's dtype, as autocast would give it: inside a registered op autocast is off
+    y = F.conv1d(F.pad(x.transpose(1, 2), padding), weight.reshape(weight.shape[0], 1, kernel_size).to(x.dtype),
                  groups=weight.shape[0])
     return F.silu(y).transpose(1, 2)
 
