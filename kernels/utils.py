@@ -15,7 +15,7 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
            "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "sm_count", "wave_slots"]
+           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "placeholder", "sm_count", "wave_slots"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -61,6 +61,28 @@ def empty_output_like(like: torch.Tensor) -> torch.Tensor:
     if _poisoning() and like.dtype.is_floating_point:
         return torch.full_like(like, float("nan"), memory_format=torch.contiguous_format)
     return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+_PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
+
+
+def placeholder(device: torch.device) -> torch.Tensor:
+    """One never-read fp32 word per device, for the pointer arguments a launch does not use; launch plans keep it.
+
+    It is allocated on a thread of its own: a CUDA-graph memory pool (``torch.compile(mode="reduce-overhead")``) takes
+    the allocations of the thread that warms up or records the graph, and a word that outlives the graph must not be
+    one of them (the graph's liveness check fails on it)."""
+    word = _PLACEHOLDERS.get(device)
+    if word is None:
+        allocate = functools.partial(torch.empty, 1, device=device, dtype=torch.float32)
+        if device.type == "cuda":
+            worker = threading.Thread(target=lambda: _PLACEHOLDERS.setdefault(device, allocate()))
+            worker.start()
+            worker.join()
+            word = _PLACEHOLDERS[device]
+        else:
+            word = _PLACEHOLDERS.setdefault(device, allocate())
+    return word
 
 
 def cdiv(a: int, b: int) -> int:

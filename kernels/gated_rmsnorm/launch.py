@@ -20,6 +20,7 @@ from ..utils import (
     empty_output_like,
     heads_per_program,
     next_pow2,
+    placeholder,
     sm_count,
 )
 from .kernel import (
@@ -106,7 +107,7 @@ def _build(o, gate, activation: str, eps: float) -> Plan:
     grid = (cdiv(R, BR), cdiv(H, HB))
     plan = Plan()
     plan.has_gate = gate is not None
-    plan.dummy = torch.empty(1, device=o.device, dtype=torch.float32)
+    plan.dummy = placeholder(o.device)
     plan.dw_rows = grid[0] * grid[1]
     dims = (R, L, 0, 0) if gate is None else (R, L, gate.stride(0), gate.stride(1))
     constexprs = {"H": H, "D": D, "BR": BR, "HB": HB, "BD": next_pow2(D), "HAS_GATE": gate is not None,
@@ -126,7 +127,7 @@ def _build_lowrank(o, gate, gate_weight, gate_bias, gate_offset: int, activation
     plan = Plan()
     plan.has_gate = True
     plan.gate_offset, plan.op_args = gate_offset, (activation, eps)
-    plan.dummy = torch.empty(1, device=o.device, dtype=torch.float32)
+    plan.dummy = placeholder(o.device)
     plan.num_tiles = cdiv(NR, BR)
     plan.bwd_groups = cdiv(H, cfg["heads_per_program_bwd"])
     plan.bwd_programs = cfg["programs_bwd"]

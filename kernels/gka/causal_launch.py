@@ -42,6 +42,7 @@ from ..utils import (
     empty_output,
     empty_output_like,
     launch_options,
+    placeholder,
     sm_count,
     wave_slots,
 )
@@ -262,7 +263,7 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     plan.NT = NT = cdiv(T, BT)
     plan.NKR = NKR = K // cfg["state_rows"]
     _, _, plan.h0_shape, plan.s0_shape = saved_shapes(B, T, H, K, V, per_token, cfg)
-    plan.dummy = torch.empty(1, device=q.device, dtype=torch.float32)
+    plan.dummy = placeholder(q.device)
     c = _common(cfg, q, v, has_beta, has_alpha)
     plan.coarse = None
     from .causal_kernels import readout_kernel, state_fwd_kernel

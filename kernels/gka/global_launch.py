@@ -57,7 +57,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, empty_output_like, launch_options
+from ..utils import DirectLaunch, aligned16, empty_output_like, launch_options, placeholder
 from .global_kernels import gka_global_bwd_kernel, gka_global_fwd_kernel, gka_global_solve_kernel
 from .naive import EPS
 
@@ -189,8 +189,7 @@ class GlobalPlan:
         self.states_shape = states_shape(B, T, H, K, V, dtype, v_dtype, save, cfg)
         split_bwd = bool(cfg["split_bwd"])
         self.scratch_shape = (B * H, K * K + V * K) if reload or split_bwd else None
-        # one never-read fp32 word for the pointers a launch does not use (no placeholder allocation per call)
-        self.dummy = torch.empty(1, device=device, dtype=torch.float32)
+        self.dummy = placeholder(device)
         solve = {"SOLVER": _SOLVER_IDS[solver], "NUM_ITERS": num_iters, "F64": full, "EPS": EPS,
                  "LEAF": cfg["solve_leaf"]}
         fwd = {**{n: c for n, c in common.items() if n != "RELOAD"}, **solve, "BT": cfg["block_t"], "SAVE": save,

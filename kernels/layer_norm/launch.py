@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2, sm_count
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2, placeholder, sm_count
 from .kernel import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 
 OP = "layer_norm"
@@ -39,7 +39,7 @@ def _build(x, has_bias: bool, eps: float, add_residual: bool) -> Plan:
     BR = cfg["block_rows"]
     plan = Plan()
     plan.has_bias, plan.C = has_bias, C
-    plan.dummy = torch.empty(1, device=x.device, dtype=torch.float32)
+    plan.dummy = placeholder(x.device)
     sms = sm_count(x.device, 2)
     # whole tiles of rows per backward program
     rows = max(BR, cdiv(cdiv(N, sms * cfg["bwd_programs_per_sm"]), BR) * BR)

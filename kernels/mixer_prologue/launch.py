@@ -26,7 +26,7 @@ import math
 import torch
 
 from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, heads_per_program, next_pow2
+from ..utils import DirectLaunch, aligned16, cdiv, empty_output, heads_per_program, next_pow2, placeholder
 from .kernel_bwd import SLOTS, conv_bwd_kernel, prologue_bwd_kernel
 from .kernel_fwd import prologue_fwd_kernel
 
@@ -96,7 +96,7 @@ def build_plan(proj: torch.Tensor, KS: int, H: int, K: int, V: int, causal: bool
         covered.update(range(gate_cols[0], gate_cols[0] + gate_cols[1]))
     # the column ranges of proj's gradient the backward does not write (a layer's alignment padding): zeroed
     plan.uncovered = _ranges(sorted(set(range(N)) - covered))
-    plan.dummy = torch.empty(1, device=proj.device, dtype=torch.float32)
+    plan.dummy = placeholder(proj.device)
     HB = cfg["heads_per_program"]
     grid = (cdiv(L, cfg["block_tokens"]), B, cdiv(H, HB))
     grid_bwd = (cdiv(L, cfg["bwd_block_tokens"]), B, cdiv(H, HB))
