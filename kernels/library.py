@@ -41,19 +41,21 @@ def _is_tensor_type(arg) -> bool:
     return str(arg.type) in ("Tensor", "Optional[Tensor]")
 
 
+#: The alignment Inductor assumes of a custom op's outputs (its fakes start at offset 0) and asserts at run time.
+_ALIGN = 16
+
+
 def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    """``outputs`` contiguous (as the fake kernels promise) and sharing no memory with an input or with each other (a
-    custom op's contract): a copy of any that would."""
+    """``outputs`` contiguous (as the fake kernels promise), starting 16-byte aligned in their storage and
+    sharing no memory with an input or with each other (a custom op's contract): a copy of any that would not."""
     seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
     fresh = []
     for t in outputs:
         t = t.contiguous()
+        if (t.numel() and t.untyped_storage().data_ptr() in seen) or t.storage_offset() * t.element_size() % _ALIGN:
+            t = t.clone()
         if t.numel():
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in seen:
-                t = t.clone()
-                ptr = t.untyped_storage().data_ptr()
-            seen.add(ptr)
+            seen.add(t.untyped_storage().data_ptr())
         fresh.append(t)
     return fresh
 

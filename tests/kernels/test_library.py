@@ -86,3 +86,14 @@ def test_launch_plans_share_one_placeholder_per_device():
     word = placeholder(torch.device("cpu"))
     assert word is placeholder(torch.device("cpu"))
     assert word.shape == (1,) and word.dtype == torch.float32
+
+
+def test_outputs_not_starting_16_byte_aligned_are_copied():
+    """Inductor takes a custom op's outputs as aligned as their fakes (offset 0) and asserts 16-byte alignment when the
+    compiled graph runs: a row of a shared buffer (mixer_prologue's per-head gradients, 3 heads) must be copied."""
+    rows = torch.randn(6, 3)
+    out = library._fresh([rows[2], rows[4:], torch.empty(0)[0:0]], [])
+    assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in out)
+    assert torch.equal(out[0], rows[2]) and torch.equal(out[1], rows[4:])
+    aligned = torch.randn(2, 4)
+    assert library._fresh([aligned[1]], [])[0].data_ptr() == aligned[1].data_ptr()

@@ -400,6 +400,20 @@ def test_compiled_equals_eager(mode, causal, transition, view_of, path, tol, req
     _compiled_against_eager(proj, weight, kwargs, tol=tol, view_of=view_of)
 
 
+def test_inductor_compiled_equals_eager_with_aligned_inputs(triton_interpreter, poison_outputs, monkeypatch):
+    """Inductor asserts that a custom op's outputs are 16-byte aligned where it took its inputs as aligned (on CUDA;
+    here CPU inputs are taken so too): with 3 heads, a per-head gradient read as a row of the kernels' partial sums
+    started 24 bytes into them (comba-iplr on the H200)."""
+    import torch._inductor.graph as inductor_graph
+    from torch._inductor.utils import tensor_is_aligned
+
+    monkeypatch.setattr(inductor_graph, "should_assume_input_aligned", tensor_is_aligned)
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cached graph would skip the asserts
+    proj, weight, kwargs = make_problem("comba", B=1, L=5, H=3, K=4, V=4, gate_width=4, causal=False,
+                                        transition="iplr", unused=2, seed=9)
+    _compiled_against_eager(proj, weight, kwargs, backend="inductor", tol=1e-5)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode,transition", [("comba", "iplr"), ("gka", "splr")])
 def test_cuda_compiled_equals_eager(mode, transition, poison_outputs):
