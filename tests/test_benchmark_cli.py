@@ -116,6 +116,30 @@ def test_cli_rejects_bad_arguments_with_usage_error(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "compile_", "mode"), [
+    ([], False, "default"),
+    (["--compile"], True, "default"),
+    (["--compile", "reduce-overhead"], True, "reduce-overhead"),
+    (["--compile=max-autotune"], True, "max-autotune"),
+])
+def test_compile_takes_an_optional_mode(argv, compile_, mode):
+    cfg = bench.cli._config_from_args(bench.build_parser().parse_args(["test_resnet", "--device", "cpu", *argv]))
+    assert (cfg.compile, cfg.compile_mode) == (compile_, mode)
+    assert bench.validate_config(cfg).compile_mode == mode
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["test_resnet", "--compile", "fastest"], "unknown mode 'fastest'"),
+    (["--compile", "test_resnet"], "model names go before a bare --compile"),
+])
+def test_an_unknown_compile_mode_is_one_line_naming_the_flag(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([*argv, "--device", "cpu"])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "error: argument --compile: " in lines[0] and named in lines[0], lines
+
+
 def test_module_entry_point_reports_unknown_model():
     result = subprocess.run([sys.executable, "-m", "visionssm.benchmark", "not_a_model_xyz", "--device", "cpu"],
                             capture_output=True, text=True, timeout=120, cwd=REPO)

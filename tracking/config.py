@@ -17,7 +17,7 @@ import difflib
 import yaml
 
 from visionssm.configs import find_config
-from visionssm.utils.cli import UserFileError, UserKeyError, UserTypeError, UserValueError
+from visionssm.utils.cli import UserFileError, UserKeyError, UserTypeError, UserValueError, compile_mode
 
 DEFAULTS: dict = {
     "name": "tracking",
@@ -62,6 +62,7 @@ DEFAULTS: dict = {
         "max_steps": None,  # stop after this many optimizer steps in all (smoke runs); resumable
         "time_limit_s": None,  # checkpoint and stop after this many seconds of this run; resumable
         "deterministic": False,  # deterministic GPU algorithms: a resumed or repeated GPU run equal to the last bit
+        "compile": None,  # torch.compile the tracker: null/false, true, or a mode (reduce-overhead, max-autotune, ...)
     },
     "test": {
         "search_factor": 4.0,
@@ -199,4 +200,5 @@ def load_config(path: str | None = None, overrides: list[str] | dict | None = No
         raise UserValueError("train.epochs and train.batch_size must be ≥ 1")
     if not 0 < t["lr_drop_fraction"] <= 1:
         raise UserValueError("train.lr_drop_fraction must be in (0, 1]")
+    compile_mode(t["compile"], "train.compile")
     return cfg

@@ -35,7 +35,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from visionssm.utils.cli import ArgumentParser, UserValueError, cap_workers, run_main
+from visionssm.utils.cli import ArgumentParser, UserValueError, cap_workers, compile_mode, run_main
 from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState, deterministic_algorithms
 
 from .config import load_config
@@ -212,6 +212,10 @@ def _prepare(cfg: dict, accelerator: Accelerator, progress: bool) -> _Loop:
     model = build_model(cfg["model"], load_pretrained=True)
     if t["grad_checkpointing"]:
         model.backbone.set_grad_checkpointing(True)
+    mode = compile_mode(t["compile"], "train.compile")
+    if mode is not None:
+        # in place: the state dict keeps its keys, so checkpoints and final.pth are the same as an eager run's
+        model.compile(mode=mode)
     optimizer = torch.optim.AdamW(param_groups(model, t["lr"], t["backbone_lr_mult"], t["weight_decay"]),
                                   lr=t["lr"], weight_decay=t["weight_decay"])
     drop_epoch = max(1, int(round(t["lr_drop_fraction"] * t["epochs"])))

@@ -148,3 +148,43 @@ def test_a_bare_no_on_the_command_line_means_no_mixed_precision():
     assert load_config(CONFIG, ["train.mixed_precision=no"])["train"]["mixed_precision"] == "no"
     with pytest.raises(ValueError, match="train.mixed_precision"):
         load_config(CONFIG, ["train.mixed_precision=fp8"])
+
+
+def test_compile_is_off_on_or_a_mode():
+    assert load_config(CONFIG)["train"]["compile"] is None
+    assert load_config(CONFIG, ["train.compile=true"])["train"]["compile"] is True
+    assert load_config(CONFIG, ["train.compile=reduce-overhead"])["train"]["compile"] == "reduce-overhead"
+    assert load_config(CONFIG, ["train.compile=false"])["train"]["compile"] is False
+    for text in ("fastest", "1", "[max-autotune]"):
+        with pytest.raises(ValueError, match="train.compile must be .*max-autotune"):
+            load_config(CONFIG, [f"train.compile={text}"])
+
+
+def test_compile_runs_the_tracker_compiled_in_place(data, tmp_path, monkeypatch):
+    """On a backend that counts dynamo's graphs and runs them as traced (Inductor would compile C++ for minutes)."""
+    import torch
+
+    _, got, _ = data
+    modes, graphs = [], []
+    real_compile = torch.nn.Module.compile
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def compile_counting(module, *args, mode=None, **kwargs):
+        modes.append(mode)
+        real_compile(module, backend=counting_backend)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
+    out = tmp_path / "compiled"
+    overrides = [f"output_dir={out}", f"data.train=[{{type: got10k, root: {got}}}]", "data.pairs_per_epoch=4",
+                 "train.epochs=1", "train.compile=max-autotune"]
+    try:
+        train_module.train(load_config(CONFIG, overrides), progress=False)
+    finally:
+        torch._dynamo.reset()  # the counting backend's code caches stay out of the tests after this one
+    assert modes == ["max-autotune"] and graphs, "the training step ran through torch.compile"
+    # in place: final.pth holds the plain tracker's keys, as an eager run's
+    keys = torch.load(out / "final.pth", weights_only=False)["model"].keys()
+    assert keys and not [k for k in keys if k.startswith(("_orig_mod.", "module."))]

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="amp", help="amp: fp32 weights under autocast(dtype) (default; no autocast "
                    "for float32); pure: weights and inputs cast to dtype")
     p.add_argument("--channels-last", action="store_true", help="model and input in channels_last memory format")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time is in warm-up)")
-    p.add_argument("--compile-mode", default="default", help=f"one of {COMPILE_MODES}")
+    p.add_argument("--compile", nargs="?", const="default", default=None, type=_compile_mode, metavar="MODE",
+                   help=f"torch.compile the model, in MODE: {', '.join(COMPILE_MODES)} (bare --compile: default); "
+                   "its first call's seconds are reported apart")
     p.add_argument("--cuda-graph", action="store_true", help="replay a captured CUDA graph (inference, latency and, on "
                    "one device, the whole training step: GPU time without the host's per-op work)")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {MODES}")
@@ -89,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _compile_mode(text: str) -> str:
+    if text not in COMPILE_MODES:
+        # a bare --compile in front of the model names takes the first name as its mode
+        raise argparse.ArgumentTypeError(f"unknown mode {text!r}: one of {', '.join(COMPILE_MODES)} (model names go "
+                                         "before a bare --compile)")
+    return text
+
+
 def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cpu = device.startswith("cpu")
@@ -106,7 +115,7 @@ def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
         models=list(args.models), batch_size=args.batch_size if args.batch_size is not None else (4 if on_cpu else 256),
         img_size=args.img_size, dtype=args.dtype or ("float32" if on_cpu else "bfloat16"), precision=args.precision,
         channels_last=args.channels_last,
-        compile=args.compile, compile_mode=args.compile_mode, modes=tuple(args.modes),
+        compile=args.compile is not None, compile_mode=args.compile or "default", modes=tuple(args.modes),
         warmup=args.warmup if args.warmup is not None else 10,
         repeats=args.repeats if args.repeats is not None else (5 if on_cpu else 50), device=device,
         baseline=args.baseline, cuda_graph=args.cuda_graph, data_parallel=data_parallel,

@@ -11,6 +11,7 @@ import torch
 
 from visionssm.kernels.utils import check_int
 from visionssm.layers import mixer_kernel_ops
+from visionssm.utils.cli import COMPILE_MODES
 
 __all__ = ["CHART_AXES", "COMPILE_MODES", "DTYPES", "FLOP_RULE", "MODES", "PRECISIONS", "TIMING_RULE",
            "BenchmarkConfig", "resolve_models", "validate_config", "visionssm_models"]
@@ -31,7 +32,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
 PRECISIONS = ("amp", "pure")
 MODES = ("infer", "train", "latency")
 CHART_AXES = ("params", "gflops")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclasses.dataclass

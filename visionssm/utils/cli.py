@@ -9,7 +9,7 @@ and keeps its traceback. The subclasses also derive from the built-in exception 
 
 :class:`ArgumentParser` is argparse's with a one-line error (the full usage of a 90-flag parser buries the message)
 that names close matches of a mistyped flag. :func:`cap_workers` keeps loader workers within the CPUs this process
-may use.
+may use. :func:`compile_mode` reads every command's ``compile`` setting (null/false, true, or a mode).
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["ArgumentParser", "UserError", "UserFileError", "UserKeyError", "UserTypeError", "UserValueError",
-           "cap_workers", "run_main", "usable_cpus"]
+__all__ = ["COMPILE_MODES", "ArgumentParser", "UserError", "UserFileError", "UserKeyError", "UserTypeError",
+           "UserValueError", "cap_workers", "compile_mode", "run_main", "usable_cpus"]
+
+#: torch.compile's modes; "default" is what ``torch.compile(model)`` does without one.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class UserError(Exception):
@@ -99,3 +102,17 @@ def cap_workers(requested: int, setting: str, say: Callable[[str], None] | None 
         _capped_notes.add(key)
         say(f"note: {setting} {requested} -> {cpus} (this machine has {cpus} usable CPU(s))")
     return cpus
+
+
+def compile_mode(value, setting: str) -> str | None:
+    """The ``torch.compile`` mode a ``compile`` setting asks for: ``None`` (null or false: no compiling), ``"default"``
+    (true) or the mode it names, one of :data:`COMPILE_MODES`; anything else is a :class:`UserValueError` naming
+    ``setting``."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "default"
+    if isinstance(value, str) and value in COMPILE_MODES:
+        return value
+    raise UserValueError(f"{setting} must be true, false, null or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
+                         f"got {value!r}")

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from visionssm.configs import find_config
-from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError
+from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError, compile_mode
 
 __all__ = ["CheckpointManager", "MetricsLog", "TrainState", "DEFAULT_CONFIG", "deterministic_algorithms",
            "parse_config", "plot_curves", "plot_runs", "scaled_lr"]
@@ -211,6 +211,10 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
             # bare --resume: continue from the latest checkpoint and fail if there is none
             groups[group_name].add_argument("--resume", nargs="?", const="latest",
                                             help=f"bare --resume: latest. {text}")
+        elif key == "compile":
+            # bare --compile: torch.compile's default mode
+            groups[group_name].add_argument("--compile", nargs="?", const=True, type=_value_parser(key, default),
+                                            metavar="MODE", help=text.strip())
         elif isinstance(default, bool):
             groups[group_name].add_argument(_flag(key), action=argparse.BooleanOptionalAction, help=text.strip())
         else:
@@ -225,6 +229,7 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
         config["amp"] = "no"
     if config["amp"] not in _AMP_CHOICES:
         raise UserValueError(f"--amp must be one of {_AMP_CHOICES}, got {config['amp']!r}")
+    compile_mode(config["compile"], "--compile")
     return config
 
 
