@@ -57,6 +57,7 @@ USER_ERRORS = [
     (_train_main, ["--opt", "adamx"], "--opt"),
     (_train_main, ["--sched", "cosin"], "--sched"),
     (_train_main, ["--resume", "latest"], "--resume"),
+    (_train_main, ["--compile", "fastest"], "--compile must be"),
     (bench_cli.main, ["nosuch_model", "--device", "cpu"], "nosuch_model"),
     (bench_cli.main, ["test_resnet", "--device", "cpu", "--dtype", "fp8"], "dtype"),
     (bench_cli.main, ["kernels", "--opss", "gka"], "did you mean --ops"),
@@ -172,6 +173,46 @@ def test_every_training_flag_has_a_one_line_description_in_a_group(capsys):
     for heading in ("model:", "data:", "schedule", "output, checkpoints, logging:"):
         assert heading in out
     assert "stochastic depth rate" in out and "(default: null)" in out
+
+
+def test_compile_is_off_on_or_a_mode_and_a_bare_flag_means_on(tmp_path):
+    assert parse_config([])["compile"] is None
+    assert parse_config(["--compile"])["compile"] is True
+    assert parse_config(["--compile", "reduce-overhead"])["compile"] == "reduce-overhead"
+    assert parse_config(["--compile", "--epochs", "2"])["compile"] is True
+    assert parse_config(["--compile", "false"])["compile"] is False
+    modes = [cli.compile_mode(value, "compile") for value in (None, False, True, "max-autotune")]
+    assert modes == [None, None, "default", "max-autotune"]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("compile: fastest\n")
+    for argv in (["--compile", "fastest"], ["--config", str(recipe)], ["--compile", "[1]"]):
+        with pytest.raises(cli.UserValueError, match="--compile must be .*reduce-overhead"):
+            parse_config(argv)
+
+
+def _imported(importtime_log: str) -> set[str]:
+    return {line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
+
+
+def test_training_help_and_a_mistyped_flag_answer_without_importing_torch(tmp_path):
+    """``visionssm-train --help`` used to load torch, timm and every model first (8-20 s)."""
+    commands = [[sys.executable, "-X", "importtime", "-m", "visionssm.train"]]
+    script = Path(sys.executable).with_name("visionssm-train")  # the console script, where this environment has it
+    if script.is_file():
+        commands.append([sys.executable, "-X", "importtime", str(script)])
+    for command in commands:
+        for argv, status in ((["--help"], 0), (["--batch-sise", "3"], 2), (["--compile", "fastest"], 2)):
+            proc = subprocess.run([*command, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == status, proc.stderr[-2000:]
+            imported = _imported(proc.stderr)
+            assert "visionssm.utils.training" in imported
+            heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "timm", "accelerate", "triton"))
+            assert heavy == [], f"{' '.join(argv)} imported {heavy[:5]}"
+            assert ("--compile [MODE]" in proc.stdout) == (status == 0)
+    # everywhere else import visionssm still registers the models with timm
+    proc = subprocess.run([sys.executable, "-c", "import visionssm, timm; print(timm.is_model('gka_vision_T'))"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
 def test_a_shortened_recipe_peaks_at_its_learning_rate():

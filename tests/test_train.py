@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -439,3 +440,52 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
         assert result[key] == pytest.approx(records[0][key], abs=1e-9), key
     assert result["img_per_s"] > 0 and result["skipped_val_images"] == 1 and result["val_images"] == 12
     assert '"val_top1"' in proc.stdout
+
+
+# The trainer with its torch.compile on a backend that counts the graphs dynamo hands it and runs them as traced:
+# the plumbing of --compile without Inductor's C++ compile of every kernel (minutes on a CPU).
+COMPILED_RUN = textwrap.dedent("""\
+    import json, sys
+    import torch
+    import visionssm.utils.train_loop as loop
+    from visionssm.train import main
+
+    modes, graphs, stepped = {}, [], set()
+    real_compile = torch.nn.Module.compile
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def compile_counting(module, *args, mode=None, **kwargs):
+        modes[id(module)] = mode
+        real_compile(module, backend=counting_backend)
+
+    torch.nn.Module.compile = compile_counting
+    real_step = loop._train_step
+
+    def step(run, images, targets):
+        stepped.add(id(run.model))
+        return real_step(run, images, targets)
+
+    loop._train_step = step
+    status = main(sys.argv[1:])
+    print("RESULT " + json.dumps({"status": status, "modes": list(modes.values()), "graphs": len(graphs),
+                                  "stepped": [modes.get(i) for i in stepped]}))
+    """)
+
+
+def test_compile_runs_the_training_step_through_torch_compile_in_its_mode(tiny_data, tmp_path):
+    args = ["--data-dir", str(tiny_data), "--output", str(tmp_path / "out"), *TINY_MODEL, "--img-size", "16",
+            "--batch-size", "8", "--workers", "0", "--epochs", "1", "--no-model-ema", "--compile", "reduce-overhead"]
+    proc = subprocess.run([sys.executable, "-c", COMPILED_RUN, *args], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result["status"] == 0 and result["modes"] == ["reduce-overhead"]
+    assert result["stepped"] == ["reduce-overhead"], "every training step called the compiled model"
+    assert result["graphs"] >= 2, "dynamo traced the training and the evaluation forward"
+    # compiled in place: the checkpoint's weights are the plain model's, loadable by an eager run
+    keys = load_file(str(tmp_path / "out" / "checkpoints" / "epoch_0001" / "model.safetensors")).keys()
+    assert keys and not [k for k in keys if k.startswith(("_orig_mod.", "module."))]
+    assert "compile: reduce-overhead" in (tmp_path / "out" / "config.yaml").read_text().splitlines()
