@@ -140,3 +140,40 @@ def test_cuda_graphs_inference(causal, K):
             tensors = make_inputs(2, 49, 3, K, K, dtype=torch.bfloat16, device="cuda", seed=seed)
             assert_close(compiled(*tensors).clone(), fn(*tensors), tol=1e-2, name=f"o (call {seed})")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("causal,solver,K", [(True, "direct", 16), (True, "auto", 32), (False, "direct", 16)])
+def test_a_call_keeps_nothing_it_allocated(triton_interpreter, causal, solver, K):
+    """What the ops' Triton path allocates during a call (plans built on first use included) is gone afterwards,
+    except its outputs and the per-device placeholder: under CUDA graphs (mode="reduce-overhead") anything else
+    would stay in the graph's pool untracked ('Detected 1 tensor(s) in the cudagraph pool not tracked as outputs')."""
+    import gc
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from visionssm.kernels.gka import custom_op
+    from visionssm.kernels.tuning import launch_overrides
+    from visionssm.kernels.utils import placeholder
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.made += [weakref.ref(t) for t in (out if isinstance(out, (tuple, list)) else [out])
+                          if isinstance(t, torch.Tensor)]
+            return out
+
+    tensors = make_inputs(2, 9, 3, K, K, causal=causal, seed=K)
+    args = (0.02, NUM_ITERS, resolve_solver(solver, causal, K)) + (() if causal else (False,))
+    forward = custom_op.gka_causal_forward if causal else custom_op.gka_global_forward
+    with torch.no_grad(), launch_overrides("gka_test_fresh_plans"), Allocations() as allocations:
+        *outputs, saved = forward(*tensors, *args)
+    kept = {t.untyped_storage().data_ptr() for t in (*outputs, *saved, placeholder(tensors[0].device))}
+    del outputs, saved
+    gc.collect()
+    alive = [ref() for ref in allocations.made if ref() is not None]
+    assert [tuple(t.shape) for t in alive if t.untyped_storage().data_ptr() not in kept] == []
