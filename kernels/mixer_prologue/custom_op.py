@@ -45,6 +45,20 @@ def _absent(proj):
     return proj.new_empty(0, dtype=torch.float32)
 
 
+def _kernel_inputs(proj, conv_weight, params, attrs):
+    """(proj, conv_weight, plan) as the kernels take them; the plan has no gate columns (the public function slices
+    the gate from proj itself)."""
+    from .launch import get_plan
+
+    num_heads, key_dim, value_dim, causal, beta_col, alpha_col, decay_col, transition, eps = attrs
+    if proj.stride(-1) != 1:
+        proj = proj.contiguous()
+    conv_weight = conv_weight.contiguous()
+    plan = get_plan(proj, conv_weight, params, num_heads, key_dim, value_dim, causal,
+                    (beta_col, alpha_col, decay_col), None, transition, eps)
+    return proj, conv_weight, plan
+
+
 def mixer_prologue_forward(proj: torch.Tensor, conv_weight: torch.Tensor, beta_bias: torch.Tensor | None,
                            alpha_bias: torch.Tensor | None, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
                            feedback: torch.Tensor | None, correction: torch.Tensor | None, num_heads: int,
@@ -57,13 +71,9 @@ def mixer_prologue_forward(proj: torch.Tensor, conv_weight: torch.Tensor, beta_b
     if not _triton(proj, conv_weight, *params):
         outputs = iter(_reference(proj, conv_weight, *params, *attrs))
     else:
-        from .launch import get_plan, run_fwd
+        from .launch import run_fwd
 
-        if proj.stride(-1) != 1:
-            proj = proj.contiguous()
-        conv_weight = conv_weight.contiguous()
-        plan = get_plan(proj, conv_weight, params, num_heads, key_dim, value_dim, causal,
-                        (beta_col, alpha_col, decay_col), None, transition, eps)
+        proj, conv_weight, plan = _kernel_inputs(proj, conv_weight, params, attrs)
         with device_guard(proj):
             outputs = iter(t for t in run_fwd(plan, proj, conv_weight, params, separate=True) if t is not None)
     return (*(next(outputs) if present else _absent(proj) for present in _present(params, alpha_col, decay_col)),
@@ -99,13 +109,9 @@ def mixer_prologue_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor
     if not _triton(*inputs):
         return library.reference_backward(_reference, [d for d, ok in zip(grads, present) if ok], inputs, *attrs)
     from .autograd import _PARAM_SLOTS
-    from .launch import get_plan, run_bwd
+    from .launch import run_bwd
 
-    if proj.stride(-1) != 1:
-        proj = proj.contiguous()
-    conv_weight = conv_weight.contiguous()
-    plan = get_plan(proj, conv_weight, params, num_heads, key_dim, value_dim, causal,
-                    (beta_col, alpha_col, decay_col), None, transition, eps)
+    proj, conv_weight, plan = _kernel_inputs(proj, conv_weight, params, attrs)
     with device_guard(proj):
         dproj, dweight, head_grads = run_bwd(plan, proj, conv_weight, params,
                                              tuple(d if ok else None for d, ok in zip(grads, present)), None)
