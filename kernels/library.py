@@ -8,8 +8,8 @@ Each op ``name`` is two custom ops in the ``visionssm`` namespace, tied together
 * ``visionssm::name_backward(Tensor[] grads, Tensor?[] inputs, Tensor[] saved, *attrs) -> Tensor[]``: the gradient
   of every input that is not ``None``, in order, from those of the outputs.
 
-Both pick their backend when they run (:func:`visionssm.kernels.dispatch.select_backend`), so the PyTorch reference is
-the CPU kernel of the same op; on that path the backward recomputes the reference forward and differentiates it
+Both pick their backend when they run (:func:`visionssm.kernels.dispatch.op_backend`), so the PyTorch reference is the
+CPU kernel of the same op; on that path the backward recomputes the reference forward and differentiates it
 (:func:`reference_backward`). Eager calls keep each op's ``torch.autograd.Function``: a custom op costs host time per
 call, and the small models are host-bound in eager mode. The public functions take the registered op while
 ``torch.compile`` or ``torch.export`` traces them (:func:`tracing`).
@@ -118,7 +118,7 @@ def _grads_like_inputs(grads, inputs, saved, *attrs):
 def reference_backward(reference: Callable, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor | None],
                        *attrs) -> list[torch.Tensor]:
     """The backward of the PyTorch path: ``reference(*inputs, *attrs)`` (returning a tensor or a tuple of them, the
-    outputs ``grads`` belong to) recomputed with autograd on, then differentiated. Returns the gradient of each
+    outputs ``grads`` belong to) recomputed and differentiated by ``torch.func.vjp``. Returns the gradient of each
     present input, zeros for one the outputs do not depend on."""
     present = [t for t in inputs if t is not None]
     differentiable = [t.dtype.is_floating_point for t in present]
