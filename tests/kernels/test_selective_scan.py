@@ -284,13 +284,13 @@ def test_interpreter_code_shapes(triton_interpreter, poison_outputs, variant, ca
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_interpreter_segments(triton_interpreter, poison_outputs, segments, causal):
     """The long-sequence path: time split into segments scanned in parallel (two passes each way), forced on a
-    short sequence; uneven segments (37 tokens = 5 chunks of 8), grouped B/C, D, z, delta_bias, the last state's
-    gradient, and both directions."""
-    with launch_overrides("selective_scan", chunk=8, segments=segments):
-        assert launch_config(37, 3, 6).segments == segments
-        inputs, softplus = make_inputs(dim=6, length=37, groups=2)
+    short sequence; uneven segments (19 tokens = 5 chunks of 4, the last one partial), grouped B/C, D, z, delta_bias,
+    the last state's gradient, and both directions; then 3 chunks (one per segment at 3 segments) without options."""
+    with launch_overrides("selective_scan", chunk=4, segments=segments):
+        assert launch_config(19, 3, 6).segments == segments
+        inputs, softplus = make_inputs(dim=6, length=19, groups=2)
         compare(inputs, softplus, dtype=torch.float32, causal=causal, return_last_state=causal)
-        inputs, softplus = make_inputs(dim=3, length=19, **BARE)
+        inputs, softplus = make_inputs(dim=3, length=10, **BARE)
         compare(inputs, softplus, dtype=torch.float32, causal=causal)
 
 
