@@ -49,18 +49,44 @@ def _shared_fixture_group(item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def _group_suffix(item) -> str | None:
+    """The ``@group`` suffix pytest-xdist's loadgroup gives a node id (from its xdist_group marks), or None."""
+    names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+             for mark in item.iter_markers("xdist_group")}
+    return f"@{'_'.join(sorted(names))}" if names else None
+
+
+def _add_group_suffix(item, suffix: str) -> None:
+    """What pytest-xdist's worker does to send a group's tests to one worker: it sets ``item._nodeid``, which
+    pytest >= 9.2 no longer reads (the id lives in ``item._id``), so without this the groups are silently ignored."""
+    nodeid = item.nodeid + suffix
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
+@pytest.hookimpl(wrapper=True)  # around pytest-xdist's hook: marks before it reads them, its node ids checked after
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        for item in items:
+            suffix = _group_suffix(item)
+            if suffix is not None and not item.nodeid.endswith(suffix):
+                _add_group_suffix(item, suffix)
     if torch.cuda.is_available():
-        return
+        return result
     skip_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
+    return result
 
 
 @pytest.fixture(autouse=True)
