@@ -155,9 +155,12 @@ def test_bad_inputs():
 # Triton kernels in Triton's interpreter (tiny shapes; NaN-poisoned outputs catch unwritten elements)
 
 
-# Non-causal Triton cases are in test_gka_global.py (against the exact and the Chebyshev references).
+# Non-causal Triton cases are in test_gka_global.py (against the exact and the Chebyshev references). The causal
+# lengths 1, 5, 63, 65, 197 and 257 run on the same kernels (solver "auto" is "direct" for 16-wide causal heads) in
+# test_gka_causal.py::test_interpreter_direct_lengths, against the exact solve at tighter tolerances: here the "auto"
+# default on one partial chunk and on whole chunks only.
 @pytest.mark.parametrize("causal", [True])
-@pytest.mark.parametrize("T", [1, 5, 63, 64, 65, 196, 257])
+@pytest.mark.parametrize("T", [1, 64])
 def test_triton_interpreter_lengths(triton_interpreter, poison_outputs, causal, T):
     tensors = make_inputs(1, T, 1, 16, 16, use_beta=T % 2 == 1, use_alpha=T % 3 != 0, seed=T)
     check_against_reference(tensors, causal=causal, exact_grads=True)
