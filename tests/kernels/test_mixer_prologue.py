@@ -408,10 +408,12 @@ def test_inductor_compiled_equals_eager_with_aligned_inputs(triton_interpreter, 
     from torch._inductor.utils import tensor_is_aligned
 
     monkeypatch.setattr(inductor_graph, "should_assume_input_aligned", tensor_is_aligned)
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cached graph would skip the asserts
     proj, weight, kwargs = make_problem("comba", B=1, L=5, H=3, K=4, V=4, gate_width=4, causal=False,
                                         transition="iplr", unused=2, seed=9)
-    _compiled_against_eager(proj, weight, kwargs, backend="inductor", tol=1e-5)
+    # a cached graph would skip the asserts; config.patch, not monkeypatch: pytest's monkeypatch does not see the
+    # setting on the config module, so its undo deleted it and every later Inductor compile in the worker failed
+    with torch._inductor.config.patch(force_disable_caches=True):
+        _compiled_against_eager(proj, weight, kwargs, backend="inductor", tol=1e-5)
 
 
 @pytest.mark.cuda
