@@ -139,6 +139,16 @@ def test_explain_one_graph(name, mode):
     assert problem is None, f"{name} ({mode}): {problem}"
 
 
+def _assert_step_matches(out, expected, model, eager) -> None:
+    """The compiled model's output equals eager's, and so does every parameter gradient after one backward of the
+    same random cotangent through each."""
+    torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    _assert_grads_close(model, eager)
+
+
 @pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_compiled_train_step_matches_eager(name):
     """fullgraph aot_eager forward+backward in train mode: outputs, every gradient and the BatchNorm running
@@ -150,12 +160,7 @@ def test_compiled_train_step_matches_eager(name):
         x = _input(name)
         with _no_recompile(step > 0):
             out = compiled(x)
-        expected = eager(x)
-        torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
-        grad = torch.randn_like(expected)
-        out.backward(grad)
-        expected.backward(grad)
-        _assert_grads_close(model, eager)
+        _assert_step_matches(out, eager(x), model, eager)
         for (buffer, b), (_, b_eager) in zip(model.named_buffers(), eager.named_buffers()):
             torch.testing.assert_close(b, b_eager, rtol=RTOL, atol=ATOL, msg=lambda m, p=buffer: f"{p}: {m}")
         model.zero_grad()
@@ -234,13 +239,7 @@ def test_triton_path_train_and_eval(name, triton_interpreter):
     eager = _build(name).train()
     model = copy.deepcopy(eager)
     x = _input(name, batch=1, max_side=32)  # the interpreter's time grows with the grid (here: one 3x3 window)
-    out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
-    expected = eager(x)
-    torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
-    grad = torch.randn_like(expected)
-    out.backward(grad)
-    expected.backward(grad)
-    _assert_grads_close(model, eager)
+    _assert_step_matches(torch.compile(model, fullgraph=True, backend="aot_eager")(x), eager(x), model, eager)
     # inference: the ops keep nothing for a backward (their no-grad layouts)
     torch._dynamo.reset()
     model.eval()
