@@ -17,7 +17,14 @@ import difflib
 import yaml
 
 from visionssm.configs import find_config
-from visionssm.utils.cli import UserFileError, UserKeyError, UserTypeError, UserValueError, compile_mode
+from visionssm.utils.cli import (
+    UserFileError,
+    UserKeyError,
+    UserTypeError,
+    UserValueError,
+    compile_mode,
+    load_yaml_mapping,
+)
 
 DEFAULTS: dict = {
     "name": "tracking",
@@ -179,13 +186,7 @@ def load_config(path: str | None = None, overrides: list[str] | dict | None = No
             config_file = find_config(path, "tracking")
         except FileNotFoundError as error:
             raise UserFileError(f"--config: {error}") from None
-        try:
-            loaded = yaml.safe_load(config_file.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise UserValueError(f"config file {config_file} is not valid YAML: {error}") from None
-        if not isinstance(loaded, dict):
-            raise UserValueError(f"config file {config_file} must hold a mapping of keys to values")
-        _merge(cfg, loaded)
+        _merge(cfg, load_yaml_mapping(config_file))
     if overrides:
         _merge(cfg, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
     cfg["data"]["train"] = _check_datasets(cfg["data"]["train"])

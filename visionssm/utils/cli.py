@@ -19,9 +19,12 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
 
 __all__ = ["COMPILE_MODES", "ArgumentParser", "UserError", "UserFileError", "UserKeyError", "UserTypeError",
-           "UserValueError", "cap_workers", "compile_mode", "run_main", "usable_cpus"]
+           "UserValueError", "cap_workers", "compile_mode", "load_yaml_mapping", "run_main", "usable_cpus"]
 
 #: torch.compile's modes; "default" is what ``torch.compile(model)`` does without one.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -116,3 +119,18 @@ def compile_mode(value, setting: str) -> str | None:
         return value
     raise UserValueError(f"{setting} must be true, false, null or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
                          f"got {value!r}")
+
+
+def load_yaml_mapping(path: str | os.PathLike) -> dict:
+    """The mapping a YAML config file holds; a missing file, bad YAML or another top-level value is a user error
+    naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserFileError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise UserValueError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise UserValueError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data

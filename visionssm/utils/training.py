@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from visionssm.configs import find_config
-from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError, compile_mode
+from visionssm.utils.cli import ArgumentParser, UserFileError, UserValueError, compile_mode, load_yaml_mapping
 
 __all__ = ["CheckpointManager", "MetricsLog", "TrainState", "DEFAULT_CONFIG", "deterministic_algorithms",
            "parse_config", "plot_curves", "plot_runs", "scaled_lr"]
@@ -72,19 +72,6 @@ def deterministic_algorithms(enabled: bool = True) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
-
-
-def _load_yaml(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise UserFileError(f"config file {path} not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise UserValueError(f"config file {path} is not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise UserValueError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
-    return data
 
 
 _GROUP_LINE = re.compile(r"#\s*---\s*(.+?)\s*---\s*$")
@@ -176,7 +163,7 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
     ``--config`` is a YAML file or the name of a recipe shipped in ``visionssm.configs`` (``mamba_vision_T``,
     ``configs/imagenet/mamba_vision_T.yaml``; see :func:`visionssm.configs.find_config`).
     """
-    defaults = _load_yaml(defaults_file)
+    defaults = load_yaml_mapping(defaults_file)
     pre = ArgumentParser(prog=prog, add_help=False)
     pre.add_argument("-c", "--config", default=None,
                      help="recipe YAML overriding the defaults, or the name of a shipped recipe (mamba_vision_T)")
@@ -187,7 +174,7 @@ def parse_config(argv: Sequence[str] | None = None, defaults_file: str | os.Path
             recipe_file = find_config(known.config, "imagenet")
         except FileNotFoundError as error:
             raise UserFileError(f"--config: {error}") from None
-        recipe = _load_yaml(recipe_file)
+        recipe = load_yaml_mapping(recipe_file)
         _check_known(recipe, defaults, str(recipe_file))
         _apply_layer(merged, {k: _yaml_number(v) if isinstance(defaults[k], float) else v for k, v in recipe.items()})
 
