@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .dispatch import exporting
+from . import tuning
+from .dispatch import exporting, op_backend
 
-__all__ = ["NAMESPACE", "REGISTERED", "register", "reference_backward", "tracing"]
+__all__ = ["NAMESPACE", "REGISTERED", "register", "reference_backward", "runs_triton", "tracing"]
 
 NAMESPACE = "visionssm"
 #: The forward ops registered so far, by name.
@@ -35,6 +36,12 @@ def tracing() -> bool:
     """Whether the caller is being traced by ``torch.compile`` / ``torch.export`` (take the registered op), and not
     for an ONNX, TorchScript or FX export (those take the PyTorch reference)."""
     return torch.compiler.is_compiling() and not exporting()
+
+
+def runs_triton(op: str, *tensors: torch.Tensor | None) -> bool:
+    """Whether a registered op's call on ``tensors`` runs the Triton kernels: :func:`~.dispatch.op_backend` chooses
+    them and the op's launch setting ``reference`` (:mod:`.tuning`) does not send it to the PyTorch path."""
+    return op_backend(*tensors) == "triton" and not tuning.overrides(op).get("reference", False)
 
 
 def _is_tensor_type(arg) -> bool:

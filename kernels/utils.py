@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
-           "check_same_device", "check_shape", "device_guard", "empty_output", "empty_output_like", "input_guard",
-           "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
+           "check_same_device", "check_shape", "contiguous", "device_guard", "empty_output", "empty_output_like",
+           "input_guard", "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
            "heads_per_program", "launch_options", "needs_grad", "next_pow2", "placeholder", "sm_count", "wave_slots"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -181,6 +181,11 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 _NO_DEVICE_SWITCH = contextlib.nullcontext()
+
+
+def contiguous(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``tensors`` made contiguous, ``None`` entries kept: the layout the kernels read."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
 def needs_grad(*tensors: torch.Tensor | None) -> bool:

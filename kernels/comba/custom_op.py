@@ -11,16 +11,13 @@ import torch
 
 from .. import library
 from ..dispatch import op_backend
-from ..utils import device_guard
+from ..utils import contiguous, device_guard
 from .naive import comba_chunked
 
 
 def _reference(q, k, v, p, g, beta, scale, causal):
     return comba_chunked(q, k, v, p, g, beta, scale=scale, causal=causal)
 
-
-def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    return [t.contiguous() for t in tensors]
 
 
 def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g: torch.Tensor,
@@ -31,7 +28,7 @@ def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Te
         return _reference(q, k, v, p, g, beta, scale, causal), []
     from .launch import fwd_plan, run_fwd
 
-    q, k, v, p, g, beta = _contiguous(q, k, v, p, g, beta)
+    q, k, v, p, g, beta = contiguous(q, k, v, p, g, beta)
     with device_guard(q):
         o, h0, inv = run_fwd(fwd_plan(q, v, g, beta, causal, save), q, k, v, p, g, beta, scale)
     return o, [] if h0 is None else [h0] if inv is None else [h0, inv]
@@ -57,7 +54,7 @@ def comba_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None],
         return library.reference_backward(_reference, grads, inputs, scale, causal)
     from .launch import CHUNK, bwd_plan, run_bwd
 
-    q, k, v, p, g, beta = _contiguous(*inputs)
+    q, k, v, p, g, beta = contiguous(*inputs)
     h0, inv = saved[0], saved[1] if len(saved) > 1 else None
     do = grads[0].contiguous()
     with device_guard(do):

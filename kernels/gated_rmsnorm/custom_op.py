@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import gated_rmsnorm_reference, up_project_gate
 
@@ -17,10 +16,9 @@ def _reference(o, gate, weight, gate_weight, gate_bias, activation, eps):
 
 
 def _triton(*tensors) -> bool:
-    from .. import tuning
     from . import OP
 
-    return op_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
+    return library.runs_triton(OP, *tensors)
 
 
 def _layout(o, gate, weight):

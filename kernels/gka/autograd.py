@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard, needs_grad
+from ..utils import contiguous, device_guard, needs_grad
 
 __all__ = ["CausalGKAFunction", "GlobalGKAFunction", "gka_triton"]
-
-def _contiguous(*tensors):
-    return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
 class CausalGKAFunction(torch.autograd.Function):
@@ -27,7 +24,7 @@ class CausalGKAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, alpha, ridge: float, solver: str, num_iters: int):
         from .causal_launch import causal_fwd, fwd_plan
 
-        q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
+        q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
         with device_guard(q):
             plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
             o, saved = causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=True)
@@ -54,7 +51,7 @@ class GlobalGKAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str):
         from .global_launch import global_fwd, global_plan
 
-        q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
+        q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
         plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)
         with device_guard(q):
             o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
@@ -78,7 +75,7 @@ def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) 
         return CausalGKAFunction.apply(q, k, v, g, beta, alpha, ridge, solver, num_iters)
     from .causal_launch import causal_fwd, fwd_plan
 
-    q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
+    q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
     with device_guard(q):
         plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
         return causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=False)[0]
@@ -89,7 +86,7 @@ def _global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> 
         return GlobalGKAFunction.apply(q, k, v, beta, alpha, ridge, num_iters, solver)
     from .global_launch import global_fwd, global_plan
 
-    q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
+    q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
     plan = global_plan(q, v, beta, alpha, solver, num_iters, save=False)
     with device_guard(q):
         return global_fwd(plan, q, k, v, beta, alpha, ridge)[0]

@@ -11,11 +11,7 @@ import torch
 
 from .. import library
 from ..dispatch import op_backend
-from ..utils import device_guard
-
-
-def _contiguous(*tensors):
-    return tuple(None if t is None else t.contiguous() for t in tensors)
+from ..utils import contiguous, device_guard
 
 
 def _causal_reference(q, k, v, g, beta, alpha, ridge, num_iters, solver):
@@ -41,7 +37,7 @@ def gka_causal_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         return _causal_reference(q, k, v, g, beta, alpha, ridge, num_iters, solver), []
     from .causal_launch import causal_fwd, fwd_plan
 
-    q, k, v, g, beta, alpha = _contiguous(q, k, v, g, beta, alpha)
+    q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
     with device_guard(q):
         plan = fwd_plan(q, k, v, g, beta, alpha, solver, num_iters, ridge)
         o, (x, fro, h0, s0) = causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=True)
@@ -66,7 +62,7 @@ def gka_causal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | N
         return library.reference_backward(_causal_reference, grads, inputs, ridge, num_iters, solver)
     from .causal_launch import causal_bwd, fwd_plan
 
-    q, k, v, g, beta, alpha = _contiguous(*inputs)
+    q, k, v, g, beta, alpha = contiguous(*inputs)
     x, h0, s0, *rest = saved
     fro = rest[0] if rest else None
     do = grads[0].to(v.dtype).contiguous()
@@ -83,7 +79,7 @@ def gka_global_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         return _global_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save), []
     from .global_launch import global_fwd, global_plan
 
-    q, k, v, beta, alpha = _contiguous(q, k, v, beta, alpha)
+    q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
     with device_guard(q):
         plan = global_plan(q, v, beta, alpha, solver, num_iters, save=save)
         o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
@@ -110,7 +106,7 @@ def gka_global_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | N
                            "save=True when a gradient is needed")
     from .global_launch import global_bwd, global_plan
 
-    q, k, v, beta, alpha = _contiguous(*inputs)
+    q, k, v, beta, alpha = contiguous(*inputs)
     do = grads[0].to(v.dtype).contiguous()
     with device_guard(q):
         plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import add_layer_norm_reference, layer_norm_reference
 
@@ -20,11 +19,9 @@ def _add_reference(x, residual, weight, bias, eps, out_dtype):
 
 
 def _triton(*tensors) -> bool:
-    from .. import tuning
     from . import MAX_CHANNELS, OP
 
-    return (op_backend(*tensors) == "triton" and tensors[0].shape[-1] <= MAX_CHANNELS
-            and not tuning.overrides(OP).get("reference", False))
+    return library.runs_triton(OP, *tensors) and tensors[0].shape[-1] <= MAX_CHANNELS
 
 
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,

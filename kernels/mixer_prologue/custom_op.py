@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..dispatch import op_backend
 from ..utils import device_guard
 from .naive import mixer_prologue_reference
 
@@ -21,10 +20,9 @@ _OUTPUTS = ("q", "k", "v", "p", "g", "beta", "alpha")
 
 
 def _triton(*tensors) -> bool:
-    from .. import tuning
     from . import OP
 
-    return op_backend(*tensors) == "triton" and not tuning.overrides(OP).get("reference", False)
+    return library.runs_triton(OP, *tensors)
 
 
 def _present(params, alpha_col, decay_col) -> list[bool]:
