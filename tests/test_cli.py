@@ -20,9 +20,9 @@ from visionssm.tracking import evaluate as tracking_evaluate
 from visionssm.tracking import run as tracking_run
 from visionssm.tracking import train as tracking_train
 from visionssm.tracking.data import synthetic as video_synthetic
+from visionssm.training.setup import build_scheduler, check_config
+from visionssm.training.state import DEFAULT_CONFIG, key_docs, parse_config
 from visionssm.utils import cli
-from visionssm.utils.train_setup import build_scheduler, check_config
-from visionssm.utils.training import DEFAULT_CONFIG, key_docs, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def test_training_help_and_a_mistyped_flag_answer_without_importing_torch(tmp_pa
             proc = subprocess.run([*command, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
             assert proc.returncode == status, proc.stderr[-2000:]
             imported = _imported(proc.stderr)
-            assert "visionssm.utils.training" in imported
+            assert "visionssm.training.state" in imported
             heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "timm", "accelerate", "triton"))
             assert heavy == [], f"{' '.join(argv)} imported {heavy[:5]}"
             assert ("--compile [MODE]" in proc.stdout) == (status == 0)

@@ -26,8 +26,8 @@ from safetensors.torch import load_file
 
 from visionssm.data.loader import SafeImageFolder, build_split, collate_skipping
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
-from visionssm.utils.train_setup import build_scheduler, fit_schedule
-from visionssm.utils.training import (
+from visionssm.training.setup import build_scheduler, fit_schedule
+from visionssm.training.state import (
     CheckpointManager,
     TrainState,
     deterministic_algorithms,
@@ -447,7 +447,7 @@ def test_two_process_cpu_run_with_accelerate_launch(tiny_data, tmp_path):
 COMPILED_RUN = textwrap.dedent("""\
     import json, sys
     import torch
-    import visionssm.utils.train_loop as loop
+    import visionssm.training.loop as loop
     from visionssm.train import main
 
     modes, graphs, stepped = {}, [], set()

@@ -35,8 +35,8 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from visionssm.training.state import CheckpointManager, MetricsLog, TrainState, deterministic_algorithms
 from visionssm.utils.cli import ArgumentParser, UserValueError, cap_workers, compile_mode, run_main
-from visionssm.utils.training import CheckpointManager, MetricsLog, TrainState, deterministic_algorithms
 
 from .config import load_config
 from .data.got10k import Got10k

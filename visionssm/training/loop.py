@@ -33,8 +33,7 @@ from tqdm.auto import tqdm
 
 import visionssm.models  # noqa: F401  (registers the visionssm backbones with timm)
 from visionssm.data.loader import EpochShuffleSampler, build_split
-from visionssm.utils.cli import UserValueError, compile_mode
-from visionssm.utils.train_setup import (
+from visionssm.training.setup import (
     build_criterion,
     build_optimizer,
     build_scheduler,
@@ -53,13 +52,14 @@ from visionssm.utils.train_setup import (
     save_weights,
     val_loader,
 )
-from visionssm.utils.training import (
+from visionssm.training.state import (
     CheckpointManager,
     MetricsLog,
     TrainState,
     deterministic_algorithms,
     plot_curves,
 )
+from visionssm.utils.cli import UserValueError, compile_mode
 
 __all__ = ["Run", "describe_model", "end_epoch", "train", "train_one_epoch", "validate"]
 
@@ -360,7 +360,7 @@ def describe_model(cfg: dict) -> str:
 
 
 def train(cfg: dict) -> int:
-    """Check the parsed ``cfg`` (:func:`~visionssm.utils.train_setup.check_config`), then train, or with
+    """Check the parsed ``cfg`` (:func:`~visionssm.training.setup.check_config`), then train, or with
     ``eval_only`` evaluate, as it says; returns the exit status."""
     # launched processes share one terminal: the main one says what was capped
     check_config(cfg, say=print if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None)

@@ -33,9 +33,9 @@ from visionssm.data.loader import (
     split_root,
 )
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
+from visionssm.training.state import CheckpointManager, scaled_lr
 from visionssm.utils.checkpoint import read_state_dict
 from visionssm.utils.cli import UserFileError, UserTypeError, UserValueError, cap_workers
-from visionssm.utils.training import CheckpointManager, scaled_lr
 
 __all__ = ["build_criterion", "build_optimizer", "build_scheduler", "build_train_loader", "check_config",
            "create_model", "data_config", "eval_transform", "find_resume_checkpoint", "fit_schedule",
