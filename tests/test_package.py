@@ -131,12 +131,24 @@ def _exists(path: str, folder: Path) -> bool:
 
 
 @pytest.mark.parametrize("document", ["README.md", "CONTRIBUTING.md", "tracking/README.md",
-                                      "benchmarks/results/HISTORY.md"])
+                                      "benchmarks/results/README.md"])
 def test_documents_name_files_that_exist(document):
     folder = (ROOT / document).parent
     missing = sorted(p for p in _named_paths((ROOT / document).read_text(), folder) if not _exists(p, folder)
                      and not p.startswith(("visionssm.", "github.com", "huggingface.co")))
     assert not missing, f"{document} names files that do not exist: {missing}"
+
+
+def test_results_index_lists_every_committed_result():
+    """benchmarks/results/README.md names each file of its folder (one line per run, its files in braces), and names
+    nothing that is not there: a results file is committed with its line, and its line leaves with it."""
+    folder = ROOT / "benchmarks" / "results"
+    spans = re.findall(r"`([^`\n]+)`", (folder / "README.md").read_text())
+    names = (span for span in spans if re.fullmatch(r"(train/)?[\w.{},-]+\.(\w+|\{[\w,]+\})", span))
+    listed = {path for name in names for path in _expand(name)}
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "README.md"}
+    assert present - listed == set(), "committed results missing from the index"
+    assert listed - present == set(), "the index names results that are not committed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
