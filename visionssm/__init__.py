@@ -3,9 +3,10 @@
 ``import visionssm`` registers every model with timm, so ``timm.create_model('gka_vision_T')`` works after it.
 Importing needs no GPU and compiles no Triton kernel (the kernels load on first use).
 
-The one exception is a process started as the ``visionssm-train`` command (or ``python -m visionssm.train``): the
-command reads its arguments before it loads torch, timm and the models, so ``--help`` and a mistyped flag answer at
-once; it imports the models itself once the arguments parse.
+The one exception is a process started as one of visionssm's commands (:data:`COMMANDS`: ``visionssm-train``,
+``visionssm-benchmark``, ``python -m visionssm.tracking.train`` ...): a command reads its arguments before it loads
+torch, timm and the models, so ``--help`` and a mistyped flag answer at once; it imports what it needs once the
+arguments parse.
 """
 
 import importlib
@@ -18,15 +19,29 @@ __all__ = ["__version__", "kernels", "layers", "models"]
 
 _SUBMODULES = ("kernels", "layers", "models")
 
+#: visionssm's command lines, each module (run as ``python -m MODULE``) with its console script (None: none). The
+#: package's one list: a process started as one of them skips the eager import below; pyproject.toml's
+#: ``[project.scripts]`` must name the same scripts (tests/test_cli.py checks both).
+COMMANDS = {
+    "visionssm.train": "visionssm-train",
+    "visionssm.benchmark": "visionssm-benchmark",
+    "visionssm.data.synthetic": None,
+    "visionssm.tracking.train": None,
+    "visionssm.tracking.run": None,
+    "visionssm.tracking.evaluate": None,
+    "visionssm.tracking.data.synthetic": None,
+}
+
 
 def _started_as_command() -> bool:
-    """Whether this process runs ``visionssm-train``: its console script, or ``-m visionssm.train`` (Python sets
+    """Whether this process runs one of :data:`COMMANDS`: its console script, or ``-m MODULE`` (Python sets
     ``sys.argv[0]`` to ``-m`` while it imports the module's parents)."""
-    if Path(sys.argv[0] if sys.argv else "").stem.removesuffix("-script") == "visionssm-train":
+    script = Path(sys.argv[0] if sys.argv else "").stem.removesuffix("-script")  # Windows names it NAME-script.py
+    if script and script in COMMANDS.values():
         return True
     if sys.argv[:1] == ["-m"] and len(sys.orig_argv) > len(sys.argv):
         module = sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]  # the word after -m, before the arguments
-        return module in ("visionssm.train", "-mvisionssm.train")
+        return module.removeprefix("-m") in COMMANDS
     return False
 
 

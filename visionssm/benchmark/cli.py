@@ -38,19 +38,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+# Only what parsing needs: torch, timm and the models load once the arguments parse (see _run_models).
+from visionssm.utils.cli import COMPILE_MODES, ArgumentParser, run_main
 
-from visionssm.utils.benchmark import environment, save_results
-from visionssm.utils.cli import ArgumentParser, run_main
+if TYPE_CHECKING:
+    from .config import BenchmarkConfig
 
-from . import kernel_suites
-from .config import CHART_AXES, COMPILE_MODES, FLOP_RULE, MODES, TIMING_RULE, BenchmarkConfig
-from .parallel import launched_rank, run_benchmark
-from .report import format_table, write_outputs
+__all__ = ["CHART_AXES", "DEFAULT_OUT", "MODES", "build_kernels_parser", "build_parser", "kernels_main", "main"]
 
-__all__ = ["build_parser", "main"]
+#: What a model run can measure, in the order the table shows it.
+MODES = ("infer", "train", "latency")
+#: The x axes the chart can plot inference throughput against.
+CHART_AXES = ("params", "gflops")
+#: Where results go unless told otherwise: a folder in the working directory, never inside the installed package.
+DEFAULT_OUT = Path("benchmark-results")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-unknown", action="store_true", help="leave out (with a warning) model names this timm "
                    "version does not know, instead of stopping")
     p.add_argument("--chart", default="params", help="x axis of the PNG chart: params or gflops")
-    p.add_argument("--out", "--out-dir", dest="out", default=str(kernel_suites.DEFAULT_OUT),
-                   help=f"folder for JSON/CSV/PNG (default ./{kernel_suites.DEFAULT_OUT} in the working directory)")
+    p.add_argument("--out", "--out-dir", dest="out", default=str(DEFAULT_OUT),
+                   help=f"folder for JSON/CSV/PNG (default ./{DEFAULT_OUT} in the working directory)")
     p.add_argument("--name", default="throughput", help="file name prefix (default 'throughput')")
     p.add_argument("--no-save", action="store_true", help="print the table only")
     p.add_argument("--kernels", action="store_true", help="also run the kernel suites (into the same --out)")
@@ -99,6 +104,10 @@ def _compile_mode(text: str) -> str:
 
 
 def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
+    import torch
+
+    from .config import BenchmarkConfig
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cpu = device.startswith("cpu")
     if args.chart not in CHART_AXES:
@@ -126,6 +135,10 @@ def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
     """The environment stamp of a results file, with the settings and rules the numbers were taken under."""
     import timm
 
+    from visionssm.utils.benchmark import environment
+
+    from .config import FLOP_RULE, TIMING_RULE
+
     env = environment(cfg.device)
     env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
                 "timing_rule": TIMING_RULE, "command": "visionssm-benchmark " + " ".join(argv)})
@@ -134,6 +147,12 @@ def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
 
 
 def _run_models(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
+    import visionssm.models  # noqa: F401  (registers the visionssm backbones with timm)
+    from visionssm.utils.benchmark import save_results
+
+    from .parallel import launched_rank, run_benchmark
+    from .report import format_table, write_outputs
+
     out = None if args.no_save else Path(args.out)
     stamp: dict = {}
 
@@ -169,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kernels"]:
-        return kernel_suites.main(argv[1:])
+        return kernels_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     status = 0
@@ -177,5 +196,43 @@ def _main(argv: list[str] | None) -> int:
         status = _run_models(parser, args, argv)
     if args.kernels:
         kernel_argv = ["--no-save"] if args.no_save else ["--out", args.out]
-        status = max(status, kernel_suites.main(kernel_argv))
+        status = max(status, kernels_main(kernel_argv))
     return status
+
+
+def build_kernels_parser(default_out: str | Path = DEFAULT_OUT) -> argparse.ArgumentParser:
+    """The parser of ``visionssm-benchmark kernels`` (its text is :mod:`.kernel_suites`' docstring, read as a file so
+    that parsing imports nothing the suites need)."""
+    doc = _module_docstring(Path(__file__).with_name("kernel_suites.py"))
+    parser = ArgumentParser(prog="visionssm-benchmark kernels", description=doc,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                        help="kernel ops of the registered mixers (default: all of them)")
+    parser.add_argument("--quick", action="store_true", help="first shape only (a smoke run)")
+    parser.add_argument("--out", "--out-dir", dest="out", default=str(default_out),
+                        help=f"folder for the JSON/CSV results (default {default_out})")
+    parser.add_argument("--no-save", action="store_true", help="print the tables only")
+    return parser
+
+
+def kernels_main(argv: Sequence[str] | None = None, *, default_out: str | Path = DEFAULT_OUT) -> int:
+    """``visionssm-benchmark kernels``: parse, check the ops (an unknown one is a one-line error), run the suites."""
+    parser = build_kernels_parser(default_out)
+    args = parser.parse_args(argv)
+    from visionssm.layers import mixer_kernel_ops
+
+    from .kernel_suites import load_suite, run_suites
+
+    ops = list(dict.fromkeys(args.ops or mixer_kernel_ops()))
+    try:
+        for op in ops:
+            load_suite(op)
+    except ValueError as error:
+        parser.error(str(error))
+    return run_suites(ops, quick=args.quick, out=None if args.no_save else args.out)
+
+
+def _module_docstring(path: Path) -> str | None:
+    import ast
+
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)

@@ -13,6 +13,8 @@ from visionssm.kernels.utils import check_int
 from visionssm.layers import mixer_kernel_ops
 from visionssm.utils.cli import COMPILE_MODES
 
+from .cli import CHART_AXES, MODES
+
 __all__ = ["CHART_AXES", "COMPILE_MODES", "DTYPES", "FLOP_RULE", "MODES", "PRECISIONS", "TIMING_RULE",
            "BenchmarkConfig", "resolve_models", "validate_config", "visionssm_models"]
 
@@ -30,8 +32,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 PRECISIONS = ("amp", "pure")
-MODES = ("infer", "train", "latency")
-CHART_AXES = ("params", "gflops")
 
 
 @dataclasses.dataclass

@@ -17,7 +17,6 @@ that fails is reported and the others still run (exit status 1).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,12 +26,12 @@ import torch
 
 from visionssm.layers import mixer_kernel_ops
 from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, settle_host_bound, side_by_side
-from visionssm.utils.cli import ArgumentParser
+
+from .cli import DEFAULT_OUT
+from .cli import build_kernels_parser as build_parser
+from .cli import kernels_main as main
 
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
-
-#: Where results go unless told otherwise: a folder in the working directory, never inside the installed package.
-DEFAULT_OUT = Path("benchmark-results")
 
 
 def load_suite(op: str) -> ModuleType:
@@ -89,20 +88,3 @@ def run_suites(ops: Sequence[str], *, quick: bool = False, out: str | Path | Non
     if tables:
         log("\n\n".join(tables))
     return 1 if failed else 0
-
-
-def build_parser(default_out: str | Path = DEFAULT_OUT) -> argparse.ArgumentParser:
-    ops = mixer_kernel_ops()
-    parser = ArgumentParser(prog="visionssm-benchmark kernels", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", nargs="+", choices=ops, default=ops, help="kernel ops (default: all)")
-    parser.add_argument("--quick", action="store_true", help="first shape only (a smoke run)")
-    parser.add_argument("--out", "--out-dir", dest="out", default=str(default_out),
-                        help=f"folder for the JSON/CSV results (default {default_out})")
-    parser.add_argument("--no-save", action="store_true", help="print the tables only")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, *, default_out: str | Path = DEFAULT_OUT) -> int:
-    args = build_parser(default_out).parse_args(argv)
-    return run_suites(args.ops, quick=args.quick, out=None if args.no_save else args.out)
