@@ -5,6 +5,7 @@ shortened recipe."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -194,25 +195,75 @@ def _imported(importtime_log: str) -> set[str]:
     return {line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
 
 
-def test_training_help_and_a_mistyped_flag_answer_without_importing_torch(tmp_path):
-    """``visionssm-train --help`` used to load torch, timm and every model first (8-20 s)."""
-    commands = [[sys.executable, "-X", "importtime", "-m", "visionssm.train"]]
-    script = Path(sys.executable).with_name("visionssm-train")  # the console script, where this environment has it
-    if script.is_file():
-        commands.append([sys.executable, "-X", "importtime", str(script)])
-    for command in commands:
-        for argv, status in ((["--help"], 0), (["--batch-sise", "3"], 2), (["--compile", "fastest"], 2)):
-            proc = subprocess.run([*command, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-            assert proc.returncode == status, proc.stderr[-2000:]
-            imported = _imported(proc.stderr)
-            assert "visionssm.training.state" in imported
-            heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "timm", "accelerate", "triton"))
-            assert heavy == [], f"{' '.join(argv)} imported {heavy[:5]}"
-            assert ("--compile [MODE]" in proc.stdout) == (status == 0)
-    # everywhere else import visionssm still registers the models with timm
+HEAVY = ("torch", "timm", "accelerate", "triton", "torchvision", "albumentations")
+
+
+def _scripts_in_pyproject() -> dict[str, str]:
+    """pyproject.toml's ``[project.scripts]``: console script -> module (of ``module:main``)."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.endswith(":main") for target in scripts.values()), scripts
+    return {name: target.split(":")[0] for name, target in scripts.items()}
+
+
+def test_the_command_list_names_every_console_script():
+    """visionssm.COMMANDS is the package's one list of commands (a process started as one skips the model import)."""
+    import visionssm
+
+    assert {script: module for module, script in visionssm.COMMANDS.items() if script} == _scripts_in_pyproject()
+    for module in visionssm.COMMANDS:
+        assert importlib.util.find_spec(module) is not None, module
+
+
+def _command_lines() -> list[tuple[str, list[str]]]:
+    """Every command as ``python -m MODULE`` and, where this environment installed it, as its console script."""
+    import visionssm
+
+    lines = [(module, [sys.executable, "-X", "importtime", "-m", module]) for module in visionssm.COMMANDS]
+    lines.append(("visionssm.benchmark kernels", [sys.executable, "-X", "importtime", "-m", "visionssm.benchmark",
+                                                  "kernels"]))
+    for script in visionssm.COMMANDS.values():
+        path = Path(sys.executable).with_name(script) if script else None
+        if path is not None and path.is_file():
+            lines.append((script, [sys.executable, "-X", "importtime", str(path)]))
+    return lines
+
+
+@pytest.mark.parametrize(("name", "command"), _command_lines(), ids=[name for name, _ in _command_lines()])
+def test_help_and_a_mistyped_flag_answer_without_importing_torch(name, command, tmp_path):
+    """Every ``--help`` used to load torch, timm and every model first (4-15 s); now the commands parse first."""
+    cases = [(["--help"], 0), (["--no-such-flag"], 2)]
+    if name in ("visionssm.train", "visionssm-train"):
+        cases.append((["--compile", "fastest"], 2))  # a bad value of a known flag
+    for argv, status in cases:
+        proc = subprocess.run([*command, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == status, proc.stderr[-2000:]
+        heavy = sorted(m for m in _imported(proc.stderr) if m.split(".")[0] in HEAVY)
+        assert heavy == [], f"{name} {' '.join(argv)} imported {heavy[:5]}"
+        messages = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+        if status == 0:
+            assert proc.stdout.startswith("usage: ") and "--help" in proc.stdout and messages == [], proc.stderr
+        else:
+            assert proc.stdout == "" and len(messages) == 1 and ": error: " in messages[0], proc.stderr
+            assert "Traceback" not in proc.stderr
+        assert os.listdir(tmp_path) == []
+
+
+def test_outside_a_command_import_visionssm_still_registers_the_models(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import visionssm, timm; print(timm.is_model('gka_vision_T'))"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+
+
+def test_a_command_module_keeps_its_work_modules_names():
+    """The tracking commands hold only their parsers; ``from visionssm.tracking.run import run`` still works."""
+    from visionssm.tracking import evaluation, runner, trainer
+
+    assert tracking_train.train is trainer.train and tracking_run.run is runner.run
+    assert tracking_evaluate.format_report is evaluation.format_report
+    with pytest.raises(AttributeError, match="visionssm.tracking.run' has no attribute 'nosuch'"):
+        tracking_run.nosuch  # noqa: B018
 
 
 def test_a_shortened_recipe_peaks_at_its_learning_rate():

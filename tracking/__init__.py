@@ -11,11 +11,13 @@ Modules (imported on use, so ``import visionssm.tracking`` stays light):
 - ``data``: GOT-10k and LaSOT loaders (official layouts), generated videos in both layouts (``data.synthetic``),
   crops/jitter (``data.processing``), albumentations augmentation, the training pair sampler;
 - ``tracker``: ``Tracker.initialize(image, box)`` / ``track(image) -> box``;
-- ``train`` / ``run`` / ``evaluate``: command-line entry points (``python -m visionssm.tracking.<name> --help``);
+- ``train`` / ``run`` / ``evaluate``: command-line entry points (``python -m visionssm.tracking.<name> --help``),
+  which parse their arguments before importing torch; their work is ``trainer`` / ``runner`` / ``evaluation``;
 - ``results``: result files read strictly (file and line named for anything invalid) and written atomically;
 - ``metrics``: GOT-10k (toolkit rules) and LaSOT (pytracking convention) metrics.
 
 See ``tracking/README.md`` for the recipe, the commands and the conventions.
 """
 
-__all__ = ["config", "data", "evaluate", "losses", "metrics", "model", "results", "run", "tracker", "train"]
+__all__ = ["config", "data", "evaluate", "evaluation", "losses", "metrics", "model", "results", "run", "runner",
+           "tracker", "train", "trainer"]

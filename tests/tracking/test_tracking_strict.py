@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from visionssm.tracking import train as train_module
+from visionssm.tracking import trainer as train_module
 from visionssm.tracking.config import load_config
 from visionssm.tracking.data.synthetic import make_got10k, make_lasot
 from visionssm.tracking.evaluate import evaluate

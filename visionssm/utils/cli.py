@@ -10,12 +10,17 @@ and keeps its traceback. The subclasses also derive from the built-in exception 
 :class:`ArgumentParser` is argparse's with a one-line error (the full usage of a 90-flag parser buries the message)
 that names close matches of a mistyped flag. :func:`cap_workers` keeps loader workers within the CPUs this process
 may use. :func:`compile_mode` reads every command's ``compile`` setting (null/false, true, or a mode).
+
+Every command parses its arguments before it imports torch (``visionssm.COMMANDS`` lists them): its module holds the
+parser and ``main``, the work lives in a module it imports once the arguments parse, and
+:func:`forward_attributes` keeps that module's names reachable from the command's.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,7 +29,8 @@ from pathlib import Path
 import yaml
 
 __all__ = ["COMPILE_MODES", "ArgumentParser", "UserError", "UserFileError", "UserKeyError", "UserTypeError",
-           "UserValueError", "cap_workers", "compile_mode", "load_yaml_mapping", "run_main", "usable_cpus"]
+           "UserValueError", "cap_workers", "compile_mode", "forward_attributes", "load_yaml_mapping", "run_main",
+           "usable_cpus"]
 
 #: torch.compile's modes; "default" is what ``torch.compile(model)`` does without one.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -80,6 +86,20 @@ class ArgumentParser(argparse.ArgumentParser):
             if hints:
                 message = f"{message}; " + ", ".join(hints)
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def forward_attributes(implementation: str, command: str) -> Callable[[str], object]:
+    """A command module's ``__getattr__``: names it does not define come from the module ``implementation``, imported
+    on first use, so ``from <command> import train`` keeps working while ``--help`` imports nothing heavy."""
+
+    def __getattr__(name: str):
+        if not name.startswith("__"):
+            module = importlib.import_module(implementation)
+            if hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(f"module {command!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def usable_cpus() -> int:
