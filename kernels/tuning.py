@@ -1,60 +1,20 @@
-"""Launch-setting overrides for the Triton kernels: the one way to force a chunk size, a warp count or a code path,
-for tuning sweeps and tests. Normal use needs none of this; every op picks its launch settings itself.
+"""Launch-setting overrides for the Triton kernels: the one way for a test to force a chunk size or a code path that
+the heuristics take only at other shapes. Normal use needs none of this; every op picks its launch settings itself.
 
-Two sources, merged (code wins over the environment):
-
-* ``VISIONSSM_LAUNCH``, read once when this module is imported, e.g.
-  ``VISIONSSM_LAUNCH="comba:split_bwd=false,num_warps=4;selective_scan:num_warps_bwd=2"``
-  (``op:name=value,...`` groups separated by ``;``; values are ints, floats, ``true``/``false`` or strings);
-* :func:`launch_overrides`, a context manager: ``with launch_overrides("comba", split_bwd=False): ...``.
-
-Each op documents the names it understands next to its launch heuristics and rejects unknown names with a
-``ValueError`` that names the setting (:func:`check_names`). Ops that cache launch plans key them on
-:func:`generation`, which changes whenever an override is entered or left, so a cached plan never outlives the
-override it was built under.
+``with launch_overrides("gka", chunk=32): ...`` forces settings inside the block. Each op lists the names it
+understands next to its launch rules and rejects any other with a ``ValueError`` that names the setting
+(:func:`check_names`). Ops that cache launch plans key them on :func:`generation`, which changes whenever an
+override is entered or left, so a cached plan never outlives the override it was built under.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-__all__ = ["ENV", "PlanCache", "apply_overrides", "check_names", "generation", "launch_overrides", "overrides"]
+__all__ = ["PlanCache", "apply_overrides", "check_names", "generation", "launch_overrides", "overrides"]
 
-ENV = "VISIONSSM_LAUNCH"
-
-
-def _parse_value(text: str):
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
-def parse(text: str) -> dict[str, dict[str, object]]:
-    """``"op:a=1,b=x;op2:c=true"`` → ``{"op": {"a": 1, "b": "x"}, "op2": {"c": True}}``; ValueError on bad text."""
-    result: dict[str, dict[str, object]] = {}
-    for group in filter(None, (part.strip() for part in text.split(";"))):
-        op, sep, body = group.partition(":")
-        if not sep or not op.strip():
-            raise ValueError(f"{ENV}: expected 'op:name=value,...', got {group!r}")
-        settings = result.setdefault(op.strip(), {})
-        for item in filter(None, (part.strip() for part in body.split(","))):
-            name, eq, value = item.partition("=")
-            if not eq or not name.strip():
-                raise ValueError(f"{ENV}: expected name=value in {group!r}, got {item!r}")
-            settings[name.strip()] = _parse_value(value)
-    return result
-
-
-_FROM_ENV = parse(os.environ.get(ENV, ""))
 _from_code: dict[str, dict[str, object]] = {}
 _generation = 0
 _EMPTY: Mapping[str, object] = MappingProxyType({})
@@ -62,10 +22,8 @@ _EMPTY: Mapping[str, object] = MappingProxyType({})
 
 def overrides(op: str) -> Mapping[str, object]:
     """The settings forced for ``op`` (empty in normal use)."""
-    env, code = _FROM_ENV.get(op), _from_code.get(op)
-    if not env and not code:
-        return _EMPTY
-    return MappingProxyType({**(env or {}), **(code or {})})
+    code = _from_code.get(op)
+    return MappingProxyType(code) if code else _EMPTY
 
 
 def generation() -> int:
@@ -125,4 +83,4 @@ def check_names(op: str, settings: Mapping[str, object], known: Iterable[str]) -
     for name in settings:
         if name not in known:
             raise ValueError(f"unknown launch setting {name!r} for {op} (known: {', '.join(sorted(known))}); "
-                             f"check {ENV} or launch_overrides()")
+                             "check launch_overrides()")
