@@ -264,12 +264,49 @@ def test_auto_solver_rule():
     assert resolve_solver("chebyshev", True, 128) == "chebyshev"
 
 
+def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, seed: int = 0,
+                       steps: int | None = None) -> dict:
+    """Worst relative error of x̂ against the exact ridge solve, in float64, when the first ``c`` of ``steps``
+    Chebyshev steps (default: those of :func:`.naive.auto_chebyshev_steps`), for each ``c`` in ``coarse``, round H
+    and the iterate to bf16 in their product, as the kernels' one-pass bf16 steps do (they round H0, the iterate and
+    the in-chunk scores).
+    The matrices are decayed sums of 1 to 300 unit keys, a third of them strongly correlated; the rank-one ones
+    attain the bound."""
+    from visionssm.kernels.gka.naive import auto_chebyshev_steps, chebyshev_solve
+
+    gen = torch.Generator().manual_seed(seed)
+    mats = []
+    for i in range(n):
+        m = (1, 2, 3, 5, 10, 30, 100, 300)[i % 8]
+        keys = torch.randn(m, D, dtype=torch.float64, generator=gen)
+        if i % 3 == 0:
+            keys = keys + 3 * torch.randn(1, D, dtype=torch.float64, generator=gen)
+        keys = keys / keys.norm(dim=1, keepdim=True)
+        weights = torch.rand(m, dtype=torch.float64, generator=gen) ** (1 + i % 5)
+        mats.append((keys.T * weights) @ keys)
+    H = torch.stack(mats)
+    rhs = torch.randn(n, D, dtype=torch.float64, generator=gen)
+    fro = torch.linalg.matrix_norm(H)
+    lam = ridge * fro
+    A = H + lam[:, None, None] * torch.eye(D, dtype=torch.float64)
+    exact = torch.linalg.solve(A, rhs)
+    bf16 = lambda t: t.to(torch.bfloat16).double()
+    H_bf16 = bf16(H)
+    full = lambda x: (A @ x.unsqueeze(-1)).squeeze(-1)
+    rough = lambda x: (H_bf16 @ bf16(x).unsqueeze(-1)).squeeze(-1) + lam[:, None] * x
+    steps = steps or auto_chebyshev_steps(ridge)[0]
+    errors = {}
+    for c in coarse:
+        x = chebyshev_solve(full, rhs, lam, fro, steps, rough, c)
+        errors[c] = ((x - exact).norm(dim=1) / exact.norm(dim=1)).max().item()
+    return errors
+
+
 @pytest.mark.parametrize("ridge", [0.005, 0.02, 0.1])
 def test_auto_chebyshev_steps_keep_the_promise(ridge):
     """The steps and coarse steps ``auto`` runs keep x̂ within AUTO_TOLERANCE of the exact solve in a float64 model
     of the one-pass bf16 rounding (rank-one and correlated-key matrices included), where running every step coarse
     would not; the step count grows as the ridge shrinks (κ = 1 + 1/ridge), unlike the paper's fixed 30."""
-    from visionssm.kernels.gka.benchmark import coarse_step_errors
     from visionssm.kernels.gka.naive import AUTO_TOLERANCE, auto_chebyshev_steps, chebyshev_steps
 
     steps, coarse = auto_chebyshev_steps(ridge)

@@ -5,8 +5,8 @@
     visionssm-benchmark kernels --ops gka --quick        # one op, its first shape only
     visionssm-benchmark kernels --out results/           # JSON/CSV into results/ (default ./benchmark-results)
 
-The ops come from the mixer registry (:func:`visionssm.layers.mixer_kernel_ops`). Each op's cases live in its kernel
-package, ``visionssm.kernels.<op>.benchmark``: a module with ``ANCHOR`` (the implementation the ratios are taken
+The ops come from the mixer registry (:func:`visionssm.layers.mixer_kernel_ops`). Each op's cases live beside this
+runner, in ``visionssm.benchmark.suites.<op>``: a module with ``ANCHOR`` (the implementation the ratios are taken
 against) and ``run(quick: bool, copy_gbps: float | None) -> list[dict]`` returning rows with ``op, shape, mode,
 impl, ms`` (optionally ``GB/s``, ``%copy``, and for plain calls ``host_ms`` / ``host_bound``: their host side
 alone, and whether it set the rate, cleared where the implementation's CUDA-graph row shows the GPU did; a
@@ -34,18 +34,25 @@ from .cli import kernels_main as main
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
 
 
+#: Where an op's suite is looked for, in order; the second only until Comba's suite moves out of its kernel package.
+SUITE_MODULES = ("visionssm.benchmark.suites.{op}", "visionssm.kernels.{op}.benchmark")
+
+
 def load_suite(op: str) -> ModuleType:
     """The benchmark module of kernel op ``op``; ``ValueError`` when the op has none or it lacks the contract."""
     ops = mixer_kernel_ops()
     if op not in ops:
         raise ValueError(f"ops: {op!r} is not a kernel op of a registered mixer ({', '.join(ops)})")
-    name = f"visionssm.kernels.{op}.benchmark"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        raise ValueError(f"ops: kernel op {op!r} has no benchmark suite ({name})") from None
+    for pattern in SUITE_MODULES:
+        name = pattern.format(op=op)
+        try:
+            module = importlib.import_module(name)
+            break
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+    else:
+        raise ValueError(f"ops: kernel op {op!r} has no benchmark suite ({SUITE_MODULES[0].format(op=op)})")
     missing = [attr for attr in ("ANCHOR", "run") if not hasattr(module, attr)]
     if missing:
         raise ValueError(f"ops: {name} lacks {' and '.join(missing)}")

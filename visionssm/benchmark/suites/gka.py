@@ -103,75 +103,30 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Diagnostics (not part of the suite): GPU time per kernel of the causal path, and launch-setting variants
+# Diagnostics (not part of the suite): GPU time per kernel of the causal path
 #
-#     python -m visionssm.kernels.gka.benchmark --stages            # per-kernel times at the suite's causal shapes
-#     python -m visionssm.kernels.gka.benchmark --sweep             # the same for a few launch-setting variants
-
-SWEEP = [((256, 196, 10, 16), {}), ((256, 196, 10, 16), {"fused_grad": False}), ((256, 196, 10, 16), {"positions": 8}),
-         ((256, 196, 10, 16), {"lane_warps": 2}), ((256, 49, 20, 16), {}), ((256, 49, 20, 16), {"fused_grad": False}),
-         ((256, 197, 6, 64), {}), ((256, 197, 6, 64), {"chunk": 16}), ((4, 2048, 8, 128), {})]
+#     python -m visionssm.benchmark.suites.gka            # per-kernel times at the suite's causal shapes
 
 
-def coarse_step_errors(D: int, ridge: float, coarse: list[int], n: int = 2000, seed: int = 0,
-                       steps: int | None = None) -> dict:
-    """Worst relative error of x̂ against the exact ridge solve, in float64, when the first ``c`` of ``steps``
-    Chebyshev steps (default: those of :func:`.naive.auto_chebyshev_steps`), for each ``c`` in ``coarse``, round H
-    and the iterate to bf16 in their product, as the kernels' one-pass bf16 steps do (they round H0, the iterate and
-    the in-chunk scores).
-    The matrices are decayed sums of 1 to 300 unit keys, a third of them strongly correlated; the rank-one ones
-    attain the bound."""
-    from .naive import auto_chebyshev_steps, chebyshev_solve
-
-    gen = torch.Generator().manual_seed(seed)
-    mats = []
-    for i in range(n):
-        m = (1, 2, 3, 5, 10, 30, 100, 300)[i % 8]
-        keys = torch.randn(m, D, dtype=torch.float64, generator=gen)
-        if i % 3 == 0:
-            keys = keys + 3 * torch.randn(1, D, dtype=torch.float64, generator=gen)
-        keys = keys / keys.norm(dim=1, keepdim=True)
-        weights = torch.rand(m, dtype=torch.float64, generator=gen) ** (1 + i % 5)
-        mats.append((keys.T * weights) @ keys)
-    H = torch.stack(mats)
-    rhs = torch.randn(n, D, dtype=torch.float64, generator=gen)
-    fro = torch.linalg.matrix_norm(H)
-    lam = ridge * fro
-    A = H + lam[:, None, None] * torch.eye(D, dtype=torch.float64)
-    exact = torch.linalg.solve(A, rhs)
-    bf16 = lambda t: t.to(torch.bfloat16).double()
-    H_bf16 = bf16(H)
-    full = lambda x: (A @ x.unsqueeze(-1)).squeeze(-1)
-    rough = lambda x: (H_bf16 @ bf16(x).unsqueeze(-1)).squeeze(-1) + lam[:, None] * x
-    steps = steps or auto_chebyshev_steps(ridge)[0]
-    errors = {}
-    for c in coarse:
-        x = chebyshev_solve(full, rhs, lam, fro, steps, rough, c)
-        errors[c] = ((x - exact).norm(dim=1) / exact.norm(dim=1)).max().item()
-    return errors
-
-
-def profile_stages(B: int, T: int, H: int, D: int, overrides: dict | None = None, reps: int = 10) -> dict:
+def profile_stages(B: int, T: int, H: int, D: int, reps: int = 10) -> dict:
     """GPU µs per kernel of one causal forward+backward (torch.profiler), and the CUDA-graph fwd and fwd+bwd ms."""
     from visionssm.kernels.gka import gka
-    from visionssm.kernels.tuning import launch_overrides
 
-    with launch_overrides("gka", **(overrides or {})):
-        q, k, v, g, beta, alpha = (t.requires_grad_(True) for t in make_inputs(B, T, H, D))
-        leaves = [q, k, v, g, beta, alpha]
-        do = torch.randn_like(v)
-        step = lambda: torch.autograd.grad(gka(q, k, v, g, beta, alpha), leaves, do)
-        kernels = kernel_times_us(step, reps)
-        fwd = time_fn(lambda: gka(q, k, v, g, beta, alpha), warmup=3, repeats=20, cuda_graph=True).median_ms
-        both = time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms
+    q, k, v, g, beta, alpha = (t.requires_grad_(True) for t in make_inputs(B, T, H, D))
+    leaves = [q, k, v, g, beta, alpha]
+    do = torch.randn_like(v)
+    step = lambda: torch.autograd.grad(gka(q, k, v, g, beta, alpha), leaves, do)
+    kernels = kernel_times_us(step, reps)
+    fwd = time_fn(lambda: gka(q, k, v, g, beta, alpha), warmup=3, repeats=20, cuda_graph=True).median_ms
+    both = time_fn(step, warmup=3, repeats=20, cuda_graph=True).median_ms
     return {"kernels": kernels, "fwd_ms": fwd, "fwdbwd_ms": both}
 
 
-def _report(shape, overrides, result) -> None:
+def _report(shape, result) -> None:
     B, T, H, D = shape
     q, k, v = make_inputs(*shape)[:3]
     sdpa_fwd, sdpa_both = sdpa_graph_ms(q, k, v, torch.randn_like(v), causal=True)
-    print(f"## B{B} T{T} H{H} D{D} {overrides or 'defaults'}: CUDA graph fwd {result['fwd_ms']:.4f} ms, "
+    print(f"## B{B} T{T} H{H} D{D} CUDA graph fwd {result['fwd_ms']:.4f} ms, "
           f"fwd+bwd {result['fwdbwd_ms']:.4f} ms; sdpa (CUDA graph, same run) fwd {sdpa_fwd:.4f} ms, fwd+bwd "
           f"{sdpa_both:.4f} ms: {result['fwd_ms'] / sdpa_fwd:.2f}x / {result['fwdbwd_ms'] / sdpa_both:.2f}x",
           flush=True)
@@ -182,16 +137,16 @@ def _report(shape, overrides, result) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="GKA causal-path diagnostics (GPU)")
-    parser.add_argument("--stages", action="store_true", help="per-kernel times at the suite's causal shapes")
-    parser.add_argument("--sweep", action="store_true", help="per-kernel times for launch-setting variants")
-    args = parser.parse_args(argv)
-    cases = SWEEP if args.sweep else [((B, T, H, D), {}) for B, T, H, D, _ in SHAPES] if args.stages else []
-    for shape, overrides in cases:
+    argparse.ArgumentParser(description="GKA causal path: GPU time per kernel at the suite's causal shapes "
+                            "(not part of the suite)").parse_args(argv)
+    if not torch.cuda.is_available():
+        print("# gka diagnostics need CUDA; skipped")
+        return 0
+    for B, T, H, D, _ in SHAPES:
         try:
-            _report(shape, overrides, profile_stages(*shape, overrides=overrides))
+            _report((B, T, H, D), profile_stages(B, T, H, D))
         except Exception as exc:  # noqa: BLE001 - report and keep going
-            print(f"# {shape} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
+            print(f"# B{B} T{T} H{H} D{D} failed: {type(exc).__name__}: {exc}", flush=True)
         torch.cuda.empty_cache()
     return 0
 

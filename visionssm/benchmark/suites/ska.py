@@ -8,7 +8,7 @@ backward, CUDA graph): ≤ 0.5× SDPA at T196, ≤ 1.0× at T49.
 ``GB/s`` counts the minimal traffic (q, k, v read and o written; backward: q, k, v and do read again and dq, dk, dv
 written), so ``%copy`` is a lower bound of the bandwidth used.
 
-    python -m visionssm.kernels.ska.benchmark --sweep    # diagnostics: launch-setting variants at the target shapes
+    python -m visionssm.benchmark.suites.ska    # diagnostics: GPU time per kernel at the suite's shapes
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios, time_op
+from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
@@ -71,39 +71,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Diagnostics (not part of the suite): launch-setting variants and per-kernel GPU time at the target shapes
-
-SWEEP = [{}, {"operator_warps": 2}, {"operator_warps": 4}, {"operators": 2, "operator_warps": 2}, {"num_warps": 4},
-         {"block_t": 64}, {"block_t": 64, "num_warps": 4}]
-
-
-def sweep(shapes=((256, 196, 8), (256, 49, 16), (256, 1024, 4))) -> None:
-    """Non-causal forward and forward+backward (CUDA graph) and GPU µs per kernel for each variant of
-    :data:`SWEEP`, next to SDPA's forward+backward (CUDA graph) in the same run."""
-    from visionssm.kernels.ska import ska
-    from visionssm.kernels.tuning import launch_overrides
-
-    for B, T, H in shapes:
-        q, k, v = make_inputs(B, T, H)
-        do = torch.randn_like(v)
-        sq, sk, sv = (torch.randn(B, H, T, VALUE, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        sdpa = time_op(lambda a: F.scaled_dot_product_attention(*a), (sq, sk, sv), torch.randn_like(sv),
-                       backward=True, cuda_graph=True).median_ms
-        print(f"## sweep B{B} T{T} H{H} sdpa fwd+bwd {sdpa:.4f} ms", flush=True)
-        for overrides in SWEEP:
-            try:
-                with launch_overrides("ska", **overrides):
-                    fwd, both = (time_op(lambda a: ska(*a, causal=False), (q, k, v), do, backward=backward,
-                                         cuda_graph=True).median_ms for backward in (False, True))
-                    kernels = profile_stages(B, T, H)
-            except Exception as exc:  # noqa: BLE001 - report and keep going
-                print(f"# sweep B{B} T{T} H{H} {overrides} failed: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            stages = ", ".join(f"{name.replace('ska_global_', '').replace('_kernel', '')} {us:.0f}"
-                               for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]))
-            print(f"## sweep B{B} T{T} H{H} {overrides or 'defaults'}: fwd {fwd:.4f} ms, fwd+bwd {both:.4f} ms = "
-                  f"{both / sdpa:.3f}x sdpa | µs per kernel: {stages}", flush=True)
-        torch.cuda.empty_cache()
+# Diagnostics (not part of the suite): GPU time per kernel at the suite's shapes
 
 
 def profile_stages(B: int, T: int, H: int, causal: bool = False, reps: int = 10) -> dict:
@@ -119,22 +87,17 @@ def profile_stages(B: int, T: int, H: int, causal: bool = False, reps: int = 10)
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="SKA kernel diagnostics (GPU)")
-    parser.add_argument("--sweep", action="store_true", help="launch-setting variants at the target shapes")
-    parser.add_argument("--stages", action="store_true", help="GPU time per kernel at the suite's shapes")
-    args = parser.parse_args(argv)
+    argparse.ArgumentParser(description="SKA: GPU time per kernel at the suite's shapes (not part of the "
+                            "suite)").parse_args(argv)
     if not torch.cuda.is_available():
         print("# ska diagnostics need CUDA; skipped")
         return 0
-    if args.sweep:
-        sweep()
-    if args.stages:
-        for B, T, H in SHAPES:
-            for causal in (False, True):
-                kernels = profile_stages(B, T, H, causal)
-                print(f"## B{B} T{T} H{H} {'causal' if causal else 'noncausal'}", flush=True)
-                for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-                    print(f"#   {us:9.1f} us  {name[:90]}", flush=True)
+    for B, T, H in SHAPES:
+        for causal in (False, True):
+            kernels = profile_stages(B, T, H, causal)
+            print(f"## B{B} T{T} H{H} {'causal' if causal else 'noncausal'}", flush=True)
+            for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                print(f"#   {us:9.1f} us  {name[:90]}", flush=True)
     return 0
 
 

@@ -9,11 +9,9 @@ it was measured in this run, else against the compiled reference. The H100 ``mam
 target are added as rows marked ``quoted`` (not measured in this run; a different GPU).
 
     python benchmarks/kernels.py --ops selective_scan
-    VISIONSSM_LAUNCH="selective_scan:block_d_fwd=64" python benchmarks/kernels.py --ops selective_scan
 
-Launch settings forced through :mod:`visionssm.kernels.tuning` (as in the second line) apply to our rows and are
-printed; ``benchmarks/scan_launch_sweep.py`` times launch variants side by side. Without CUDA the suite prints one
-line and returns no rows.
+Launch settings forced around the run (``visionssm.kernels.tuning.launch_overrides``) apply to our rows and are
+printed. Without CUDA the suite prints one line and returns no rows.
 """
 
 from __future__ import annotations
