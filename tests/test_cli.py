@@ -227,6 +227,9 @@ def _command_lines() -> list[tuple[str, list[str]]]:
         path = Path(sys.executable).with_name(script) if script else None
         if path is not None and path.is_file():
             lines.append((script, [sys.executable, "-X", "importtime", str(path)]))
+    for name, module in visionssm.CHECKOUT_SCRIPTS.items():
+        assert module in visionssm.COMMANDS and (ROOT / name).is_file(), name
+        lines.append((name, [sys.executable, "-X", "importtime", str(ROOT / name)]))
     return lines
 
 
@@ -234,7 +237,7 @@ def _command_lines() -> list[tuple[str, list[str]]]:
 def test_help_and_a_mistyped_flag_answer_without_importing_torch(name, command, tmp_path):
     """Every ``--help`` used to load torch, timm and every model first (4-15 s); now the commands parse first."""
     cases = [(["--help"], 0), (["--no-such-flag"], 2)]
-    if name in ("visionssm.train", "visionssm-train"):
+    if name in ("visionssm.train", "visionssm-train", "train_imagenet.py"):
         cases.append((["--compile", "fastest"], 2))  # a bad value of a known flag
     for argv, status in cases:
         proc = subprocess.run([*command, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -251,9 +254,12 @@ def test_help_and_a_mistyped_flag_answer_without_importing_torch(name, command, 
 
 
 def test_outside_a_command_import_visionssm_still_registers_the_models(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "import visionssm, timm; print(timm.is_model('gka_vision_T'))"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+    code = "import visionssm, timm; print(timm.is_model('gka_vision_T'))"
+    mine = tmp_path / "train_imagenet.py"  # a user's script that shares a checkout script's name
+    mine.write_text(code + "\n")
+    for command in ([sys.executable, "-c", code], [sys.executable, str(mine)]):
+        proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
 def test_a_command_module_keeps_its_work_modules_names():

@@ -31,14 +31,20 @@ COMMANDS = {
     "visionssm.tracking.evaluate": None,
     "visionssm.tracking.data.synthetic": None,
 }
+#: A checkout's scripts that run one of the commands (path in the checkout -> module).
+CHECKOUT_SCRIPTS = {"train_imagenet.py": "visionssm.train"}
 
 
 def _started_as_command() -> bool:
-    """Whether this process runs one of :data:`COMMANDS`: its console script, or ``-m MODULE`` (Python sets
-    ``sys.argv[0]`` to ``-m`` while it imports the module's parents)."""
+    """Whether this process runs one of :data:`COMMANDS`: its console script, the checkout's script
+    (:data:`CHECKOUT_SCRIPTS`), or ``-m MODULE`` (Python sets ``sys.argv[0]`` to ``-m`` while it imports the module's
+    parents)."""
     script = Path(sys.argv[0] if sys.argv else "").stem.removesuffix("-script")  # Windows names it NAME-script.py
     if script and script in COMMANDS.values():
         return True
+    if sys.argv and Path(sys.argv[0]).name in CHECKOUT_SCRIPTS:
+        checkout = Path(__file__).resolve().parents[1]  # only this checkout's file, not a script of the same name
+        return any(Path(sys.argv[0]).resolve() == checkout / name for name in CHECKOUT_SCRIPTS)
     if sys.argv[:1] == ["-m"] and len(sys.orig_argv) > len(sys.argv):
         module = sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]  # the word after -m, before the arguments
         return module.removeprefix("-m") in COMMANDS
