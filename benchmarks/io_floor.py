@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, sdpa_graph_ms, time_fn
+from visionssm.benchmark.harness import copy_bandwidth_gbps, environment, save_results, sdpa_graph_ms, time_fn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BLOCK = 1024

@@ -38,8 +38,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from visionssm.benchmark.harness import environment, save_results  # noqa: E402
 from visionssm.layers import build_mixer  # noqa: E402
-from visionssm.utils.benchmark import environment, save_results  # noqa: E402
 
 MODELS = ("ssm", "ssm+attention", "ssm+ska")
 

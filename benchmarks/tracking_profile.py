@@ -19,9 +19,9 @@ import time
 
 import torch
 
+from visionssm.benchmark.harness import environment
 from visionssm.tracking.model.tracker_model import build_model
 from visionssm.tracking.tracker import Tracker
-from visionssm.utils.benchmark import environment
 
 
 def _latency_ms(model, device, iters: int, warmup: int, amp: bool) -> float:

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from visionssm.utils.benchmark import environment
+from visionssm.benchmark.harness import environment
 
 SMOKE_CONFIG = "smoke_synthetic"  # a recipe shipped with the package: visionssm.tracking.train finds it by name
 PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracking_profile.py")

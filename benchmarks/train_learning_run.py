@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from visionssm.benchmark import visionssm_models  # noqa: E402
+from visionssm.benchmark.harness import environment, slug  # noqa: E402
 from visionssm.training.state import plot_runs  # noqa: E402
-from visionssm.utils.benchmark import environment, slug  # noqa: E402
 
 # The short recipe shared by all models: light augmentation, so that a few epochs show learning.
 SHORT_RECIPE = ["--img-size", "224", "--batch-size", "128", "--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05",

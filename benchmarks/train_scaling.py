@@ -66,8 +66,8 @@ def main() -> None:
     import torch
 
     from visionssm.benchmark import visionssm_models
+    from visionssm.benchmark.harness import environment, slug
     from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
-    from visionssm.utils.benchmark import environment, slug
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=visionssm_models(["T"]),

@@ -485,8 +485,8 @@ def test_cuda_graph_training_step_trains(model):
     capturable AdamW: an uncapturable one refuses the capture), and the run gives a training rate."""
     import timm
 
+    from visionssm.benchmark.harness import capture_graph
     from visionssm.benchmark.measure import measure_model, training_step
-    from visionssm.utils.benchmark import capture_graph
 
     cfg = bench.BenchmarkConfig(models=[model], batch_size=4, img_size=96, device="cuda", repeats=3, warmup=1,
                                 cuda_graph=True, modes=["train"], count_flops=False)

@@ -7,8 +7,7 @@ import pytest
 import torch
 from benchmark_scripts import load_script
 
-from visionssm.kernels.utils import assert_close, relative_error
-from visionssm.utils.benchmark import (
+from visionssm.benchmark.harness import (
     HOST_BOUND_MARK,
     HOST_BOUND_SHARE,
     Timing,
@@ -21,6 +20,7 @@ from visionssm.utils.benchmark import (
     side_by_side,
     time_fn,
 )
+from visionssm.kernels.utils import assert_close, relative_error
 
 
 def test_time_fn_on_cpu_counts_repeats():
@@ -173,7 +173,7 @@ def test_poisoned_outputs_are_nan():
 
 def test_time_op_differentiates_every_floating_argument_and_keeps_none():
     """The kernel suites' timing call: forward without grad, backward through every floating-point argument."""
-    from visionssm.utils.benchmark import time_op, with_bandwidth
+    from visionssm.benchmark.harness import time_op, with_bandwidth
 
     x, w = torch.randn(4, 3), torch.randn(3)
     seen = []
@@ -197,7 +197,7 @@ def test_time_op_differentiates_every_floating_argument_and_keeps_none():
 
 
 def test_measure_row_reports_a_failing_implementation_and_goes_on(capsys):
-    from visionssm.utils.benchmark import measure_row
+    from visionssm.benchmark.harness import measure_row
 
     def broken(args):
         raise RuntimeError("no kernel for this shape")
@@ -211,7 +211,7 @@ def test_measure_row_reports_a_failing_implementation_and_goes_on(capsys):
 
 
 def test_measure_impls_rows_in_order_with_forward_only_and_bandwidth_for_ours(capsys):
-    from visionssm.utils.benchmark import measure_impls
+    from visionssm.benchmark.harness import measure_impls
 
     x = (torch.randn(3),)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import measure_impls, print_ratios
+from visionssm.benchmark.harness import measure_impls, print_ratios
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"

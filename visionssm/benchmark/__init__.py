@@ -2,7 +2,9 @@
 (``visionssm-benchmark kernels``, :mod:`.kernel_suites`).
 
 Split by stage: :mod:`.config` (settings, checks and the FLOP/timing rules), :mod:`.measure` (one model on one
-device), :mod:`.parallel` (the whole run, data-parallel included), :mod:`.report` (table, chart, files).
+device), :mod:`.parallel` (the whole run, data-parallel included), :mod:`.report` (table, chart, files);
+:mod:`.harness` is the timing, result files and side-by-side tables every benchmark shares (the kernel suites in
+:mod:`.suites` and the scripts in the checkout's ``benchmarks/`` too).
 The names below load on first use: the command (``visionssm-benchmark`` runs :func:`main`) parses its arguments
 before torch is imported.
 """

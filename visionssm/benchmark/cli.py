@@ -15,7 +15,7 @@ For every model it measures, on one device:
 * parameters and GFLOPs (see ``FLOP_RULE``),
 
 timed with CUDA events (warm-up, then median and p20/p80 of ``--repeats`` runs; ``time.perf_counter`` on CPU) by
-:func:`visionssm.utils.benchmark.time_fn`. With more than one visible GPU it also measures data-parallel throughput,
+:func:`visionssm.benchmark.harness.time_fn`. With more than one visible GPU it also measures data-parallel throughput,
 one process per GPU (``torch.multiprocessing``, or the processes of ``accelerate launch`` / ``torchrun``), each at
 ``--batch-size`` images, training through DistributedDataParallel; the total img/s over all GPUs is reported
 (as in the GKA paper's Table 3). On one GPU or a CPU the data-parallel columns repeat the single-device numbers.
@@ -135,9 +135,8 @@ def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
     """The environment stamp of a results file, with the settings and rules the numbers were taken under."""
     import timm
 
-    from visionssm.utils.benchmark import environment
-
     from .config import FLOP_RULE, TIMING_RULE
+    from .harness import environment
 
     env = environment(cfg.device)
     env.update({"timm": timm.__version__, "benchmark": dataclasses.asdict(cfg), "flop_rule": FLOP_RULE,
@@ -148,8 +147,8 @@ def _stamp(cfg: BenchmarkConfig, argv: list[str]) -> dict:
 
 def _run_models(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
     import visionssm.models  # noqa: F401  (registers the visionssm backbones with timm)
-    from visionssm.utils.benchmark import save_results
 
+    from .harness import save_results
     from .parallel import launched_rank, run_benchmark
     from .report import format_table, write_outputs
 

@@ -25,11 +25,11 @@ from types import ModuleType
 import torch
 
 from visionssm.layers import mixer_kernel_ops
-from visionssm.utils.benchmark import copy_bandwidth_gbps, environment, save_results, settle_host_bound, side_by_side
 
 from .cli import DEFAULT_OUT
 from .cli import build_kernels_parser as build_parser
 from .cli import kernels_main as main
+from .harness import copy_bandwidth_gbps, environment, save_results, settle_host_bound, side_by_side
 
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
 

@@ -9,9 +9,8 @@ import time
 
 import torch
 
-from visionssm.utils.benchmark import HOST_REPEATS, Timing, time_fn
-
 from .config import BenchmarkConfig
+from .harness import HOST_REPEATS, Timing, time_fn
 
 __all__ = ["HOST_REPEATS", "count_flops", "create_model", "inference_step", "maybe_compile", "measure_model",
            "release_memory", "training_step"]

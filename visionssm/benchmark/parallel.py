@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from visionssm.utils.benchmark import time_fn
-
 from .config import BenchmarkConfig, validate_config
+from .harness import time_fn
 from .measure import create_model, inference_step, maybe_compile, measure_model, release_memory, training_step
 
 __all__ = ["launched_rank", "run_benchmark"]

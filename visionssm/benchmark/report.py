@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from visionssm.utils.benchmark import HOST_BOUND_MARK, host_bound_note, save_results
+from .harness import HOST_BOUND_MARK, host_bound_note, save_results
 
 __all__ = ["HOST_BOUND_MARK", "format_table", "numerics", "plot_results", "write_outputs"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios, sdpa_graph_ms, time_fn
+from visionssm.benchmark.harness import kernel_times_us, measure_impls, print_ratios, sdpa_graph_ms, time_fn
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"

@@ -20,10 +20,10 @@ import contextlib
 
 import torch
 
+from visionssm.benchmark.harness import HOST_REPEATS, kernel_row, time_fn
 from visionssm.kernels import selective_scan, tuning
 from visionssm.kernels.selective_scan.naive import selective_scan_torch
 from visionssm.kernels.tuning import launch_overrides
-from visionssm.utils.benchmark import HOST_REPEATS, kernel_row, time_fn
 
 OP = "selective_scan"
 COMPILED = "torch.compile(ref)"

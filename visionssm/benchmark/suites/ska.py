@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from visionssm.utils.benchmark import kernel_times_us, measure_impls, print_ratios
+from visionssm.benchmark.harness import kernel_times_us, measure_impls, print_ratios
 
 ANCHOR = "sdpa"
 OURS_GRAPH = "visionssm (CUDA graph)"
