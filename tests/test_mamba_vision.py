@@ -469,3 +469,51 @@ def test_cuda_triton_path_and_compile(name):
     loss.backward()
     for n, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Window-free stages (global_mixer=True)
+
+# stride 16 / 32 maps of a 64² input are 4x4 / 2x2: one window each covers them exactly
+_ONE_WINDOW = {"depths": (1, 1, 2, 2), "dims": 8, "stem_dim": 8, "window_size": (8, 8, 4, 2), "num_classes": 5,
+               "drop_path_rate": 0.0}
+
+
+@pytest.mark.parametrize("name", ["mamba_vision_T", "gka_vision_T", "echo_vision_T"])
+def test_global_mixer_equals_windowed_when_one_window_covers_the_map(name, reference_path):
+    import visionssm.models.echo_vision  # noqa: F401
+
+    windowed = timm.create_model(name, **_ONE_WINDOW)
+    whole = timm.create_model(name, global_mixer=True, **_ONE_WINDOW)
+    whole.load_state_dict(windowed.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    for model in (windowed, whole):
+        model(x).square().sum().backward()
+    torch.testing.assert_close(whole(x), windowed(x), rtol=0, atol=0)
+    grads = dict(whole.named_parameters())
+    for n, p in windowed.named_parameters():
+        torch.testing.assert_close(grads[n].grad, p.grad, rtol=0, atol=0, msg=n)
+    # where the map is larger than a window the two differ: the option changes what the mixers see
+    with torch.no_grad():
+        big = torch.randn(1, 3, 128, 128)
+        assert relative_error(whole(big), windowed(big)) > 1e-3
+
+
+@pytest.mark.parametrize("name,global_blocks", [("gka_vision_T", 1), ("echo_vision_T", 2)])
+def test_global_mixer_blocks_see_the_whole_map_and_attention_keeps_windows(name, global_blocks, reference_path):
+    import visionssm.models.echo_vision  # noqa: F401
+
+    model = timm.create_model(name, global_mixer=True, **_ONE_WINDOW).eval()
+    stage = model.stages[2]
+    lengths = []
+    hooks = [b.mixer.register_forward_pre_hook(lambda m, args: lengths.append(tuple(args[0].shape[:2])))
+             for b in stage.blocks]
+    with torch.no_grad():
+        model(torch.randn(1, 3, 160, 96))  # stride-16 map 10x6: windows of 4 pad it to 12x8, six windows
+    for h in hooks:
+        h.remove()
+    assert lengths[:global_blocks] == [(1, 60)] * global_blocks  # the whole map, unpadded
+    assert lengths[global_blocks:] == [(6, 16)] * (2 - global_blocks)  # attention: its windows
+    assert "global_mixer=True" in repr(stage)
+    with pytest.raises(TypeError, match="global_mixer"):
+        timm.create_model("gka_vision_T", global_mixer="yes", device="meta")

@@ -30,6 +30,7 @@ class SelfAttention(SequenceMixer):
 
     fused_attn: Final[bool]
     linear_input = True
+    linear_in_length = False  # quadratic in the window's tokens: backbones keep it windowed
 
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int = 8, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, device=None, dtype=None) -> None:

@@ -17,6 +17,9 @@ can host any of them (``timm.create_model('mamba_vision_T', mixer='gka')``):
 * **Input under autocast**: a mixer whose first use of its input is a linear projection says so with the class
   attribute ``linear_input = True``. Under autocast that projection casts the input to autocast's dtype first, so a
   backbone may hand it the input in that dtype already (its pre-norm writes it so, and the cast is saved).
+* **Cost in the sequence length**: ``linear_in_length = True`` (the default) says the mixer's time and memory grow
+  linearly with L, so a backbone may run it over a whole feature map instead of windows (MambaVision's
+  ``global_mixer=True``); softmax attention sets it ``False``.
 * **Weight decay**: parameters that must not decay (decay rates, gate biases, skip scales) are listed by name in the
   class attribute ``no_weight_decay_names``; backbones collect them through :meth:`SequenceMixer.no_weight_decay`.
 * **Initialisation**: a mixer initialises its own parameters (``reset_parameters``); backbones leave mixers alone
@@ -46,6 +49,8 @@ class SequenceMixer(nn.Module):
     no_weight_decay_names: tuple[str, ...] = ()
     #: The mixer's first use of its input is a linear projection (see the module docstring).
     linear_input: bool = False
+    #: Time and memory grow linearly with the sequence length (see the module docstring).
+    linear_in_length: bool = True
 
     def __init__(self, dim: int, *, causal: bool) -> None:
         super().__init__()

@@ -17,7 +17,7 @@ from timm.models import checkpoint_seq, register_notrace_function
 from visionssm.layers import build_mixer
 
 __all__ = ["Block", "ConvBlock", "Downsample", "LayerScale", "LayerScale2d", "MambaVisionStage", "Stem",
-           "window_partition", "window_reverse"]
+           "tokens_of_map", "tokens_to_map", "window_partition", "window_reverse"]
 
 
 def _timm_dd(device, dtype) -> dict:
@@ -164,7 +164,9 @@ class Block(nn.Module):
 class MambaVisionStage(nn.Module):
     """Optional downsample, then either conv blocks (``conv=True``) or windowed token blocks: the first
     ceil(depth / 2) with ``mixer`` (MambaVision: the selective scan), the rest with ``attn_mixer`` (MambaVision:
-    self-attention)."""
+    self-attention). ``global_mixer=True``: the token blocks whose mixer is linear in the sequence length
+    (``linear_in_length``) run over the whole feature map, row-major, instead of windows; the others (attention)
+    keep the windows."""
 
     def __init__(
             self,
@@ -189,11 +191,14 @@ class MambaVisionStage(nn.Module):
             drop_path: Sequence[float] = (),
             layer_scale: float | None = None,
             layer_scale_conv: float | None = None,
+            global_mixer: bool = False,
             device=None,
             dtype=None,
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        if not isinstance(global_mixer, bool):
+            raise TypeError(f"global_mixer must be a bool, got {type(global_mixer).__name__}")
         self.grad_checkpointing = False
         self.conv = conv
         self.window_size = 0 if conv else int(window_size)
@@ -217,17 +222,50 @@ class MambaVisionStage(nn.Module):
                                               offered=attn_offered, argument="attn_mixer", **dd)
                 blocks.append(Block(dim_out, token_mixer, mlp_ratio, proj_drop, drop_path[i], layer_scale, **dd))
         self.blocks = nn.Sequential(*blocks)
+        self.global_mixer = global_mixer
+        # consecutive blocks sharing a layout, (global, first, end): the tokens are re-laid only between runs
+        self._runs: list[tuple[bool, int, int]] = []
+        for i, block in enumerate(blocks):
+            whole = global_mixer and not conv and bool(getattr(block.mixer, "linear_in_length", False))
+            if self._runs and self._runs[-1][0] == whole:
+                self._runs[-1] = (whole, self._runs[-1][1], i + 1)
+            else:
+                self._runs.append((whole, i, i + 1))
+
+    def _run_blocks(self, blocks: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint_seq(blocks, x)
+        return blocks(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)
         if self.conv:
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                return checkpoint_seq(self.blocks, x)
-            return self.blocks(x)
-        H, W = x.shape[-2], x.shape[-1]
-        x = window_partition(x, self.window_size)
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            x = checkpoint_seq(self.blocks, x)
-        else:
-            x = self.blocks(x)
-        return window_reverse(x, self.window_size, H, W)
+            return self._run_blocks(self.blocks, x)
+        if len(self._runs) == 1 and not self._runs[0][0]:  # every block windowed (MambaVision)
+            H, W = x.shape[-2], x.shape[-1]
+            x = window_partition(x, self.window_size)
+            return window_reverse(self._run_blocks(self.blocks, x), self.window_size, H, W)
+        for whole, first, end in self._runs:
+            blocks = self.blocks[first:end]
+            if whole:
+                x = tokens_to_map(self._run_blocks(blocks, tokens_of_map(x)), x.shape[-2], x.shape[-1])
+            else:
+                H, W = x.shape[-2], x.shape[-1]
+                windows = self._run_blocks(blocks, window_partition(x, self.window_size))
+                x = window_reverse(windows, self.window_size, H, W)
+        return x
+
+    def extra_repr(self) -> str:
+        return "global_mixer=True" if self.global_mixer else ""
+
+
+@register_notrace_function
+def tokens_of_map(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H·W, C), row-major: the whole map as one sequence (the order of a single window)."""
+    return x.permute(0, 2, 3, 1).flatten(1, 2)
+
+
+@register_notrace_function
+def tokens_to_map(tokens: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """Inverse of :func:`tokens_of_map`: (B, H·W, C) -> (B, C, H, W) (channels_last strides)."""
+    return tokens.unflatten(1, (H, W)).permute(0, 3, 1, 2)

@@ -17,8 +17,9 @@ that code is under the NVIDIA Source Code License-NC). NVIDIA's released weights
 Architecture (four stages of widths dim * 2**i): a two-conv stem (stride 4), two stages of residual conv blocks,
 then two stages whose first ceil(depth / 2) blocks use a sequence mixer (MambaVision's selective-scan mixer by
 default) and whose remaining blocks use self-attention; those stages run on non-overlapping windows (zero padded
-to a multiple of the window, unmasked, as the official code does), so any input resolution works. A BatchNorm,
-global average pooling and a linear classifier follow.
+to a multiple of the window, unmasked, as the official code does), so any input resolution works; with
+``global_mixer=True`` their linear-cost mixer blocks see the whole feature map instead (the attention blocks keep
+the windows). A BatchNorm, global average pooling and a linear classifier follow.
 
 Differences from the official code, none of which changes the function computed:
 - timm's module names (``stem``, ``stages.{i}.downsample`` at the *start* of stage i, ``ls1.gamma``, ``head.fc``);
@@ -81,6 +82,10 @@ class MambaVision(nn.Module):
         proj_drop_rate: Dropout after attention/MLP projections.
         attn_drop_rate: Attention dropout.
         drop_path_rate: Stochastic depth, rising linearly over all blocks from 0.
+        global_mixer: Token-stage blocks whose mixer is linear in the sequence length (the scan, GKA, Comba, SKA:
+            ``linear_in_length``) run over the whole feature map, row-major, instead of ``window_size`` windows, at
+            any resolution; attention blocks keep their windows. Same parameters, so checkpoints load either way;
+            where one window covers a stage's map exactly (224² for the presets) the function is the same.
         device, dtype: Factory kwargs.
     """
 
@@ -109,6 +114,7 @@ class MambaVision(nn.Module):
             proj_drop_rate: float = 0.0,
             attn_drop_rate: float = 0.0,
             drop_path_rate: float = 0.2,
+            global_mixer: bool = False,
             device=None,
             dtype=None,
             **kwargs,
@@ -132,6 +138,7 @@ class MambaVision(nn.Module):
         self.drop_rate = drop_rate
         self.mixer_name = mixer if isinstance(mixer, str) else getattr(mixer, "__name__", str(mixer))
         self.mixer_causal = mixer_causal
+        self.global_mixer = global_mixer
         self.attn_mixer_name = attn_mixer if isinstance(attn_mixer, str) else getattr(attn_mixer, "__name__",
                                                                                       str(attn_mixer))
 
@@ -144,7 +151,8 @@ class MambaVision(nn.Module):
         shared = {"mixer": mixer, "mixer_causal": mixer_causal, "mixer_kwargs": mixer_kwargs, "attn_mixer": attn_mixer,
                   "attn_mixer_causal": attn_mixer_causal, "attn_mixer_kwargs": attn_mixer_kwargs,
                   "mlp_ratio": mlp_ratio, "qkv_bias": qkv_bias, "proj_drop": proj_drop_rate,
-                  "attn_drop": attn_drop_rate, "layer_scale": layer_scale, "layer_scale_conv": layer_scale_conv, **dd}
+                  "attn_drop": attn_drop_rate, "layer_scale": layer_scale, "layer_scale_conv": layer_scale_conv,
+                  "global_mixer": global_mixer, **dd}
         for i in range(num_stages):
             stages.append(MambaVisionStage(
                 prev_dim, dims[i], depths[i], conv=i < num_conv_stages, downsample=i > 0, num_heads=num_heads[i],
