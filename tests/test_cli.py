@@ -262,6 +262,28 @@ def test_outside_a_command_import_visionssm_still_registers_the_models(tmp_path)
         assert proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
+def test_a_spawned_child_of_a_command_imports_the_models(tmp_path):
+    """A multiprocessing spawn child (the benchmark's data-parallel workers) carries its parent's sys.argv but runs
+    no parser: it must get the models registered, while the command itself skipped them."""
+    script = tmp_path / "visionssm-benchmark"  # started as the console script's name
+    script.write_text(
+        "import multiprocessing\n"
+        "def registered(queue):\n"
+        "    import timm, visionssm\n"
+        "    queue.put(timm.is_model('gka_vision_T'))\n"
+        "if __name__ == '__main__':\n"
+        "    import sys, visionssm\n"
+        "    print('command', 'visionssm.models' in sys.modules)\n"
+        "    context = multiprocessing.get_context('spawn')\n"
+        "    queue = context.Queue()\n"
+        "    child = context.Process(target=registered, args=(queue,))\n"
+        "    child.start()\n"
+        "    print('child', queue.get(timeout=240))\n"
+        "    child.join()\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["command", "False", "child", "True"], proc.stdout + proc.stderr[-2000:]
+
+
 def test_a_command_module_keeps_its_work_modules_names():
     """The tracking commands hold only their parsers; ``from visionssm.tracking.run import run`` still works."""
     from visionssm.tracking import evaluation, runner, trainer

@@ -38,17 +38,21 @@ CHECKOUT_SCRIPTS = {"train_imagenet.py": "visionssm.train"}
 def _started_as_command() -> bool:
     """Whether this process runs one of :data:`COMMANDS`: its console script, the checkout's script
     (:data:`CHECKOUT_SCRIPTS`), or ``-m MODULE`` (Python sets ``sys.argv[0]`` to ``-m`` while it imports the module's
-    parents)."""
-    script = Path(sys.argv[0] if sys.argv else "").stem.removesuffix("-script")  # Windows names it NAME-script.py
-    if script and script in COMMANDS.values():
+    parents). Read from ``sys.orig_argv``, the process's own command line: a multiprocessing spawn child carries its
+    parent's ``sys.argv`` but runs no command's parser, so it imports the models."""
+    argv, orig_argv = sys.argv, getattr(sys, "orig_argv", [])
+    if not argv or len(orig_argv) < len(argv):
+        return False
+    started = orig_argv[len(orig_argv) - len(argv)]  # the word Python ran: a script's path, or the module after -m
+    if argv[0] == "-m":
+        return started.removeprefix("-m") in COMMANDS
+    if started != argv[0]:  # sys.argv was replaced after start-up (a spawn child's is its parent's)
+        return False
+    path = Path(started)
+    if path.stem.removesuffix("-script") in COMMANDS.values():  # Windows names it NAME-script.py
         return True
-    if sys.argv and Path(sys.argv[0]).name in CHECKOUT_SCRIPTS:
-        checkout = Path(__file__).resolve().parents[1]  # only this checkout's file, not a script of the same name
-        return any(Path(sys.argv[0]).resolve() == checkout / name for name in CHECKOUT_SCRIPTS)
-    if sys.argv[:1] == ["-m"] and len(sys.orig_argv) > len(sys.argv):
-        module = sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]  # the word after -m, before the arguments
-        return module.removeprefix("-m") in COMMANDS
-    return False
+    # only this checkout's file, not a user's script of the same name
+    return path.name in CHECKOUT_SCRIPTS and path.resolve() == Path(__file__).resolve().parents[1] / path.name
 
 
 def __getattr__(name: str):
