@@ -1,9 +1,9 @@
 """Mamba-1 selective scan: a drop-in for mamba_ssm's ``selective_scan_fn``, causal and bidirectional.
 
 The semantics (and the float64 specification) live in :mod:`.naive`. The Triton path, split by stage: the kernels in
-:mod:`.forward` and :mod:`.backward`, their launch settings and host-side launch code in :mod:`.launch`, the
-autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op` registers the op that ``torch.compile`` and
-``torch.export`` take instead.
+:mod:`.kernel_fwd` and :mod:`.kernel_bwd` (shared pieces in :mod:`.kernel_common`), their launch settings and
+host-side launch code in :mod:`.launch`, the autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op`
+registers the op that ``torch.compile`` and ``torch.export`` take instead.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..utils import check_bool, check_dtype, check_same_device, check_shape, needs_grad
+from ..utils import check_bool, check_dtype, check_layout, check_same_device, check_shape, needs_grad
 from .custom_op import selective_scan_op
 
 __all__ = ["MAX_STATE", "selective_scan"]
@@ -22,11 +22,7 @@ MAX_STATE = 16
 
 def _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, causal, return_last_state):
     check_dtype("u", u)
-    if u.dim() != 3:
-        raise ValueError(f"u must have shape (batch, dim, L), got {tuple(u.shape)}")
-    batch, dim, length = u.shape
-    if batch < 1 or dim < 1 or length < 1:
-        raise ValueError(f"u must have batch, dim and L >= 1, got shape {tuple(u.shape)}")
+    batch, dim, length = check_layout("u", u, "(batch, dim, L)", "batch, dim, L")
     check_dtype("delta", delta)
     check_shape("delta", delta, (batch, dim, length), "(batch, dim, L)")
     if not isinstance(A, torch.Tensor):

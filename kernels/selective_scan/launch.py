@@ -1,10 +1,10 @@
 """Launch settings and host-side launch code of the selective-scan kernels.
 
-Launch settings (:func:`launch_config`) are chosen per problem size by the heuristics below. For tuning sweeps and
-tests, :mod:`visionssm.kernels.tuning` can force any of them under the op name ``"selective_scan"``
-(``with launch_overrides("selective_scan", chunk=4): ...`` or ``VISIONSSM_LAUNCH="selective_scan:chunk=4"``); the
-settings it understands are :data:`SETTINGS`, and any other name is a ``ValueError``. The backward reuses the config
-its forward ran with (the saved states are ``chunk`` tokens apart, the segments are the forward's).
+Launch settings (:func:`launch_config`) are chosen per problem size by the rules below. Tests may force the chunk
+size and the segment count (:data:`SETTINGS`) through :mod:`visionssm.kernels.tuning` under the op name
+``"selective_scan"`` (``with launch_overrides("selective_scan", chunk=4): ...``); any other name is a
+``ValueError``. The backward reuses the config its forward ran with (the saved states are ``chunk`` tokens apart,
+the segments are the forward's).
 
 Long sequences (L >= 1024) with too few (sequence, channel block) programs to fill the GPU are split along time
 into segments, one program each: the forward first records every segment's end state from a zero start and its
@@ -24,38 +24,21 @@ import triton
 
 from .. import tuning
 from ..utils import cdiv, empty_output, input_guard
-from .backward import selective_scan_bwd_kernel, selective_scan_finish_kernel
-from .forward import selective_scan_fwd_kernel
+from .kernel_bwd import selective_scan_bwd_kernel, selective_scan_finish_kernel
+from .kernel_fwd import selective_scan_fwd_kernel
 
 __all__ = ["OP", "SETTINGS", "LaunchConfig", "backward", "forward", "launch_config", "saved_shapes"]
 
 OP = "selective_scan"
 
-#: The launch settings :mod:`visionssm.kernels.tuning` may force for this op, with their defaults. The defaults
-#: are the fastest of the launch variants timed side by side on an H200 at MambaVision's four shapes
-#: (benchmarks/results/kernels-selective_scan-nvidia-h200-2026-11-21.log, and for the backward's warps
-#: kernels-selective_scan-sweep-nvidia-h200-2026-11-22.log there).
-SETTINGS = {
-    # tokens per chunk (a power of 2): the step loops' unit and the interval of the states saved for the backward
-    "chunk": 8,
-    # channels per program (powers of 2, capped at the channels per group of B/C)
-    "block_d_fwd": 32,
-    "block_d_bwd": 32,
-    # warps per program (powers of 2, capped at one thread per state element, see _build_config)
-    "num_warps_fwd": 1,
-    "num_warps_bwd": 2,
-    # the backward's reverse walk also does the per-step reductions over the state (False: all of them in the
-    # epilogue on (CHUNK, BLOCK_D, N) tiles). Kept as a setting: at 4 warps, False measured 0.95x the fwd+bwd time
-    # at (256, 160, 196) and 1.07x at the other three shapes; at the default 2 warps it spills ~390 bytes per thread
-    # on sm_90 (True: 20) and was not timed.
-    "lean": True,
-    # step loops unrolled. Kept as a setting: with 16-token chunks, rolled loops measured 0.96-0.99x the forward
-    # time of unrolled ones at all four shapes (fwd+bwd 1.01-1.02x)
-    "unroll": True,
-    # time segments scanned in parallel (1: none); default: the long-sequence heuristic in _build_config
-    "segments": None,
-}
-_POWERS_OF_TWO = ("chunk", "block_d_fwd", "block_d_bwd", "num_warps_fwd", "num_warps_bwd")
+#: The launch settings tests may force: tokens per chunk (a power of 2: the step loops' unit and the interval of the
+#: states saved for the backward) and time segments scanned in parallel (None: the long-sequence rule in
+#: :func:`_build_config`).
+SETTINGS = {"chunk": 8, "segments": None}
+#: Channels per program (capped at the channels per group of B/C) and warps per program (capped at one thread per
+#: state element), forward and backward: the fastest of the variants timed at MambaVision's shapes.
+BLOCK_D_FWD, BLOCK_D_BWD = 32, 32
+NUM_WARPS_FWD, NUM_WARPS_BWD = 1, 2
 
 
 @dataclass(frozen=True)
@@ -67,8 +50,6 @@ class LaunchConfig:
     block_d_bwd: int
     num_warps_fwd: int
     num_warps_bwd: int
-    lean: bool
-    unroll: bool
     block_n: int  # the state size N rounded up to a power of 2
     segments: int
     seg_chunks: int  # chunks per segment
@@ -76,25 +57,23 @@ class LaunchConfig:
 
 def _check_values(forced) -> None:
     for name, value in forced.items():
-        if name in ("lean", "unroll"):
-            if not isinstance(value, bool):
-                raise ValueError(f"launch setting {name!r} for {OP} must be true or false, got {value!r}")
-        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"launch setting {name!r} for {OP} must be a positive integer, got {value!r}")
-        elif name in _POWERS_OF_TWO and value & (value - 1):
+        if name == "chunk" and value & (value - 1):
             raise ValueError(f"launch setting {name!r} for {OP} must be a power of 2, got {value}")
 
 
 def _build_config(length: int, nstate: int, channels_per_group: int, sequences: int, forced) -> LaunchConfig:
     tuning.check_names(OP, forced, SETTINGS)
     _check_values(forced)
-    cfg = {**SETTINGS, **forced}
+    cfg = {**SETTINGS, "block_d_fwd": BLOCK_D_FWD, "block_d_bwd": BLOCK_D_BWD, "num_warps_fwd": NUM_WARPS_FWD,
+           "num_warps_bwd": NUM_WARPS_BWD, **forced}
     block_n = triton.next_power_of_2(nstate)
     cap = triton.next_power_of_2(channels_per_group)
     for kind in ("fwd", "bwd"):
         cfg[f"block_d_{kind}"] = min(cfg[f"block_d_{kind}"], cap)
-        # no more threads than (BLOCK_D, N) state elements: with the state tile replicated across warps (16 warps
-        # on a 32 x 8 tile) the backward's d delta came out wrong on an H200
+        # no more threads than (BLOCK_D, N) state elements: with the state tile replicated across warps the
+        # backward's d delta comes out wrong on the GPU
         elements = cfg[f"block_d_{kind}"] * block_n
         cfg[f"num_warps_{kind}"] = max(1, min(cfg[f"num_warps_{kind}"], elements // 32))
     if cfg["segments"] is None:
@@ -169,7 +148,7 @@ def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_s
     def launch(seg_pass, direction, return_last):
         selective_scan_fwd_kernel[grid](*tensors, seg_state, seg_sum, scratch, dim, length, groups, per_group, nstate,
                                         nchunk, cfg.seg_chunks, DIRECTION=direction, SEG_PASS=seg_pass,
-                                        RETURN_LAST=return_last, UNROLL=cfg.unroll, CHUNK=block_l, **flags)
+                                        RETURN_LAST=return_last, CHUNK=block_l, **flags)
 
     if nseg == 1:
         launch(0, -1, return_last_state)
@@ -217,8 +196,7 @@ def backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, 
         for seg_pass in (1, 2) if nseg > 1 else (0,):
             selective_scan_bwd_kernel[(ndblk, batch * groups, nseg)](
                 u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, seg_carry, seg_sum, scratch, du, ddelta,
-                dz, col_part, bc_part, *sizes, cfg.seg_chunks, SEG_PASS=seg_pass, LEAN=cfg.lean, UNROLL=cfg.unroll,
-                CHUNK=block_l, **flags)
+                dz, col_part, bc_part, *sizes, cfg.seg_chunks, SEG_PASS=seg_pass, CHUNK=block_l, **flags)
     dA = empty_output(A.shape, device=dev, dtype=A.dtype)
     dB = empty_output(B.shape, device=dev, dtype=B.dtype)
     dC = empty_output(C.shape, device=dev, dtype=C.dtype)

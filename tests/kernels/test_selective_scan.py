@@ -172,6 +172,7 @@ def _bad_cases():
 
     return [
         ("u-dim", with_(u=f32["u"][0]), {}, ValueError, "u must have shape"),
+        ("u-empty", with_(u=f32["u"][:, :, :0]), {}, ValueError, "u must have batch, dim, L >= 1"),
         ("u-type", with_(u=f32["u"].numpy()), {}, TypeError, "u must be a torch.Tensor"),
         ("u-int", with_(u=f32["u"].long()), {}, TypeError, "u must have dtype"),
         ("delta-shape", with_(delta=f32["delta"][..., :4]), {}, ValueError, "delta must have shape"),
@@ -267,19 +268,6 @@ def test_interpreter_many_channels(triton_interpreter, poison_outputs, causal):
     compare(inputs, softplus, dtype=torch.float32, causal=causal)
 
 
-@pytest.mark.parametrize("variant", [{"lean": False, "unroll": True}, {"lean": True, "unroll": False},
-                                     {"lean": False, "unroll": False}], ids=["full-unrolled", "lean-loop", "full-loop"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-def test_interpreter_code_shapes(triton_interpreter, poison_outputs, variant, causal):
-    """The kernels' other code shapes: the whole backward epilogue on (CHUNK, BLOCK_D, N) tiles instead of
-    per-step reductions over the state (lean=False), and step loops not unrolled (unroll=False)."""
-    with launch_overrides("selective_scan", chunk=8, **variant):
-        inputs, softplus = make_inputs(dim=6, length=21, groups=2, has_z=True)
-        compare(inputs, softplus, dtype=torch.float32, causal=causal)
-        inputs, softplus = make_inputs(length=13, has_z=False)
-        compare(inputs, softplus, dtype=torch.float32, return_last_state=True)
-
-
 @pytest.mark.parametrize("segments", [2, 3])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_interpreter_segments(triton_interpreter, poison_outputs, segments, causal):
@@ -309,15 +297,16 @@ def test_launch_overrides():
     heuristic's own; unknown names and impossible values are ValueErrors naming the setting."""
     default = launch_config(196, 8, 160, 256)
     assert (default.chunk, default.block_d_bwd, default.num_warps_bwd, default.segments) == (8, 32, 2, 1)
-    with launch_overrides("selective_scan", chunk=4, block_d_bwd=64, num_warps_bwd=32, segments=2):
+    with launch_overrides("selective_scan", chunk=4, segments=2):
         forced = launch_config(196, 8, 160, 256)
-        assert (forced.chunk, forced.block_d_bwd, forced.segments) == (4, 64, 2)
-        assert forced.num_warps_bwd == 64 * 8 // 32  # one thread per state element at most
-        assert launch_config(196, 8, 16, 256).block_d_bwd == 16  # no wider than the channels per group
+        assert (forced.chunk, forced.block_d_bwd, forced.segments) == (4, 32, 2)
+    narrow = launch_config(196, 2, 4, 256)
+    assert narrow.block_d_bwd == 4  # no wider than the channels per group
+    assert narrow.num_warps_bwd == 1  # one thread per state element at most
     assert launch_config(196, 8, 160, 256) == default
     bad = [({"block_l": 8}, "unknown launch setting 'block_l'"), ({"chunk": 6}, "'chunk' .* power of 2"),
-           ({"num_warps_fwd": 0}, "'num_warps_fwd' .* positive integer"), ({"segments": 1.5}, "'segments'"),
-           ({"lean": 1}, "'lean' .* true or false")]
+           ({"chunk": 0}, "'chunk' .* positive integer"), ({"segments": 1.5}, "'segments'"),
+           ({"num_warps_fwd": 2}, "unknown launch setting 'num_warps_fwd'")]
     for settings, match in bad:
         with launch_overrides("selective_scan", **settings), pytest.raises(ValueError, match=match):
             launch_config(196, 8, 160, 256)

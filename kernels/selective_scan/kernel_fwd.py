@@ -5,11 +5,10 @@ in fp32 registers; inputs may be fp32/fp16/bf16 and are upcast on load. The recu
 loop iteration (``x = exp2(δA') x + δuB``, ``y = Σ_n C x``): an exp2 and two FMAs per state element per step.
 
 Rows are L tokens apart, so stepping straight through memory would touch BLOCK_D cache lines per access (the
-load/store unit, not DRAM, would be the limit: such a kernel took 1.3-1.4x the GPU time of this one for fwd+bwd at
-MambaVision's shapes on an H200). Instead, per chunk of ``CHUNK`` tokens, coalesced (CHUNK, BLOCK_D) tile loads
-fill a small per-program scratch (L2-resident) laid out channel-contiguous; the step loop reads one contiguous row
-per step, and the output is written as one tile. With a gradient pending, the state entering every chunk is saved
-for the backward.
+load/store unit, not DRAM, would be the limit). Instead, per chunk of ``CHUNK`` tokens, coalesced (CHUNK, BLOCK_D)
+tile loads fill a small per-program scratch (L2-resident) laid out channel-contiguous; the step loop reads one
+contiguous row per step, and the output is written as one tile. With a gradient pending, the state entering every
+chunk is saved for the backward.
 
 Bidirectional (``BIDIR``): the reverse-time direction is the same loop with time indices mirrored
 (``t = L - 1 - τ``); the first pass parks ``y_fwd`` in an fp32 buffer, the second adds ``y_rev`` and applies ``D·u``
@@ -24,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import chunk_tile, load_channel_params, load_delta, program_block
+from .kernel_common import chunk_tile, load_channel_params, load_delta, program_block
 
 __all__ = ["selective_scan_fwd_kernel"]
 
@@ -98,7 +97,7 @@ def _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, 
               scr, row_off, bc_off, state_off, last_off, seg_row, A2, bias, Dv, d, mask_d, offs_n, mask_n, dim, L, N,
               NCHUNK, seg, SEG_CHUNKS, REVERSE: tl.constexpr, MODE: tl.constexpr, SEG_PASS: tl.constexpr,
               HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-              SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr,
+              SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr, CHUNK: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # One direction over chunks [seg * SEG_CHUNKS, +SEG_CHUNKS) of the sequence (all of it unless the sequence is
     # split into segments, see selective_scan_fwd_kernel). Per chunk: tile loads into the scratch, the recurrence
@@ -130,12 +129,8 @@ def _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, 
                                             c, row_off, bc_off, state_off, bias, mask_d, mask_dn, offs_n, mask_n,
                                             offs_s, vec_sd, vec_sn, L, N, REVERSE, SEG_PASS, HAS_BIAS, SOFTPLUS,
                                             SAVE_STATES, CHUNK)
-        if UNROLL:
-            for s in tl.static_range(CHUNK):
-                x = _fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
-        else:
-            for s in range(0, CHUNK):
-                x = _fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
+        for s in tl.static_range(CHUNK):
+            x = _fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D, BLOCK_N)
         tl.debug_barrier()
         if SEG_PASS != 1:
             _fwd_chunk_store(z_ptr, out_ptr, ybuf_ptr, v_y, u, Dv, m2, p2, vec_sd, MODE, HAS_D, HAS_Z)
@@ -156,8 +151,7 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                               SEG_CHUNKS, BIDIR: tl.constexpr, DIRECTION: tl.constexpr, SEG_PASS: tl.constexpr,
                               HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                               SOFTPLUS: tl.constexpr, SAVE_STATES: tl.constexpr, RETURN_LAST: tl.constexpr,
-                              UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # Grid: (channel blocks, batch x groups, segments). Long sequences with too few (batch, channel block)
     # programs to fill the GPU are split into segments of SEG_CHUNKS chunks, one program each, in two launches:
     # SEG_PASS 1 records each segment's end state from a zero start and its sum of delta (the decay over a segment
@@ -179,8 +173,8 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
                       seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, seg_row, A2, bias, Dv, d, mask_d,
                       offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
-                      False, 1, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK,
-                      BLOCK_D, BLOCK_N)
+                      False, 1, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, CHUNK, BLOCK_D,
+                      BLOCK_N)
         if DIRECTION == -1:
             # the second pass reads back what the first wrote, possibly from other threads of this program
             tl.debug_barrier()
@@ -188,12 +182,12 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
                       seg_sum_ptr, scr, row_off, bc_off, state_off + dim * NCHUNK * N, last_off, seg_row + nseg, A2,
                       bias, Dv, d, mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
-                      True, 2, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, UNROLL, CHUNK,
-                      BLOCK_D, BLOCK_N)
+                      True, 2, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, CHUNK, BLOCK_D,
+                      BLOCK_N)
     else:
         state_off = (i_b * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
         _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
                   seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, (i_b * nseg).to(tl.int64), A2, bias, Dv, d,
                   mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
-                  False, 0, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, UNROLL, CHUNK,
+                  False, 0, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, CHUNK,
                   BLOCK_D, BLOCK_N)

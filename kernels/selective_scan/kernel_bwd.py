@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import chunk_tile, load_channel_params, load_delta, load_gated_grad, program_block
+from .kernel_common import chunk_tile, load_channel_params, load_delta, load_gated_grad, program_block
 
 __all__ = ["selective_scan_bwd_kernel", "selective_scan_finish_kernel"]
 
@@ -75,8 +75,9 @@ def _bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, 
 
 @triton.jit
 def _bwd_adjoint_step(s, tau, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B, v_C, v_x, v_h, v_hB, v_hxA, A, A2, L,
-                      offs_dl, offs_n, mat_dn, LEAN: tl.constexpr, HAS_DLAST: tl.constexpr, BLOCK_D: tl.constexpr,
+                      offs_dl, offs_n, mat_dn, REDUCE: tl.constexpr, HAS_DLAST: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_N: tl.constexpr):
+    # REDUCE: also the per-step reductions over the state (dA, h.B, hx.A), parked in the scratch for the epilogue
     dts = tl.load(v_dt + s * BLOCK_D + offs_dl)
     gs = tl.load(v_g + s * BLOCK_D + offs_dl)
     Cs = tl.load(v_C + s * BLOCK_N + offs_n)
@@ -85,7 +86,7 @@ def _bwd_adjoint_step(s, tau, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B, v
         h += tl.where((offs_n[None, :] * 0 + tau) == L - 1, dlast, 0.0)
     tl.store(v_h + s * (BLOCK_D * BLOCK_N) + mat_dn, h)
     a_next = tl.exp2(dts[:, None] * A2)
-    if LEAN:
+    if REDUCE:
         dtus = tl.load(v_dtu + s * BLOCK_D + offs_dl)
         Bs = tl.load(v_B + s * BLOCK_N + offs_n)
         xs = tl.load(v_x + s * (BLOCK_D * BLOCK_N) + mat_dn)
@@ -167,36 +168,24 @@ def _bwd_chunk_load(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, dout_ptr, v_dt, v_dtu, v
 @triton.jit
 def _bwd_chunk_walks(state_ptr, v_dt, v_dtu, v_g, v_B, v_C, v_x, v_h, v_y, v_hB, v_hxA, c, h, a_next, dA_acc, dlast,
                      A, A2, state_off, mask_dn, offs_dl, offs_n, mat_dn, L, N, LOAD_STATES: tl.constexpr,
-                     HAS_Z: tl.constexpr, HAS_DLAST: tl.constexpr, LEAN: tl.constexpr, UNROLL: tl.constexpr,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                     HAS_Z: tl.constexpr, HAS_DLAST: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     # step 2, the chunk's states (padded steps: delta = 0, so a = 1, b = 0)
     if LOAD_STATES:
         x = tl.load(state_ptr + state_off + c * N, mask=mask_dn, other=0.0)
     else:
         x = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    # (UNROLL: the step loops unrolled, so the compiler can issue the scratch loads of later steps early)
-    if UNROLL:
-        for s in tl.static_range(CHUNK):
-            x = _bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn, LEAN and HAS_Z,
-                                BLOCK_D, BLOCK_N)
-    else:
-        for s in range(0, CHUNK):
-            x = _bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn, LEAN and HAS_Z,
-                                BLOCK_D, BLOCK_N)
+    # the step loops unrolled, so the compiler can issue the scratch loads of later steps early
+    for s in tl.static_range(CHUNK):
+        x = _bwd_state_step(s, x, v_dt, v_dtu, v_B, v_C, v_x, v_y, A2, offs_dl, offs_n, mat_dn, HAS_Z, BLOCK_D,
+                            BLOCK_N)
 
     # step 3, the adjoint, last step first (padded steps: g = 0 and h starts at zero, so h stays zero there)
-    if UNROLL:
-        for s2 in tl.static_range(CHUNK):
-            h, a_next, dA_acc = _bwd_adjoint_step(
-                CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
-                v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
-                BLOCK_N)
-    else:
-        for s2 in range(0, CHUNK):
-            h, a_next, dA_acc = _bwd_adjoint_step(
-                CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
-                v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, LEAN, HAS_DLAST, BLOCK_D,
-                BLOCK_N)
+    for s2 in tl.static_range(CHUNK):
+        h, a_next, dA_acc = _bwd_adjoint_step(
+            CHUNK - 1 - s2, c * CHUNK + CHUNK - 1 - s2, h, a_next, dA_acc, dlast, v_dt, v_dtu, v_g, v_B,
+            v_C, v_x, v_h, v_hB, v_hxA, A, A2, L, offs_dl, offs_n, mat_dn, True, HAS_DLAST, BLOCK_D,
+            BLOCK_N)
     tl.debug_barrier()
     return h, a_next, dA_acc
 
@@ -204,28 +193,19 @@ def _bwd_chunk_walks(state_ptr, v_dt, v_dtu, v_g, v_B, v_C, v_x, v_h, v_y, v_hB,
 @triton.jit
 def _bwd_chunk_grads(du_ptr, ddl_ptr, dz_ptr, bc_ptr, v_x, v_h, v_y, v_hB, v_hxA, t, m2, p2, mbc, u, dt_in, dt, dtu,
                      do, zt, sz, g, Bt, Ct, A, Dv, dA_acc, dD_acc, dbias_acc, part_off, offs_n, vec_sd, mat_sdn, N, L,
-                     ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr,
-                     LEAN: tl.constexpr):
-    # step 4, the epilogue on the whole chunk
+                     ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr):
+    # step 4, the epilogue on the whole chunk: the reductions over the state were done by the reverse walk, so its
+    # (CHUNK, BLOCK_D, N) tiles are only x and h for dB and dC (fewer live registers)
     X = tl.load(v_x + mat_sdn)
     H = tl.load(v_h + mat_sdn)
-    if LEAN:
-        hB = tl.load(v_hB + vec_sd)
-        ddt = tl.load(v_hxA + vec_sd) + u * hB
-    else:
-        hx = H * (X - dtu[:, :, None] * Bt[:, None, :])  # h_t * a_t x_{t-1}
-        dA_acc += tl.sum(hx * dt[:, :, None], axis=0)
-        hB = tl.sum(H * Bt[:, None, :], axis=2)
-        ddt = tl.sum(hx * A[None, :, :], axis=2) + u * hB
+    hB = tl.load(v_hB + vec_sd)
+    ddt = tl.load(v_hxA + vec_sd) + u * hB
     du = dt * hB
     if HAS_D and not ACCUM:
         du += g * Dv[None, :]
         dD_acc += tl.sum(g * u, axis=0)
     if HAS_Z:
-        if LEAN:
-            y = tl.load(v_y + vec_sd)
-        else:
-            y = tl.sum(X * Ct[:, None, :], axis=2)
+        y = tl.load(v_y + vec_sd)
         if HAS_D and not ACCUM:
             y += Dv[None, :] * u
         dz = do * sz * (1.0 + zt * (1.0 - sz)) * y
@@ -277,8 +257,8 @@ def _bwd_segment_grads(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, dout_ptr, state_ptr, 
                        seg_dn, c_lo, seg_chunks, d, mask_d, mask_dn, offs_dl, offs_n, mask_n, offs_s, vec_sd, vec_sn,
                        mat_dn, mat_sdn, dim, L, N, SEG_PASS: tl.constexpr, REVERSE: tl.constexpr,
                        ACCUM: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr, HAS_DLAST: tl.constexpr, LEAN: tl.constexpr,
-                       UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                       SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr, HAS_DLAST: tl.constexpr,
+                       CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # every gradient of this program's chunks, last chunk first, and its row of the column partials
     h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     a_next = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # a_{t+1}; zero past the end
@@ -295,12 +275,12 @@ def _bwd_segment_grads(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, dout_ptr, state_ptr, 
             mask_d, offs_n, mask_n, offs_s, vec_sd, vec_sn, L, REVERSE, HAS_Z, HAS_BIAS, SOFTPLUS, CHUNK)
         h, a_next, dA_acc = _bwd_chunk_walks(
             state_ptr, v_dt, v_dtu, v_g, v_B, v_C, v_x, v_h, v_y, v_hB, v_hxA, c, h, a_next, dA_acc, dlast, A, A2,
-            state_off, mask_dn, offs_dl, offs_n, mat_dn, L, N, LOAD_STATES, HAS_Z, HAS_DLAST, LEAN, UNROLL, CHUNK,
-            BLOCK_D, BLOCK_N)
+            state_off, mask_dn, offs_dl, offs_n, mat_dn, L, N, LOAD_STATES, HAS_Z, HAS_DLAST, CHUNK, BLOCK_D,
+            BLOCK_N)
         dA_acc, dD_acc, dbias_acc = _bwd_chunk_grads(
             du_ptr, ddl_ptr, dz_ptr, bc_ptr, v_x, v_h, v_y, v_hB, v_hxA, t, m2, p2, mbc, u, dt_in, dt, dtu, do, zt,
             sz, g, Bt, Ct, A, Dv, dA_acc, dD_acc, dbias_acc, part_off, offs_n, vec_sd, mat_sdn, N, L, ACCUM, HAS_D,
-            HAS_Z, SOFTPLUS, LEAN)
+            HAS_Z, SOFTPLUS)
     _store_col_partials(col_ptr, cmat_off, cvec_off, dA_acc, dbias_acc, dD_acc, mask_dn, mask_d, dim, ACCUM, HAS_D)
 
 
@@ -311,11 +291,9 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                               SEG_PASS: tl.constexpr, REVERSE: tl.constexpr, ACCUM: tl.constexpr,
                               HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                               SOFTPLUS: tl.constexpr, LOAD_STATES: tl.constexpr, HAS_DLAST: tl.constexpr,
-                              LEAN: tl.constexpr, UNROLL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
-    # LEAN: the reverse walk also does the per-step work that reduces over the state only (dA, h.B, hx.A, and y
-    # for dz), parking (CHUNK, BLOCK_D) vectors in the scratch, so the epilogue's (CHUNK, BLOCK_D, N) tiles are
-    # only x and h for dB and dC (fewer live registers); otherwise the epilogue does all of it.
+                              CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # The reverse walk also does the per-step work that reduces over the state only (dA, h.B, hx.A, and y for dz),
+    # parking (CHUNK, BLOCK_D) vectors in the scratch, so the epilogue's (CHUNK, BLOCK_D, N) tiles are only x and h.
     # Segments (see selective_scan_fwd_kernel): SEG_PASS 1 walks only the adjoint through this program's segment;
     # SEG_PASS 2 composes the later segments' records into its carry, h = (that carry) + g C at its last token, and
     # computes every gradient of its segment. dA, d delta_bias and dD partials get one row per (batch, segment).
@@ -359,7 +337,7 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                            dlast, A, A2, bias, Dv, row_off, bc_off, part_off, state_off, cmat_off, cvec_off, seg_row,
                            seg, nseg, seg_dn, c_lo, seg_chunks, d, mask_d, mask_dn, offs_dl, offs_n, mask_n, offs_s,
                            vec_sd, vec_sn, mat_dn, mat_sdn, dim, L, N, SEG_PASS, REVERSE, ACCUM, HAS_D, HAS_Z,
-                           HAS_BIAS, SOFTPLUS, LOAD_STATES, HAS_DLAST, LEAN, UNROLL, CHUNK, BLOCK_D, BLOCK_N)
+                           HAS_BIAS, SOFTPLUS, LOAD_STATES, HAS_DLAST, CHUNK, BLOCK_D, BLOCK_N)
 
 
 @triton.jit
