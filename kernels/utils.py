@@ -166,6 +166,18 @@ def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None],
         raise ValueError(f"{name} must have shape {layout} = {want}, got {tuple(tensor.shape)}")
 
 
+def check_layout(name: str, tensor: torch.Tensor, layout: str, nonempty: str) -> tuple[int, ...]:
+    """The shape of an op's leading tensor, whose axes ``layout`` names (``"(B, T, H, K)"``); the axes listed in
+    ``nonempty`` (``"B, T, H"``) must be at least 1. A ValueError naming ``name`` otherwise."""
+    axes = layout.strip("()").split(", ")
+    if tensor.dim() != len(axes):
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(tensor.shape)}")
+    sizes = dict(zip(axes, tensor.shape))
+    if any(sizes[axis] < 1 for axis in nonempty.split(", ")):
+        raise ValueError(f"{name} must have {nonempty} >= 1, got shape {tuple(tensor.shape)}")
+    return tuple(tensor.shape)
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     present = {k: t for k, t in tensors.items() if t is not None}
     devices = {k: t.device for k, t in present.items()}
@@ -329,9 +341,9 @@ class DirectLaunch:
     The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the compiled kernel; later
     launches call that compiled kernel's launcher ``run`` directly, with the arguments its own runner
     (``compiled[grid]``) passes it. That skips the JIT's per-call argument binding, specialization and cache-key
-    work (~10 µs of host time per launch on an H100 machine), and the runner's launch metadata and empty hook chains
-    (a further 5–9 µs: 8.9 against 13.7 µs best, 9.6 against 18.6 median, for a kernel of 18 pointers). Where a
-    launch hook is installed (a profiler), the runner is called instead, so that the hook sees every launch.
+    work, and the runner's launch metadata and empty hook chains: most of an eager call's host time at vision shapes,
+    where calls are host-bound. Where a launch hook is installed (a profiler), the runner is called instead, so that
+    the hook sees every launch.
 
     The compiled kernel is only valid for what the JIT specialized on, so the caller must keep one object per device,
     tensor dtypes and ``None``-ness, integers, constexprs and options (Comba's launch plans are keyed so); the
