@@ -1,10 +1,10 @@
 """Launch layout and cached launch plans of the gated RMSNorm kernels.
 
-Settings (forced through :mod:`visionssm.kernels.tuning` under the op name ``"gated_rmsnorm"``): ``block_rows``
-(rows of B·L per program), ``heads_per_program``, ``num_warps``; ``reference`` runs the PyTorch reference instead.
-With a low-rank gate (``gate_weight``) also ``heads_per_program_bwd``, ``num_warps_bwd`` and ``programs_bwd`` (row
-programs of the backward, which sum the weight gradients over their row tiles); there ``block_rows`` must be a power
-of two >= 16 (the smallest ``tl.dot`` tile).
+Tiles of 1024 elements; warps follow the tile's size. Tests may force (through :mod:`visionssm.kernels.tuning`, op
+``"gated_rmsnorm"``) ``block_rows`` (rows of B·L per program) and ``heads_per_program``; ``reference`` runs the
+PyTorch reference instead. With a low-rank gate (``gate_weight``) also ``heads_per_program_bwd`` and
+``programs_bwd`` (row programs of the backward, which sum the weight gradients over their row tiles); there
+``block_rows`` must be a power of two >= 16 (the smallest ``tl.dot`` tile).
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ from .kernel import (
 )
 
 OP = "gated_rmsnorm"
-SETTINGS = ("block_rows", "heads_per_program", "num_warps", "reference", "heads_per_program_bwd", "num_warps_bwd",
-            "programs_bwd")
-#: Elements of one [rows, heads, channels] tile: 8 per thread of four warps (sm_90a: ~110 registers; 2048-element
-#: tiles need 150–210).
+SETTINGS = ("block_rows", "heads_per_program", "reference", "heads_per_program_bwd", "programs_bwd")
+#: Elements of one [rows, heads, channels] tile: 8 per thread of four warps (larger tiles need many more registers).
 TILE = 1024
 
 
@@ -42,21 +40,20 @@ def launch_config(R: int, H: int, D: int) -> dict:
     BD = next_pow2(D)
     HB = heads_per_program(H, BD)
     cfg = {"heads_per_program": HB, "block_rows": max(1, min(next_pow2(R), TILE // (HB * BD)))}
-    tile = cfg["block_rows"] * HB * BD
-    cfg["num_warps"] = 4 if tile >= 1024 else 2 if tile >= 256 else 1
     cfg = tuning.apply_overrides(OP, cfg, SETTINGS)
-    for name in ("heads_per_program_bwd", "num_warps_bwd", "programs_bwd"):
+    for name in ("heads_per_program_bwd", "programs_bwd"):
         cfg.pop(name, None)  # low-rank settings: no meaning here
+    tile = cfg["block_rows"] * cfg["heads_per_program"] * BD
+    cfg["num_warps"] = 4 if tile >= 1024 else 2 if tile >= 256 else 1
     return cfg
 
 
-#: Largest float32 weight-gradient accumulator [rank, heads·BD] a low-rank backward program holds: 4096 elements keep
-#: it at 187–255 registers a thread without spills at eight warps on sm_90a (rank 16 with 4×64 columns, rank 32 with
-#: 2×64 columns); twice that spills.
+#: Largest float32 weight-gradient accumulator [rank, heads·BD] a low-rank backward program holds at eight warps
+#: without spilling registers (twice that spills).
 LOWRANK_ACCUMULATOR = 4096
 
 
-#: Widest forward program (heads·BD columns of 16 rows): 512 keeps eight warps at ~140 registers.
+#: Widest forward program (heads·BD columns of 16 rows) that keeps eight warps' registers moderate.
 LOWRANK_FWD_COLUMNS = 512
 
 
@@ -78,11 +75,11 @@ def lowrank_config(NR: int, H: int, D: int, rank: int, device: torch.device) -> 
     while HB_bwd > 1 and RP * HB_bwd * BD > LOWRANK_ACCUMULATOR:
         HB_bwd //= 2
     cfg["heads_per_program_bwd"] = HB_bwd
-    cfg["num_warps"] = 8 if cfg["block_rows"] * cfg["heads_per_program"] * BD >= 4096 else 4
-    cfg["num_warps_bwd"] = 8
     sms = sm_count(device, 4)
     cfg["programs_bwd"] = max(1, cdiv(2 * sms, cdiv(H, HB_bwd)))
     cfg = tuning.apply_overrides(OP, cfg, SETTINGS)
+    cfg["num_warps"] = 8 if cfg["block_rows"] * cfg["heads_per_program"] * BD >= 4096 else 4
+    cfg["num_warps_bwd"] = 8
     BR = cfg["block_rows"]
     if not (isinstance(BR, int) and BR >= 16 and next_pow2(BR) == BR):
         raise ValueError(f"block_rows must be a power of two >= 16 with a low-rank gate, got {BR!r}")

@@ -1,8 +1,9 @@
 """Launch layout and cached launch plans of the LayerNorm kernels.
 
-Settings (forced through :mod:`visionssm.kernels.tuning` under the op name ``"layer_norm"``): ``block_rows`` (rows
-per tile), ``bwd_programs_per_sm`` (backward programs per SM: each walks N / programs rows and writes one partial
-row of the weight and bias gradients), ``num_warps``; ``reference`` runs the PyTorch reference instead.
+Rows per tile fill a 1024-element tile; warps follow the tile's size. The backward runs BWD_PROGRAMS_PER_SM programs
+per SM, each walking N / programs rows and writing one partial row of the weight and bias gradients. Tests may force
+``block_rows`` (rows per tile, so that tiny inputs span several tiles) through :mod:`visionssm.kernels.tuning` (op
+``"layer_norm"``); ``reference`` runs the PyTorch reference instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_li
 from .kernel import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 
 OP = "layer_norm"
-SETTINGS = ("block_rows", "bwd_programs_per_sm", "num_warps", "reference")
+SETTINGS = ("block_rows", "reference")
+#: Backward programs per SM: enough partial rows to fill the GPU, few enough that their final sum stays cheap.
+BWD_PROGRAMS_PER_SM = 4
 #: Elements of one [rows, channels] tile: 8 fp32 values per thread of four warps.
 TILE = 1024
 
@@ -23,9 +26,9 @@ def launch_config(N: int, C: int) -> dict:
     BC = next_pow2(C)
     rows = max(1, min(next_pow2(N), TILE // BC))
     tile = rows * BC
-    cfg = {"block_rows": rows, "bwd_programs_per_sm": 4,
-           "num_warps": 8 if tile >= 4096 else 4 if tile >= 1024 else 2 if tile >= 256 else 1}
-    return tuning.apply_overrides(OP, cfg, SETTINGS)
+    cfg = tuning.apply_overrides(OP, {"block_rows": rows}, SETTINGS)
+    cfg["num_warps"] = 8 if tile >= 4096 else 4 if tile >= 1024 else 2 if tile >= 256 else 1
+    return cfg
 
 
 class Plan:
@@ -42,7 +45,7 @@ def _build(x, has_bias: bool, eps: float, add_residual: bool) -> Plan:
     plan.dummy = placeholder(x.device)
     sms = sm_count(x.device, 2)
     # whole tiles of rows per backward program
-    rows = max(BR, cdiv(cdiv(N, sms * cfg["bwd_programs_per_sm"]), BR) * BR)
+    rows = max(BR, cdiv(cdiv(N, sms * BWD_PROGRAMS_PER_SM), BR) * BR)
     plan.programs = cdiv(N, rows)
     constexprs = {"C": C, "BR": BR, "BC": next_pow2(C), "HAS_BIAS": has_bias, "EPS": eps}
     options = {"num_warps": cfg["num_warps"]}

@@ -1,19 +1,10 @@
 """Launch layout and cached launch plans of the prologue kernels.
 
-Settings (forced through :mod:`visionssm.kernels.tuning` under the op name ``"mixer_prologue"``):
-
-=================== =================================================================================
-setting             meaning
-=================== =================================================================================
-block_tokens        tokens per program of the forward (a power of two)
-bwd_block_tokens    tokens per program of the per-token backward
-heads_per_program   heads per program (a power of two; by default the largest dividing H, ≤ 128 channels)
-num_warps           warps of those two kernels
-conv_block_tokens   tokens per program of the transposed-convolution kernel
-conv_block_channels channels per program of the transposed-convolution kernel
-conv_num_warps      its warps
-reference           run the PyTorch composition instead (read by the op's dispatch, for profiles)
-=================== =================================================================================
+Tiles by head width (:func:`launch_config`), warps by tile size. Tests may force (through
+:mod:`visionssm.kernels.tuning`, op ``"mixer_prologue"``) ``block_tokens`` (tokens per program of the forward, a
+power of two), ``heads_per_program`` (a power of two; by default the largest dividing H, ≤ 128 channels),
+``conv_block_tokens`` and ``conv_block_channels`` (tokens and channels per program of the transposed-convolution
+kernel), so that tiny inputs span several programs; ``reference`` runs the PyTorch composition instead.
 
 A plan holds everything that depends only on the call's shapes, dtypes, device and flags (grids, constexprs, the
 compiled kernels for direct relaunch), so an eager call allocates its outputs and launches.
@@ -31,46 +22,40 @@ from .kernel_bwd import SLOTS, conv_bwd_kernel, prologue_bwd_kernel
 from .kernel_fwd import prologue_fwd_kernel
 
 OP = "mixer_prologue"
-SETTINGS = ("block_tokens", "bwd_block_tokens", "heads_per_program", "num_warps", "conv_block_tokens",
-            "conv_block_channels", "conv_num_warps", "reference")
+SETTINGS = ("block_tokens", "heads_per_program", "conv_block_tokens", "conv_block_channels", "reference")
 #: Elements of one [tokens, heads, channels] tile, forward and backward: 8 and 4 per thread of four warps. Larger
-#: tiles cost registers, not loads (sm_90a, Comba-S backward: 142 registers at 512, 183 at 1024, 255 and spills at
-#: 2048), and these kernels stream memory: occupancy is what keeps enough loads in flight.
+#: tiles cost registers, not loads, and these kernels stream memory: occupancy is what keeps enough loads in flight.
 TILE_FWD, TILE_BWD = 1024, 512
-#: Tokens per program of the transposed convolution (programs are independent: the token axis is the grid's).
-#: With 64 channels on two warps: 284 µs at comba_vision_S's shape against 959 µs for the earlier walk over the tokens
-#: (H100; 32 tokens or 128 channels per program: 359–532 µs).
+#: Tokens per program of the transposed convolution: programs are independent (the token axis is the grid's), so
+#: short ones fill the GPU where a walk over the tokens would not.
 CONV_TOKENS = 16
 
 
 def launch_config(L: int, H: int, K: int, V: int, C: int) -> dict:
     BD = max(next_pow2(K), next_pow2(V))
-    # Heads of 64 channels and more: one head per one-warp program (every per-head reduction stays in the warp), 8
-    # elements per thread. comba_vision_S's prologue (H100, GPU time, transposed convolution included): forward
-    # 290 -> 225 µs, forward + backward 1174 -> 884 µs against two heads per four-warp program (16 elements per
-    # thread backward: 963 µs).
+    # Heads of 64 channels and more: one head per one-warp program (every per-head reduction stays in the warp, no
+    # cross-warp round trip), 8 elements per thread.
     wide = BD >= 64
     HB = 1 if wide else heads_per_program(H, BD)
     tile_fwd, tile_bwd = (8 * 32, 8 * 32) if wide else (TILE_FWD, TILE_BWD)
     tokens = lambda tile: max(1, min(next_pow2(L), tile // (HB * BD)))  # noqa: E731
     cfg = {"heads_per_program": HB, "block_tokens": tokens(tile_fwd), "bwd_block_tokens": tokens(tile_bwd),
            "conv_block_tokens": min(CONV_TOKENS, next_pow2(L)), "conv_block_channels": min(64, next_pow2(C))}
-    tile = cfg["block_tokens"] * HB * BD
+    cfg = tuning.apply_overrides(OP, cfg, SETTINGS)
+    tile = cfg["block_tokens"] * cfg["heads_per_program"] * BD
     cfg["num_warps"] = 1 if wide else 4 if tile >= 512 else 2 if tile >= 128 else 1
     conv_tile = cfg["conv_block_tokens"] * cfg["conv_block_channels"]
     cfg["conv_num_warps"] = 4 if conv_tile >= 2048 else 2 if conv_tile >= 512 else 1
-    return tuning.apply_overrides(OP, cfg, SETTINGS)
+    return cfg
 
 
 def row_alignment(*strides: int) -> int:
     """``ROW_ALIGN`` of the kernels: the largest power of two below 16 dividing every stride (in elements) of proj and
     of its gradient, or 1 when 16 divides them all. The kernels take the strides in units of it and multiply them back
     by the constexpr, so that the compiler knows the rows' alignment: of an integer argument Triton proves
-    divisibility by 16 itself, and nothing less. With comba_vision_T's projection (598 features, padded to 600) the
-    kernels read proj 2 bytes at a time (sm_90a: 98 16-bit loads a thread in the forward kernel, 12 16-byte ones with
-    the factor 8 known). H100, B256 L196, same process: forward 121.5 -> 85.0 µs, backward (both kernels) 369 -> 293
-    µs, outputs and gradients bit for bit the same. (Strides that 16 divides gain nothing from units of 16: 1-2% slower
-    at gka_vision_T's 672.)"""
+    divisibility by 16 itself, and nothing less. Without it a row stride such as 600 (8 divides it, 16 does not) makes
+    the kernels read proj 2 bytes at a time instead of 16; strides that 16 divides gain nothing from units of 16.
+    """
     common = next(a for a in (16, 8, 4, 2, 1) if all(s % a == 0 for s in strides))
     return 1 if common == 16 else common
 

@@ -82,7 +82,7 @@ def test_triton_interpreter_low_precision(triton_interpreter, poison_outputs):
 
 def test_triton_interpreter_launch_variants_and_overrides(triton_interpreter, poison_outputs):
     o, source, weight = make_problem(L=9)
-    with launch_overrides("gated_rmsnorm", block_rows=2, heads_per_program=1, num_warps=1):
+    with launch_overrides("gated_rmsnorm", block_rows=2, heads_per_program=1):
         check_against_reference(o, source, weight, activation="silu")
     with torch.no_grad(), launch_overrides("gated_rmsnorm", reference=True):
         assert_close(gated_rmsnorm(o, source, weight), gated_rmsnorm_reference(o, source, weight, activation="silu",
@@ -192,7 +192,7 @@ def test_triton_interpreter_low_rank_launch_variants(triton_interpreter, poison_
     problem = make_low_rank_problem(B=3, L=11, H=3, D=12, R=5, seed=3)
     with launch_overrides("gated_rmsnorm", heads_per_program_bwd=1, programs_bwd=2, heads_per_program=2):
         check_low_rank_against_reference(problem, activation="sigmoid")
-    with launch_overrides("gated_rmsnorm", block_rows=32, heads_per_program_bwd=2, programs_bwd=1, num_warps=2):
+    with launch_overrides("gated_rmsnorm", block_rows=32, heads_per_program_bwd=2, programs_bwd=1):
         check_low_rank_against_reference(problem, activation="silu")
     for setting in ({"block_rows": 8}, {"heads_per_program": 8}, {"heads_per_program_bwd": 3}):
         name = next(iter(setting))

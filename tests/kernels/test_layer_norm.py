@@ -60,7 +60,7 @@ def test_triton_interpreter_backward_programs_cover_the_rows(triton_interpreter,
     # more rows than one backward program walks, a last program with a partial tile, the weight gradient summed over
     # the programs' partial rows
     x, weight, bias = make_problem((301, 24), seed=3)
-    with launch_overrides("layer_norm", block_rows=4, bwd_programs_per_sm=3):
+    with launch_overrides("layer_norm", block_rows=4):
         check_against_reference(x, weight, bias)
     with torch.no_grad(), launch_overrides("layer_norm", reference=True):
         assert_close(layer_norm(x, weight, bias), layer_norm_reference(x, weight, bias, eps=1e-5), tol=0)
@@ -141,7 +141,7 @@ def test_triton_interpreter_add_layer_norm(x_dtype, residual_dtype, out_dtype, u
 @pytest.mark.parametrize("shape", [(1, 1, 5), (67, 192), (3, 130)], ids=str)
 def test_triton_interpreter_add_layer_norm_shapes(shape, triton_interpreter, poison_outputs):
     check_add_against_reference(shape, torch.bfloat16, torch.float32, None, False, ("y", "summed"), seed=7)
-    with launch_overrides("layer_norm", block_rows=2, bwd_programs_per_sm=3):
+    with launch_overrides("layer_norm", block_rows=2):
         check_add_against_reference(shape, torch.float32, torch.float32, None, True, ("y", "summed"), seed=8)
 
 

@@ -200,7 +200,7 @@ def test_triton_interpreter_low_precision(triton_interpreter, poison_outputs):
     check_against_reference(proj, weight, kwargs, fwd_tol=1e-2, grad_tol=2e-2)
 
 
-@pytest.mark.parametrize("overrides", [{"block_tokens": 2, "heads_per_program": 1, "num_warps": 1},
+@pytest.mark.parametrize("overrides", [{"block_tokens": 2, "heads_per_program": 1},
                                        {"conv_block_tokens": 2, "conv_block_channels": 16}])
 def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poison_outputs):
     proj, weight, kwargs = make_problem("gka", L=7, seed=4)

@@ -39,6 +39,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from visionssm import kernels
+from visionssm.kernels.mixer_prologue import TRANSITIONS
 
 from .base import SequenceMixer, register_mixer
 from .common import (
@@ -53,8 +54,6 @@ from .common import (
 
 __all__ = ["TRANSITIONS", "CombaMixer"]
 
-#: State transitions: ``"splr"`` (scalar plus low rank, the paper's Comba) and ``"iplr"`` (Comba-iplr, Table 4).
-TRANSITIONS = ("splr", "iplr")
 #: Epsilon of the per-head L2 normalisation of q and k.
 L2_EPS = 1e-6
 
