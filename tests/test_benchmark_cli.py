@@ -502,3 +502,80 @@ def test_cuda_graph_training_step_trains(model):
         assert sum(moved) > len(moved) // 2, f"{sum(moved)} of {len(moved)} parameters changed in a replay"
     row = measure_model(model, cfg, device)
     assert row["error"] is None and row["train_img_s"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resolution scaling: several --img-size values
+
+
+@pytest.mark.parametrize(("argv", "sizes", "batches"), [
+    (["--img-size", "224", "448", "1024", "--batch-size", "256"], (224, 448, 1024), (256, 64, 12)),
+    (["--img-size", "224", "512", "--batch-size", "64"], (224, 512), (64, 12)),
+    (["--img-size", "64", "96", "--batch-size", "3", "5"], (64, 96), (3, 5)),
+    (["--img-size", "300", "--batch-size", "7"], (300,), (7,)),
+])
+def test_batches_keep_pixels_per_batch_or_follow_the_list(argv, sizes, batches):
+    from visionssm.benchmark.cli import _config_from_args
+
+    cfg = bench.validate_config(_config_from_args(bench.build_parser().parse_args(["test_resnet", "--device", "cpu",
+                                                                                   *argv])))
+    assert (cfg.img_sizes, cfg.batch_sizes) == (sizes, batches)
+    assert (cfg.img_size, cfg.batch_size) == (sizes[0], batches[0])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"img_sizes": (64, 0)}, "img_size"),
+    ({"img_sizes": (64, 64)}, "img_size"),
+    ({"img_sizes": (64, 96, 128), "batch_sizes": (2, 2)}, "batch_size"),
+    ({"img_sizes": (64, 96), "batch_sizes": (2, 0)}, "batch_size"),
+])
+def test_bad_resolutions_or_batches_name_the_argument(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        bench.validate_config(_config(**overrides))
+
+
+def test_model_kwargs_parse_as_timm_scripts_take_them(capsys):
+    args = bench.build_parser().parse_args(["m", "--model-kwargs", "global_mixer=True", "mixer=gka", "depth=2"])
+    assert args.model_kwargs == {"global_mixer": True, "mixer": "gka", "depth": 2}
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["m", "--model-kwargs", "global_mixer"])
+    assert "--model-kwargs takes KEY=VALUE" in capsys.readouterr().err
+
+
+def test_every_model_at_every_resolution_with_files_and_plot(tmp_path, capsys):
+    status = bench.main(["test_comba_vision", "test_vit", "--device", "cpu", "--img-size", "32", "48",
+                         "--batch-size", "4", "--modes", "infer", "train", "--warmup", "0", "--repeats", "1",
+                         "--no-flops", "--model-kwargs", "depth=1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    (json_path,) = tmp_path.glob("throughput-*.json")
+    data = json.loads(json_path.read_text())
+    rows = [(r["model"], r["img_size"], r["batch_size"]) for r in data["results"]]
+    # resolution by resolution; 4 images of 32² hold the pixels of 1.8 of 48²
+    assert rows == [("test_comba_vision", 32, 4), ("test_vit", 32, 4), ("test_comba_vision", 48, 2),
+                    ("test_vit", 48, 2)]
+    for row in data["results"]:
+        assert row["error"] is None and row["infer_img_s"] > 0 and row["train_img_s"] > 0
+        assert row["infer_peak_MiB"] is None and row["train_peak_MiB"] is None  # CPU: not measured
+        assert row["model_kwargs"] == {"depth": 1}
+    assert data["environment"]["benchmark"]["img_sizes"] == [32, 48]
+    assert data["environment"]["benchmark"]["batch_sizes"] == [4, 2]
+    table = [line.split() for line in out.splitlines() if line.split()[:1] in (["test_comba_vision"], ["test_vit"])]
+    assert [line[4:6] for line in table] == [["32", "4"], ["32", "4"], ["48", "2"], ["48", "2"]]
+    assert all(line.count("n/a") == 2 for line in table)  # peak memory columns off CUDA
+    assert [line[-3] for line in table if line[0] == "test_comba_vision"] == ["1.00x", "1.00x"]  # base per size
+    with json_path.with_suffix(".csv").open() as f:
+        assert [(r["model"], r["img_size"]) for r in csv.DictReader(f)] == [(m, str(s)) for m, s, _ in rows]
+    png = json_path.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_resolution_plot_needs_two_resolutions_and_draws_memory_where_measured(tmp_path):
+    from visionssm.benchmark.report import plot_resolution
+
+    row = lambda model, size, peak: {"model": model, "img_size": size, "infer_img_s": 1e4 / size,
+                                     "train_img_s": 3e3 / size, "infer_peak_MiB": peak, "train_peak_MiB": peak}
+    assert plot_resolution([row("a", 224, 10.0)], tmp_path / "one.png") is None
+    path = plot_resolution([row("a", 224, 10.0), row("a", 512, 40.0), row("b", 224, None), row("b", 512, None)],
+                           tmp_path / "two.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

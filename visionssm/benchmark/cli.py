@@ -2,6 +2,8 @@
 
     visionssm-benchmark mamba_vision_T gka_vision_T convnext_tiny resnet50 \\
         --batch-size 256 --img-size 224 --dtype bf16 --channels-last --baseline convnext_tiny
+    visionssm-benchmark comba_vision_S deit_small_patch16_224 --img-size 224 384 512 768 1024 --batch-size 256
+    visionssm-benchmark gka_vision_T --model-kwargs global_mixer=True --img-size 1024 --batch-size 8
     visionssm-benchmark resnet18 test_vit --device cpu --batch-size 4 --img-size 64   # try it on a CPU
     visionssm-benchmark kernels --ops gka --quick                                     # the kernel suites
     (python -m visionssm.benchmark ... is the same command)
@@ -26,11 +28,15 @@ calls' host side alone, each started with the GPU idle (``*_host_ms`` in the fil
 at least 90% of its time per call is marked ``‡`` in the table: the CPU that enqueues the work sets that rate or
 comes close to it, and it moves with that CPU's speed and load.
 
-It prints one line per model with ratios to ``--baseline`` and writes ``throughput-<device>-<date>.json``/``.csv``
-(with the GPU, software versions and date) and a ``.png`` chart of inference throughput against parameters or
-GFLOPs into ``--out`` (default ``./benchmark-results`` in the working directory). Names that ``--skip-unknown``
-leaves out are not in the files, and a run stopped by a bad argument writes nothing; a model that fails (e.g. out
-of memory) keeps a row with its ``error``, which the regression check flags.
+With several ``--img-size`` values every model is measured at each, the batch scaled from ``--batch-size`` at the
+first size to the same pixels per batch (or one ``--batch-size`` per size), and the chart is img/s and peak memory
+against resolution, one line per model and mode.
+
+It prints one line per model (and resolution) with ratios to ``--baseline`` and writes
+``throughput-<device>-<date>.json``/``.csv`` (with the GPU, software versions and date) and a ``.png`` chart of
+inference throughput against parameters or GFLOPs into ``--out`` (default ``./benchmark-results`` in the working
+directory). Names that ``--skip-unknown`` leaves out are not in the files, and a run stopped by a bad argument writes
+nothing; a model that fails (e.g. out of memory) keeps a row with its ``error``, which the regression check flags.
 """
 
 from __future__ import annotations
@@ -64,8 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Subcommand: `visionssm-benchmark kernels [--ops ...] [--quick] [--out DIR]` runs the kernel suites "
                "(`visionssm-benchmark kernels --help`).")
     p.add_argument("models", nargs="*", help="timm model names or patterns (e.g. 'gka_vision_*')")
-    p.add_argument("--batch-size", "-b", type=int, default=None, help="per device (default 256 on GPU, 4 on CPU)")
-    p.add_argument("--img-size", type=int, default=224, help="square input resolution (default 224)")
+    p.add_argument("--batch-size", "-b", type=int, nargs="+", default=None, metavar="N",
+                   help="per device (default 256 on GPU, 4 on CPU): one value, at the first --img-size and scaled to "
+                   "the same pixels per batch at the others, or one value per --img-size")
+    p.add_argument("--img-size", type=int, nargs="+", default=[224], metavar="PX",
+                   help="square input resolution(s) (default 224); several: every model at each, and a chart of "
+                   "img/s and peak memory against resolution")
+    p.add_argument("--model-kwargs", nargs="*", default={}, action=_ParseKwargs, metavar="KEY=VALUE",
+                   help="extra timm.create_model kwargs of every model, as timm's scripts take them (values read as "
+                   "Python literals), e.g. --model-kwargs global_mixer=True")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (aliases fp32, bf16, fp16); default "
                    "bfloat16 on a GPU, float32 on CPU (where bf16 autocast is several times slower)")
     p.add_argument("--precision", default="amp", help="amp: fp32 weights under autocast(dtype) (default; no autocast "
@@ -95,6 +108,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _ParseKwargs(argparse.Action):
+    """``KEY=VALUE`` pairs into a dict, each value a Python literal where it reads as one (else the string), as timm's
+    ``--model-kwargs``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import ast
+
+        kwargs = {}
+        for item in values:
+            key, sep, text = item.partition("=")
+            if not sep or not key.isidentifier():
+                parser.error(f"{option_string} takes KEY=VALUE pairs, got {item!r}")
+            try:
+                kwargs[key] = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                kwargs[key] = text
+        setattr(namespace, self.dest, kwargs)
+
+
 def _compile_mode(text: str) -> str:
     if text not in COMPILE_MODES:
         # a bare --compile in front of the model names takes the first name as its mode
@@ -120,9 +152,11 @@ def _config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
             data_parallel = int(gpus)
         except ValueError:
             raise ValueError(f"gpus must be 'auto' or a positive integer, got {args.gpus!r}") from None
+    batches = args.batch_size or [4 if on_cpu else 256]
     return BenchmarkConfig(
-        models=list(args.models), batch_size=args.batch_size if args.batch_size is not None else (4 if on_cpu else 256),
-        img_size=args.img_size, dtype=args.dtype or ("float32" if on_cpu else "bfloat16"), precision=args.precision,
+        models=list(args.models), batch_size=batches[0], batch_sizes=tuple(batches), img_size=args.img_size[0],
+        img_sizes=tuple(args.img_size), model_kwargs=dict(args.model_kwargs),
+        dtype=args.dtype or ("float32" if on_cpu else "bfloat16"), precision=args.precision,
         channels_last=args.channels_last,
         compile=args.compile is not None, compile_mode=args.compile or "default", modes=tuple(args.modes),
         warmup=args.warmup if args.warmup is not None else 10,

@@ -16,7 +16,8 @@ from visionssm.utils.cli import COMPILE_MODES
 from .cli import CHART_AXES, MODES
 
 __all__ = ["CHART_AXES", "COMPILE_MODES", "DTYPES", "FLOP_RULE", "MODES", "PRECISIONS", "TIMING_RULE",
-           "BenchmarkConfig", "resolve_models", "validate_config", "visionssm_models"]
+           "BenchmarkConfig", "at_resolution", "resolve_models", "scaled_batch", "validate_config",
+           "visionssm_models"]
 
 FLOP_RULE = ("GFLOPs = 2 x multiply-accumulates of one forward pass of a 1x3xHxW image, as counted by "
              "torch.utils.flop_counter.FlopCounterMode: convolutions, linear layers and matmuls including attention "
@@ -57,6 +58,12 @@ class BenchmarkConfig:
     count_flops: bool = True
     skip_unknown: bool = False
     skipped: list[str] = dataclasses.field(default_factory=list)
+    #: every resolution measured (empty: ``img_size`` alone); ``img_size`` is then the first
+    img_sizes: tuple[int, ...] = ()
+    #: the batch at each of ``img_sizes`` (empty: ``batch_size`` at the first, scaled to the same pixels per batch)
+    batch_sizes: tuple[int, ...] = ()
+    #: extra ``timm.create_model`` kwargs of every model (e.g. ``{"global_mixer": True}``)
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -105,8 +112,7 @@ def validate_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
     cfg.models = resolve_models(cfg.models, cfg.skipped if cfg.skip_unknown else None)
     if not cfg.models:
         raise ValueError("models: none of the given names is a timm model: " + "; ".join(cfg.skipped))
-    check_int("batch_size", cfg.batch_size, 1)
-    check_int("img_size", cfg.img_size, 1)
+    _validate_sizes(cfg)
     check_int("warmup", cfg.warmup, 0)
     check_int("repeats", cfg.repeats, 1)
     check_int("num_classes", cfg.num_classes, 1)
@@ -129,6 +135,39 @@ def validate_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
     elif cfg.baseline not in cfg.models:
         raise ValueError(f"baseline {cfg.baseline!r} is not one of the benchmarked models {cfg.models}")
     return cfg
+
+
+def scaled_batch(batch: int, size: int, new_size: int) -> int:
+    """The batch at ``new_size`` pixels a side holding as many pixels as ``batch`` images at ``size`` (at least 1)."""
+    return max(1, round(batch * size * size / (new_size * new_size)))
+
+
+def _validate_sizes(cfg: BenchmarkConfig) -> None:
+    """Resolutions and their batches: ``img_sizes`` (default ``(img_size,)``) and one batch per size, given or
+    scaled from the first (``batch_sizes`` of one entry, or ``batch_size``) to keep the pixels per batch."""
+    sizes = tuple(cfg.img_sizes) or (cfg.img_size,)
+    for size in sizes:
+        check_int("img_size", size, 1)
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"img_size: each resolution once, got {list(sizes)}")
+    batches = tuple(cfg.batch_sizes) or (cfg.batch_size,)
+    for batch in batches:
+        check_int("batch_size", batch, 1)
+    if len(batches) == 1:
+        batches = tuple(scaled_batch(batches[0], sizes[0], size) for size in sizes)
+    elif len(batches) != len(sizes):
+        raise ValueError(f"batch_size: one value (scaled to every resolution) or one per resolution "
+                         f"({len(sizes)}), got {list(batches)}")
+    if not isinstance(cfg.model_kwargs, dict):
+        raise TypeError(f"model_kwargs must be a dict, got {type(cfg.model_kwargs).__name__}")
+    cfg.img_sizes, cfg.batch_sizes = sizes, batches
+    cfg.img_size, cfg.batch_size = sizes[0], batches[0]
+
+
+def at_resolution(cfg: BenchmarkConfig, index: int) -> BenchmarkConfig:
+    """A validated ``cfg`` measuring its ``index``-th resolution alone (``img_size`` and ``batch_size`` set)."""
+    return dataclasses.replace(cfg, img_size=cfg.img_sizes[index], batch_size=cfg.batch_sizes[index],
+                               img_sizes=(cfg.img_sizes[index],), batch_sizes=(cfg.batch_sizes[index],))
 
 
 def _validate_device(cfg: BenchmarkConfig) -> None:

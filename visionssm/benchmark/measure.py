@@ -20,7 +20,7 @@ def create_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> torch
     import timm
 
     torch.manual_seed(0)
-    kwargs = {"pretrained": False, "num_classes": cfg.num_classes}
+    kwargs = {**cfg.model_kwargs, "pretrained": False, "num_classes": cfg.num_classes}
     try:
         model = timm.create_model(name, img_size=cfg.img_size, **kwargs)
     except TypeError as error:
@@ -186,7 +186,8 @@ def measure_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> dict
     """All single-device numbers for one model (a failure, e.g. out of memory, is recorded in ``error``)."""
     row: dict = {"model": name, "family": None, "params_M": None, "gflops": None, "batch_size": cfg.batch_size,
                  "img_size": cfg.img_size, "dtype": cfg.dtype, "precision": cfg.precision,
-                 "channels_last": cfg.channels_last, "compile": cfg.compile}
+                 "channels_last": cfg.channels_last, "compile": cfg.compile,
+                 **({"model_kwargs": cfg.model_kwargs} if cfg.model_kwargs else {})}
     model = None
     try:
         model = create_model(name, cfg, device)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .config import BenchmarkConfig, validate_config
+from .config import BenchmarkConfig, at_resolution, validate_config
 from .harness import time_fn
 from .measure import create_model, inference_step, maybe_compile, measure_model, release_memory, training_step
 
@@ -111,55 +111,63 @@ def launched_rank() -> tuple[int, int, int] | None:
 
 
 def run_benchmark(cfg: BenchmarkConfig, *, log=print, on_row=None) -> list[dict]:
-    """Validate ``cfg``, measure every model and return one row per model. ``on_row(rows)`` is called after each
-    model with the rows so far (the command line saves them, so a run cut short keeps what it measured)."""
+    """Validate ``cfg``, measure every model at every resolution (``cfg.img_sizes``, each at its batch) and return
+    one row per model and resolution, resolution by resolution. ``on_row(rows)`` is called after each row with the
+    rows so far (the command line saves them, so a run cut short keeps what it measured)."""
     cfg = validate_config(cfg)
     device = torch.device(cfg.device)
     launched = launched_rank()
     if launched is not None:
         return _run_launched(cfg, launched, log, on_row)
-    rows = []
-    for name in cfg.models:
-        log(f"measuring {name} ...", flush=True)
-        row = measure_model(name, cfg, device)
-        log(_summary(row), flush=True)
-        rows.append(row)
-        if on_row is not None:
-            on_row(rows)
-    if cfg.data_parallel > 1 and ("infer" in cfg.modes or "train" in cfg.modes):
-        log(f"data-parallel throughput over {cfg.data_parallel} processes ...", flush=True)
-        _merge_data_parallel(rows, _spawn_data_parallel(cfg))
-    else:
-        _merge_data_parallel(rows, {})
+    rows: list[dict] = []
+    for index in range(len(cfg.img_sizes)):
+        at = at_resolution(cfg, index)
+        these = []
+        for name in cfg.models:
+            log(f"measuring {name} at {at.img_size}px, batch {at.batch_size} ...", flush=True)
+            row = measure_model(name, at, device)
+            log(_summary(row), flush=True)
+            these.append(row)
+            if on_row is not None:
+                on_row(rows + these)
+        if at.data_parallel > 1 and ("infer" in at.modes or "train" in at.modes):
+            log(f"data-parallel throughput over {at.data_parallel} processes ...", flush=True)
+            _merge_data_parallel(these, _spawn_data_parallel(at))
+        else:
+            _merge_data_parallel(these, {})
+        rows += these
     return rows
 
 
 def _run_launched(cfg: BenchmarkConfig, launched: tuple[int, int, int], log, on_row=None) -> list[dict]:
     """Under accelerate launch / torchrun: rank 0 measures the single-device numbers while the others wait, then
-    every rank joins the data-parallel measurement. Only rank 0 returns rows; the others return ``[]``."""
+    every rank joins the data-parallel measurement, resolution by resolution. Only rank 0 returns rows; the others
+    return ``[]``."""
     import torch.distributed as dist
 
     rank, local_rank, world = launched
     device = torch.device(f"cuda:{local_rank}") if cfg.device.startswith("cuda") else torch.device("cpu")
     cfg.data_parallel = world
     _init_process_group(rank, world, device)
+    rows: list[dict] = []
     try:
-        rows = []
-        if rank == 0:
-            for name in cfg.models:
-                log(f"measuring {name} ...", flush=True)
-                rows.append(measure_model(name, cfg, device))
-                log(_summary(rows[-1]), flush=True)
-                if on_row is not None:
-                    on_row(rows)
-        dist.barrier()
-        totals = _measure_data_parallel(cfg, device, rank, world)
+        for index in range(len(cfg.img_sizes)):
+            at = at_resolution(cfg, index)
+            these = []
+            if rank == 0:
+                for name in at.models:
+                    log(f"measuring {name} at {at.img_size}px, batch {at.batch_size} ...", flush=True)
+                    these.append(measure_model(name, at, device))
+                    log(_summary(these[-1]), flush=True)
+                    if on_row is not None:
+                        on_row(rows + these)
+            dist.barrier()
+            totals = _measure_data_parallel(at, device, rank, world)
+            _merge_data_parallel(these, totals)
+            rows += these
     finally:
         dist.destroy_process_group()
-    if rank != 0:
-        return []
-    _merge_data_parallel(rows, totals)
-    return rows
+    return rows if rank == 0 else []
 
 
 def _summary(row: dict) -> str:

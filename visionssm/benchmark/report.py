@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .harness import HOST_BOUND_MARK, host_bound_note, save_results
 
-__all__ = ["HOST_BOUND_MARK", "format_table", "numerics", "plot_results", "write_outputs"]
+__all__ = ["HOST_BOUND_MARK", "format_table", "numerics", "plot_resolution", "plot_results", "write_outputs"]
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -33,6 +33,11 @@ def _compiled(bench: dict) -> str:
     return f"  torch.compile({'' if mode == 'default' else f'mode={mode!r}'})"
 
 
+def _kwargs(bench: dict) -> str:
+    kwargs = bench.get("model_kwargs")
+    return "  " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) if kwargs else ""
+
+
 def numerics(bench: dict) -> str:
     """What the numbers were computed in: ``float32``, ``bfloat16 autocast`` (fp32 weights) or ``bfloat16 weights``
     (``--precision pure``); float32 under ``amp`` runs no autocast at all."""
@@ -42,14 +47,34 @@ def numerics(bench: dict) -> str:
     return f"{dtype} autocast" if precision == "amp" else f"{dtype} weights and inputs"
 
 
+def _resolutions(rows: list[dict]) -> list[int]:
+    return list(dict.fromkeys(r["img_size"] for r in rows if r.get("img_size") is not None))
+
+
+def _sizes_and_batches(bench: dict) -> str:
+    sizes = bench.get("img_sizes") or [bench.get("img_size")]
+    batches = bench.get("batch_sizes") or [bench.get("batch_size")]
+    if len(sizes) == 1:
+        return f"batch {batches[0]}  {sizes[0]}px"
+    return "batch " + ", ".join(f"{b} at {s}px" for s, b in zip(sizes, batches))
+
+
 def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> str:
-    """One line per model: params, GFLOPs, img/s, latency, memory, and ratios to ``baseline``."""
-    base = next((r for r in rows if r["model"] == baseline), {})
+    """One line per model (and resolution, when several were measured): params, GFLOPs, img/s, latency, memory, and
+    ratios to ``baseline`` at the same resolution. Peak memory reads n/a off CUDA (not measured there)."""
+    bases = {}
+    for r in rows:
+        if r["model"] == baseline:
+            bases.setdefault(r.get("img_size"), r)
     multi = any((r.get("gpus") or 1) > 1 for r in rows)
+    on_cuda = env is None or "cuda" in str(env.get("benchmark", {}).get("device", "cuda"))
     columns = [("model", "model", None), ("family", "family", None), ("params (M)", "params_M", 1),
-               ("GFLOPs", "gflops", 2), ("infer img/s", "infer_img_s", 0), ("±spread", "infer_spread", None),
-               ("train img/s", "train_img_s", 0), ("lat b1 (ms)", "latency_ms", 2),
-               ("infer MiB", "infer_peak_MiB", 0), ("train MiB", "train_peak_MiB", 0)]
+               ("GFLOPs", "gflops", 2)]
+    if len(_resolutions(rows)) > 1:
+        columns += [("px", "img_size", None), ("batch", "batch_size", None)]
+    columns += [("infer img/s", "infer_img_s", 0), ("±spread", "infer_spread", None),
+                ("train img/s", "train_img_s", 0), ("lat b1 (ms)", "latency_ms", 2),
+                ("infer MiB", "infer_peak_MiB", 0), ("train MiB", "train_peak_MiB", 0)]
     if any(r.get("infer_compile_s") or r.get("train_compile_s") for r in rows):
         columns += [("infer compile (s)", "infer_compile_s", 0), ("train compile (s)", "train_compile_s", 0)]
     if multi:
@@ -59,11 +84,14 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
     host_bound_keys = {"infer_img_s": "infer_host_bound", "train_img_s": "train_host_bound"}
     lines = []
     for row in rows:
+        base = bases.get(row.get("img_size"), {})
         cells = []
         for _, key, digits in columns:
             value = row.get(key)
             if key == "infer_spread":
                 cells.append("-" if value is None else f"{100 * value:.0f}%")
+            elif key.endswith("_peak_MiB") and value is None and not on_cuda:
+                cells.append("n/a")
             else:
                 cell = _fmt(value, digits) if digits is not None else _fmt(value)
                 cells.append(cell + HOST_BOUND_MARK if row.get(host_bound_keys.get(key, "")) else cell)
@@ -76,10 +104,9 @@ def format_table(rows: list[dict], baseline: str, env: dict | None = None) -> st
     if env is not None:
         bench = env.get("benchmark", {})
         out.append(f"# {env['device']} x{max(1, env.get('device_count') or 1)}  torch {env['torch']}  "
-                   f"timm {env.get('timm')}  {env['time_utc']}  batch {bench.get('batch_size')}  "
-                   f"{bench.get('img_size')}px  {numerics(bench)}"
+                   f"timm {env.get('timm')}  {env['time_utc']}  {_sizes_and_batches(bench)}  {numerics(bench)}"
                    f"{'  channels_last' if bench.get('channels_last') else ''}"
-                   f"{_compiled(bench)}")
+                   f"{_compiled(bench)}{_kwargs(bench)}")
     out += [render(header), render(["-" * w for w in widths]), *map(render, lines)]
     out.append(f"(base = {baseline}. img/s: higher is better, ratio > 1 is faster than the base; latency: lower is "
                f"better, ratio < 1 is faster; spread = (p80 - p20) / median of the inference timing)")
@@ -129,9 +156,58 @@ def plot_results(rows: list[dict], path: str | Path, *, x: str = "params", env: 
     return path
 
 
+def plot_resolution(rows: list[dict], path: str | Path, *, env: dict | None = None) -> Path | None:
+    """Two panels against resolution: img/s (log scale) and peak MiB, one line per model and mode (inference solid,
+    training dashed). Returns the PNG path, or ``None`` without matplotlib or without two resolutions to plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if len(_resolutions(rows)) < 2:
+        return None
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    colours = plt.get_cmap("tab10")
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=150)
+    for i, model in enumerate(models):
+        ours = sorted((r for r in rows if r["model"] == model and not r.get("error")), key=lambda r: r["img_size"])
+        for mode, style in (("infer", "-"), ("train", "--")):
+            for ax, key in ((speed, f"{mode}_img_s"), (memory, f"{mode}_peak_MiB")):
+                points = [(r["img_size"], r[key]) for r in ours if r.get(key) is not None]
+                if points:
+                    ax.plot(*zip(*points), style, marker="o", markersize=3, color=colours(i % 10),
+                            label=f"{model} {mode}")
+    speed.set_yscale("log")
+    speed.set_ylabel("img/s")
+    memory.set_ylabel("peak memory (MiB)")
+    if not memory.lines:
+        memory.text(0.5, 0.5, "n/a: peak memory is measured on CUDA only", ha="center", transform=memory.transAxes)
+    for ax in (speed, memory):
+        ax.set_xlabel("resolution (px a side)")
+        ax.set_xticks(_resolutions(rows))
+        ax.grid(True, alpha=0.3)
+    speed.legend(loc="best", fontsize=6)
+    if env is not None:
+        bench = env.get("benchmark", {})
+        fig.suptitle(f"{env['device']}, {_sizes_and_batches(bench)}, {numerics(bench)}"
+                     f"{', channels_last' if bench.get('channels_last') else ''}"
+                     f"{', compiled' if bench.get('compile') else ''}{_kwargs(bench)} ({env['date']})", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_outputs(rows: list[dict], env: dict, *, name: str, out_dir: str | Path, chart: str = "params"
                   ) -> tuple[Path, Path, Path | None]:
-    """JSON + CSV through :func:`save_results`, and the PNG chart beside them."""
+    """JSON + CSV through :func:`save_results`, and the PNG chart beside them: against ``chart`` at one resolution,
+    against resolution (:func:`plot_resolution`) when several were measured."""
     json_path, csv_path = save_results(name, rows, out_dir=out_dir, env=env)
-    png_path = plot_results(rows, json_path.with_suffix(".png"), x=chart, env=env)
+    if len(_resolutions(rows)) > 1:
+        png_path = plot_resolution(rows, json_path.with_suffix(".png"), env=env)
+    else:
+        png_path = plot_results(rows, json_path.with_suffix(".png"), x=chart, env=env)
     return json_path, csv_path, png_path
