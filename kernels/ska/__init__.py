@@ -2,10 +2,10 @@
 normalize=True) -> o``.
 
 The definition (and the float64 specification) lives in :mod:`.naive`. The Triton path, split by stage: the
-non-causal kernels (one operator per (batch, head)) in :mod:`.global_kernels`, the causal ones (per-token prefix
-operators, chunked) in :mod:`.causal_kernels`, the small dense algebra both share in :mod:`.linalg`, launch plans in
-:mod:`.launch` and the autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op` registers the op that
-``torch.compile`` and ``torch.export`` take instead.
+non-causal kernels (one operator per (batch, head)) in :mod:`.kernel_noncausal`, the causal ones (per-token prefix
+operators, chunked) in :mod:`.kernel_causal`, the small dense algebra both share in :mod:`.kernel_common`, launch
+plans in :mod:`.launch` and the autograd wrapper in :mod:`.autograd` (eager calls); :mod:`.custom_op` registers the op
+that ``torch.compile`` and ``torch.export`` take instead.
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import library
-from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape, needs_grad
+from ..utils import (
+    check_bool,
+    check_dtype,
+    check_int,
+    check_layout,
+    check_positive,
+    check_same_device,
+    check_shape,
+    needs_grad,
+)
 from .custom_op import ska_op
 from .naive import EPS, MAX_POWER, ska_parallel, ska_recurrent
 
@@ -31,11 +40,7 @@ _FUSED = None
 def _validate(q, k, v, causal, ridge, power, num_iters, normalize) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_dtype(name, t, _DTYPES)
-    if q.dim() != 4:
-        raise ValueError(f"q must have shape (B, T, H, R), got {tuple(q.shape)}")
-    B, T, H, R = q.shape
-    if B < 1 or T < 1 or H < 1:
-        raise ValueError(f"q must have B, T, H >= 1, got {tuple(q.shape)}")
+    B, T, H, R = check_layout("q", q, "(B, T, H, R)", "B, T, H")
     check_shape("k", k, (B, T, H, R), "(B, T, H, R)")
     check_shape("v", v, (B, T, H, None), "(B, T, H, V)")
     if R not in SUPPORTED_RANKS:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..utils import device_guard, needs_grad
-from .launch import get_plan, kernel_inputs, run_causal_bwd, run_causal_fwd, run_global_bwd, run_global_fwd
+from .launch import get_plan, kernel_inputs, run_causal_bwd, run_causal_fwd, run_noncausal_bwd, run_noncausal_fwd
 
 
 def _forward(q, k, v, causal: bool, options: tuple, save: bool):
     plan = get_plan(q, k, v, causal, *options)
-    run = run_causal_fwd if causal else run_global_fwd
+    run = run_causal_fwd if causal else run_noncausal_fwd
     return (*run(plan, q, k, v, save), plan)
 
 
@@ -32,7 +32,7 @@ class SKAFunction(torch.autograd.Function):
         do = do.contiguous()
         if do.dtype != v.dtype:
             do = do.to(v.dtype)
-        run = run_causal_bwd if ctx.causal else run_global_bwd
+        run = run_causal_bwd if ctx.causal else run_noncausal_bwd
         with device_guard(do):
             dq, dk, dv = run(ctx.plan, q, k, v, do, saved)
         return dq, dk, dv, None, None, None, None, None

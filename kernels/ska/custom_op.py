@@ -23,10 +23,10 @@ def ska_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 num_iters: int, normalize: bool, save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     if op_backend(q, k, v) != "triton":
         return _reference(q, k, v, causal, ridge, power, num_iters, normalize, save), []
-    from .launch import get_plan, kernel_inputs, run_causal_fwd, run_global_fwd
+    from .launch import get_plan, kernel_inputs, run_causal_fwd, run_noncausal_fwd
 
     q, k, v = kernel_inputs(q, k, v, causal)
-    run = run_causal_fwd if causal else run_global_fwd
+    run = run_causal_fwd if causal else run_noncausal_fwd
     with device_guard(q):
         o, saved = run(get_plan(q, k, v, causal, ridge, power, num_iters, normalize), q, k, v, save)
     return o, saved or []
@@ -50,13 +50,13 @@ def ska_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], s
     if not save:
         raise RuntimeError("ska: the backward needs what the forward keeps, which the op was told not to keep "
                            "(save=False)")
-    from .launch import get_plan, kernel_inputs, run_causal_bwd, run_global_bwd
+    from .launch import get_plan, kernel_inputs, run_causal_bwd, run_noncausal_bwd
 
     q, k, v = kernel_inputs(*inputs, causal)
     do = grads[0].contiguous()
     if do.dtype != v.dtype:
         do = do.to(v.dtype)
-    run = run_causal_bwd if causal else run_global_bwd
+    run = run_causal_bwd if causal else run_noncausal_bwd
     with device_guard(do):
         return list(run(get_plan(q, k, v, causal, ridge, power, num_iters, normalize), q, k, v, do, saved))
 

@@ -1,19 +1,7 @@
 """Launch settings and cached launch plans of the SKA kernels.
 
-Settings (:func:`launch_config`), each of which can be forced through :mod:`visionssm.kernels.tuning` under the op
-name ``"ska"``, e.g. ``launch_overrides("ska", block_t=32)``:
-
-============== ==========================================================================================
-setting        meaning
-============== ==========================================================================================
-block_t        non-causal: tokens per tile of the passes over the sequence (a power of two ≥ 16)
-num_warps      warps of the non-causal passes over the sequence
-operators      non-causal: operators (one per (batch, head)) per program of the operator kernels
-operator_warps warps of the non-causal operator kernels
-chunk_warps    warps of the causal per-token kernels (one program per chunk)
-walk_warps     warps of the causal walks over chunks (state forward, dk/dv backward)
-block_tokens   causal: tokens whose R×R operators are held at once ([BS, R, R] tensors; a power of two ≤ 16)
-============== ==========================================================================================
+Launch settings follow the key and value widths and the sequence length (:func:`launch_config`); none can be forced
+(``launch_overrides("ska", ...)`` raises).
 
 The causal chunk is 16 tokens (the smallest tile ``tl.dot`` takes). A plan holds everything that depends only on the
 problem's shape, dtype, device and options (buffer shapes, grids, the kernels' scalar and constexpr arguments), so a
@@ -27,24 +15,23 @@ import torch
 
 from .. import tuning
 from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like
-from .causal_kernels import (
+from .kernel_causal import (
     ska_causal_bwd_token_kernel,
     ska_causal_bwd_walk_kernel,
     ska_causal_fwd_kernel,
     ska_causal_state_kernel,
 )
-from .global_kernels import (
-    ska_global_dkv_kernel,
-    ska_global_dq_kernel,
-    ska_global_operator_bwd_kernel,
-    ska_global_operator_kernel,
-    ska_global_out_kernel,
-    ska_global_stats_kernel,
+from .kernel_noncausal import (
+    ska_noncausal_dkv_kernel,
+    ska_noncausal_dq_kernel,
+    ska_noncausal_operator_bwd_kernel,
+    ska_noncausal_operator_kernel,
+    ska_noncausal_out_kernel,
+    ska_noncausal_stats_kernel,
 )
 from .naive import EPS
 
 OP = "ska"
-SETTINGS = ("block_t", "num_warps", "operators", "operator_warps", "chunk_warps", "walk_warps", "block_tokens")
 #: Tokens per chunk of the causal kernels.
 CHUNK = 16
 
@@ -53,36 +40,30 @@ def launch_config(R: int, V: int, T: int) -> dict:
     """Launch settings of one problem (R: key width, V: value width, T: tokens)."""
     wide = R * V >= 64 * 64 or R >= 64
     cfg = {
-        # H100, R = 16, V = 64, fwd+bwd (CUDA graph): 32-token tiles on two warps took 0.94× / 0.95× the time of
-        # 64-token tiles on four at T = 196 / 49 (sm_90a: at most 205 registers, no spills, also at R = V = 32);
-        # 64-token tiles spill on two warps (dkv at R = 16, V = 64; stats at R = V = 32), so longer sequences keep
-        # four
+        # non-causal passes over the sequence: tokens per tile (a power of two >= 16) and warps; short sequences
+        # take 32-token tiles on two warps (more programs per SM), longer ones 64 on four (64 spill on two)
         "block_t": 64 if T > 256 else 32 if T > 16 else 16,
         "num_warps": 8 if wide else 2 if T <= 256 and R * V <= 1024 else 4,
-        # The operator kernels are latency-bound (a sequential inverse and power iteration per operator), so the
-        # fewer warps share one operator, the fewer of its reductions cross warps and the more operators are in
-        # flight. H100, fwd+bwd at R = 16, V = 64, CUDA graph: one operator per one-warp program took 0.87× / 0.77×
-        # the time of one per two-warp program at T = 196 / 49 (operator kernels 26 + 57 µs against 42 + 86 at
-        # T = 196); sm_90a: 167 / 247 registers (forward / backward), no spills. One warp spills from R = 32 on
-        # (R = V = 32: 1–2.6 KB), where one operator per two-warp program stays spill-free up to R·V = 1024. Wider
-        # ones: NB operators of R·V ≤ 4096 floats per program on eight warps (two warps spill heavily at
-        # R = V = 64).
+        # The non-causal operator kernels are latency-bound (a sequential inverse and power iteration per operator),
+        # so the fewer warps share one operator, the fewer of its reductions cross warps and the more operators are
+        # in flight: one operator per one-warp program up to R = 16, per two-warp program up to R·V = 1024 (one
+        # warp spills there), then as many operators of R·V floats as fit 4096 per eight-warp program.
         "operators": 1 if R * V <= 1024 else max(1, 4096 // (R * V)),
         "operator_warps": 1 if R <= 16 and V <= 64 else 2 if R * V <= 1024 else 8,
-        # the backward walk keeps three suffix sums and a dozen 16-token tiles live: eight warps, no pipelining
-        # (sm_90a at R = 16, V = 64: 12 bytes of spills; 284 at four warps)
+        # the causal backward walk keeps three suffix sums and a dozen 16-token tiles live: eight warps (four spill)
         "walk_warps": 8,
-        # sm_90a at R = 16, V = 64: 252 registers and no spills at eight warps (48 bytes of spills at four)
+        # the causal per-token kernels: eight warps (four spill)
         "chunk_warps": 8,
-        # one [BS, R, R] block of 4096 floats: every token of a chunk at R = 16, 4 at R = 32, 1 at R = 64
+        # causal: tokens whose R×R operators are held at once, one [BS, R, R] block of 4096 floats: every token of
+        # a chunk at R = 16, 4 at R = 32, 1 at R = 64
         "block_tokens": max(1, min(CHUNK, 4096 // (R * R))),
     }
-    tuning.apply_overrides(OP, cfg, SETTINGS)
+    tuning.apply_overrides(OP, cfg, ())
     return cfg
 
 
 def saved_shapes(B, T, H, R, V, causal: bool) -> tuple[tuple, ...]:
-    """The shapes of the float32 tensors the forward keeps for the backward (:func:`run_global_fwd`: the raw
+    """The shapes of the float32 tensors the forward keeps for the backward (:func:`run_noncausal_fwd`: the raw
     statistics, Ψ/s and the operators' factors; :func:`run_causal_fwd`: the chunk states), from the sizes alone."""
     BH = B * H
     if causal:
@@ -100,7 +81,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-class GlobalPlan:
+class NoncausalPlan:
     __slots__ = ("stats_shapes", "psi_shape", "factor_shapes", "grad_shapes", "stats", "operator", "operator_save",
                  "out", "dq", "operator_bwd", "dkv")
 
@@ -110,12 +91,12 @@ class CausalPlan:
                  "bwd_walk")
 
 
-def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize, strides) -> GlobalPlan:
+def build_noncausal(B, T, H, R, V, dtype, device, ridge, power, num_iters, normalize, strides) -> NoncausalPlan:
     """``strides``: (batch, token) strides of q, k and v, which may be views of one projection's output."""
     cfg = launch_config(R, V, T)
     q_strides, k_strides, v_strides = strides
     BH, NB = B * H, cfg["operators"]
-    plan = GlobalPlan()
+    plan = NoncausalPlan()
     saved = saved_shapes(B, T, H, R, V, False)
     plan.stats_shapes, plan.psi_shape, plan.factor_shapes = saved[:4], saved[4], saved[5:]
     plan.grad_shapes = ((BH, R, R), (BH, R, R), (BH, R, V), (BH,))
@@ -123,20 +104,20 @@ def build_global(B, T, H, R, V, dtype, device, ridge, power, num_iters, normaliz
     operator = {"R": R, "V": V, "NB": NB, "POWER": power, "NUM_ITERS": num_iters, "NORMALIZE": normalize, "EPS": EPS}
     warps = {"num_warps": cfg["num_warps"]}
     operator_warps = {"num_warps": cfg["operator_warps"]}
-    plan.stats = DirectLaunch(ska_global_stats_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
-    plan.operator = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
+    plan.stats = DirectLaunch(ska_noncausal_stats_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
+    plan.operator = DirectLaunch(ska_noncausal_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
                                  {**operator, "SAVE": False}, operator_warps)
-    plan.operator_save = DirectLaunch(ska_global_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
+    plan.operator_save = DirectLaunch(ska_noncausal_operator_kernel, (cdiv(BH, NB),), (BH, ridge),
                                       {**operator, "SAVE": True}, operator_warps)
-    plan.out = DirectLaunch(ska_global_out_kernel, (BH,), (T, H, *q_strides), stream, warps)
-    plan.dq = DirectLaunch(ska_global_dq_kernel, (BH,), (T, H, *q_strides), stream, warps)
-    plan.operator_bwd = DirectLaunch(ska_global_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge),
+    plan.out = DirectLaunch(ska_noncausal_out_kernel, (BH,), (T, H, *q_strides), stream, warps)
+    plan.dq = DirectLaunch(ska_noncausal_dq_kernel, (BH,), (T, H, *q_strides), stream, warps)
+    plan.operator_bwd = DirectLaunch(ska_noncausal_operator_bwd_kernel, (cdiv(BH, NB),), (BH, ridge),
                                      {"R": R, "V": V, "NB": NB, "POWER": power, "EPS": EPS}, operator_warps)
-    plan.dkv = DirectLaunch(ska_global_dkv_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
+    plan.dkv = DirectLaunch(ska_noncausal_dkv_kernel, (BH,), (T, H, *k_strides, *v_strides), stream, warps)
     return plan
 
 
-def run_global_fwd(plan: GlobalPlan, q, k, v, save: bool):
+def run_noncausal_fwd(plan: NoncausalPlan, q, k, v, save: bool):
     """o, and what the backward needs (the raw statistics, Ψ/s and the operators' factors; ``None`` unless
     ``save``)."""
     device = v.device
@@ -154,7 +135,7 @@ def run_global_fwd(plan: GlobalPlan, q, k, v, save: bool):
     return o, ([*stats, psi, *factors] if save else None)
 
 
-def run_global_bwd(plan: GlobalPlan, q, k, v, do, saved):
+def run_noncausal_bwd(plan: NoncausalPlan, q, k, v, do, saved):
     device = v.device
     stats, psi, factors = saved[:4], saved[4], saved[5:]
     dq, dk, dv = empty_output_like(q), empty_output_like(k), empty_output_like(v)
@@ -237,4 +218,4 @@ def get_plan(q, k, v, causal: bool, ridge: float, power: int, num_iters: int, no
 def _build(q, v, causal: bool, options: tuple, strides):
     problem = (*q.shape, v.shape[3], q.dtype, q.device, *options)
     # the causal kernels take contiguous inputs (kernel_inputs), so only the non-causal plan has strides
-    return build_causal(*problem) if causal else build_global(*problem, strides)
+    return build_causal(*problem) if causal else build_noncausal(*problem, strides)

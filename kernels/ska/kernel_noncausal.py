@@ -5,19 +5,19 @@ small dense algebra of the operators, which is latency-bound and therefore batch
 
 Forward:
 
-1. ``ska_global_stats_kernel``: raw statistics from k and v — G₀ = Σ k kᵀ, M = Σ k_t k_{t−1}ᵀ, Cᵀ = Σ k vᵀ,
+1. ``ska_noncausal_stats_kernel``: raw statistics from k and v — G₀ = Σ k kᵀ, M = Σ k_t k_{t−1}ᵀ, Cᵀ = Σ k vᵀ,
    the largest ‖k‖² and the token holding it (ties: the later token).
-2. ``ska_global_operator_kernel``: normalise by s, G⁻¹, σ̂, the filter ``Ψ = (G⁻¹Mᵀ/σ̂)^p G⁻¹Cᵀ`` (R×V); stores
+2. ``ska_noncausal_operator_kernel``: normalise by s, G⁻¹, σ̂, the filter ``Ψ = (G⁻¹Mᵀ/σ̂)^p G⁻¹Cᵀ`` (R×V); stores
    Ψ/s, so that ``o = q Ψ / s``, and, when a backward follows, G⁻¹, N = G⁻¹Mᵀ/σ̂, W₀ = G⁻¹Cᵀ and 1/σ̂.
-3. ``ska_global_out_kernel``: o = q (Ψ/s).
+3. ``ska_noncausal_out_kernel``: o = q (Ψ/s).
 
 Backward (σ̂ detached):
 
-4. ``ska_global_dq_kernel``: dq = do (Ψ/s)ᵀ and Σ q doᵀ (dΨ up to 1/s).
-5. ``ska_global_operator_bwd_kernel``: from the saved G⁻¹, N, W₀, 1/σ̂, the algebra differentiated down to the raw
+4. ``ska_noncausal_dq_kernel``: dq = do (Ψ/s)ᵀ and Σ q doᵀ (dΨ up to 1/s).
+5. ``ska_noncausal_operator_bwd_kernel``: from the saved G⁻¹, N, W₀, 1/σ̂, the algebra differentiated down to the raw
    statistics — dG₀ (stored as dG₀ + dG₀ᵀ), dM, dCᵀ — and the sequence max's share ds = 2λ tr(dG_n)/s (s enters
    only through the ridge term λ s² I of the raw Gram matrix).
-6. ``ska_global_dkv_kernel``: dk (the adjoints applied to each key, its predecessor and its successor, plus ds on
+6. ``ska_noncausal_dkv_kernel``: dk (the adjoints applied to each key, its predecessor and its successor, plus ds on
    the key holding the max) and dv = k dCᵀ.
 
 ``*_n`` quantities are in max-normalised coordinates (k̂ = k/s).
@@ -41,8 +41,8 @@ from .kernel_common import (
 
 
 @triton.jit
-def ska_global_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_stride, k_row, v_seq_stride, v_row,
-                            R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+def ska_noncausal_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_stride, k_row, v_seq_stride, v_row,
+                               R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k_seq = strided_head_seq(k, pid, H, k_seq_stride, R)
     v_seq = strided_head_seq(v, pid, H, v_seq_stride, V)
@@ -113,10 +113,10 @@ def _power(N, W0, POWER: tl.constexpr):
 
 
 @triton.jit
-def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, nn_buf, w0_buf, isig_buf, BH, ridge,
-                               R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
-                               NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr,
-                               SAVE: tl.constexpr):
+def ska_noncausal_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, nn_buf, w0_buf, isig_buf, BH, ridge,
+                                  R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr, POWER: tl.constexpr,
+                                  NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr, EPS: tl.constexpr,
+                                  SAVE: tl.constexpr):
     """Ψ/s per operator; SAVE (a backward follows): also G_n⁻¹, N, W₀ and 1/σ̂, which the backward would otherwise
     rebuild (the inverse and the power iteration are most of this kernel's latency)."""
     prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
@@ -131,8 +131,8 @@ def ska_global_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, nn_b
 
 
 @triton.jit
-def ska_global_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, PREC: tl.constexpr):
+def ska_noncausal_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
+                             BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
@@ -148,8 +148,8 @@ def ska_global_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.conste
 
 
 @triton.jit
-def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, PREC: tl.constexpr):
+def ska_noncausal_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
+                            BT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
@@ -171,9 +171,9 @@ def ska_global_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_row,
 
 
 @triton.jit
-def ska_global_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, isig_buf, qdo_buf, sg_buf, dm_buf,
-                                   dc_buf, ds_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
-                                   POWER: tl.constexpr, EPS: tl.constexpr):
+def ska_noncausal_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, isig_buf, qdo_buf, sg_buf, dm_buf,
+                                      dc_buf, ds_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
+                                      POWER: tl.constexpr, EPS: tl.constexpr):
     prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
     Mn = _load_blocks(m_buf, prob, live, R, R) * (inv_s * inv_s)[:, None, None]
     CTn = _load_blocks(c_buf, prob, live, R, V) * inv_s[:, None, None]
@@ -217,8 +217,9 @@ def ska_global_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, 
 
 
 @triton.jit
-def ska_global_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H, k_seq_stride, k_row, v_seq_stride,
-                          v_row, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+def ska_noncausal_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H, k_seq_stride, k_row,
+                             v_seq_stride, v_row, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                             PREC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
