@@ -10,6 +10,7 @@ exactly), a run SIGKILLed while writing a mid-epoch checkpoint and then resumed 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -361,6 +362,44 @@ def test_checkpoint_manager_keeps_the_last_k_and_the_best(tmp_path):
     assert manager.latest().name == "step_00000005"
 
 
+def test_background_checkpoint_writes_the_state_of_the_save_call_and_reports_errors(tmp_path):
+    """save returns before the files are written; they hold the state at the call (training goes on mutating it),
+    the checkpoint appears complete or not at all, and a failed write raises at the next save."""
+    weights = {"w": torch.randn(64)}
+
+    class OneProcess:
+        is_main_process = True
+        fail = False
+
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, path):
+            Path(path).mkdir(parents=True)
+            torch.save(weights, Path(path) / "model.bin")  # what accelerate calls; captured as a CPU copy
+            if self.fail:
+                torch.save(weights, Path(path) / "missing" / "optimizer.bin")
+
+    accelerator = OneProcess()
+    manager = CheckpointManager(accelerator, tmp_path, keep_last=2, background=True)
+    state = TrainState(global_update=1)
+    saved = weights["w"].clone()
+    manager.save("step_00000001", state)
+    weights["w"].add_(1.0)  # the next training step
+    state.global_update = 2
+    manager.wait()
+    (path, record), = CheckpointManager.complete(tmp_path / "checkpoints")
+    assert path.name == "step_00000001" and record["global_update"] == 1
+    torch.testing.assert_close(torch.load(path / "model.bin", weights_only=True)["w"], saved, rtol=0, atol=0)
+
+    accelerator.fail = True
+    manager.save("step_00000002", state)
+    accelerator.fail = False
+    with pytest.raises(RuntimeError, match="writing a checkpoint .* failed"):
+        manager.save("step_00000003", state)
+    assert [p.name for p, _ in CheckpointManager.complete(tmp_path / "checkpoints")] == ["step_00000001"]
+
+
 def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(trained, tiny_data, tmp_path):
     """Epochs 2 and 3 again, from the reference's end-of-epoch-1 checkpoint: data order, augmentation, drop path,
     Mixup, optimizer, schedule and EMA must all continue where they were, to the last bit."""
@@ -489,3 +528,94 @@ def test_compile_runs_the_training_step_through_torch_compile_in_its_mode(tiny_d
     keys = load_file(str(tmp_path / "out" / "checkpoints" / "epoch_0001" / "model.safetensors")).keys()
     assert keys and not [k for k in keys if k.startswith(("_orig_mod.", "module."))]
     assert "compile: reduce-overhead" in (tmp_path / "out" / "config.yaml").read_text().splitlines()
+
+
+# The trainer on the gpu data backend's code with the CPU as its device (torchvision's CPU decoder): what a GPU run
+# does, minus nvJPEG. resolve_data_backend is the only piece replaced.
+GPU_BACKEND_RUN = textwrap.dedent("""\
+    import sys
+    import visionssm.training.loop as loop
+    from visionssm.train import main
+
+    loop.resolve_data_backend = lambda choice, device, say: "gpu"
+    sys.exit(main(sys.argv[1:]))
+    """)
+
+
+def test_gpu_data_backend_code_trains_validates_and_counts_unreadable_files_on_cpu(tiny_data, tmp_path):
+    out = tmp_path / "gpu-backend"
+    args = ["--data-dir", str(tiny_data), "--output", str(out), *TINY_RUN, "--epochs", "2", "--workers", "1",
+            "--checkpoint-every-steps", "0"]
+    proc = subprocess.run([sys.executable, "-c", GPU_BACKEND_RUN, *args], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "gpu backend" in proc.stdout
+    records = _records(out)
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:  # the same counts as the PIL path: one corrupt training file replaced, one val file dropped
+        assert r["global_update"] == UPDATES_PER_EPOCH * r["epoch"] and r["val_images"] == 12
+        assert r["skipped_train_images"] == 1 and r["skipped_val_images"] == 1
+        assert math.isfinite(r["train_loss"]) and 0 <= r["val_top1"] <= 100
+    assert "skipping unreadable image" in proc.stderr and "000000.png" in proc.stderr
+    assert "data_backend: gpu" in (out / "config.yaml").read_text().splitlines()
+    # resumed from epoch 1: epoch 2 again, to the last bit (same images, order and augmentation draws)
+    resumed = tmp_path / "gpu-resumed"
+    proc = subprocess.run([sys.executable, "-c", GPU_BACKEND_RUN, *args[:2], "--output", str(resumed), *args[4:],
+                           "--resume", str(out / "checkpoints" / "epoch_0001")], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    _assert_same_training(resumed, out, epochs=[2])
+
+
+# tiny presets of every family (tests/test_compile.py's layouts) at 32 px
+_TINY_HIERARCHICAL = "{dims: 8, depths: [1, 1, 1, 1], stem_dim: 8, num_heads: [1, 1, 2, 2], window_size: [8, 8, 2, 1]}"
+FAMILY_RUNS = {
+    "mamba_vision_T": _TINY_HIERARCHICAL,
+    "gka_vision_T": _TINY_HIERARCHICAL,
+    "echo_vision_T": _TINY_HIERARCHICAL[:-1] + ", attn_mixer_kwargs: {zero_init_output: false}}",
+    "comba_vision_T": "{img_size: 32, patch_size: 8, embed_dim: 32, depth: 2, num_heads: 2, mlp_ratio: 2.0, "
+                      "mixer_kwargs: {gate_rank: 4}}",
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model", sorted(FAMILY_RUNS))
+def test_cuda_fp16_with_grad_scaler_trains_every_family(model, tiny_data, tmp_path):
+    """--amp fp16 (autocast + GradScaler) on the Triton kernels: finite losses and weights, and the scaler did not
+    skip most steps (each overflow halves its scale from 65536)."""
+    out = tmp_path / model
+    _run(["--data-dir", str(tiny_data), "--output", str(out), "--model", model, "--model-kwargs", FAMILY_RUNS[model],
+          "--img-size", "32", "--batch-size", "8", "--workers", "1", "--epochs", "2", "--warmup-epochs", "0",
+          "--lr", "1e-3", "--amp", "fp16", "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0",
+          "--reprob", "0.25"], cwd=tmp_path, env={"VISIONSSM_KERNELS": "triton"})
+    records = _records(out)
+    assert len(records) == 2 and all(math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"])
+                                     for r in records)
+    last = out / "checkpoints" / "epoch_0002"
+    for key, value in load_file(str(last / "model.safetensors")).items():
+        assert torch.isfinite(value).all(), key
+    scale = torch.load(last / "scaler.pt", weights_only=True)["scale"]
+    assert scale > 65536 / 2 ** UPDATES_PER_EPOCH, f"GradScaler skipped most of the {2 * UPDATES_PER_EPOCH} steps"
+
+
+@pytest.mark.cuda
+def test_cuda_gpu_data_backend_trains_from_jpegs(tiny_data, tmp_path):
+    """nvJPEG decode and the GPU augmentation in a real run: a few steps, the corrupt files counted."""
+    from PIL import Image
+
+    data = tmp_path / "jpegs"
+    for source in tiny_data.rglob("*.png"):
+        target = data / source.relative_to(tiny_data).with_suffix(".jpg")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with Image.open(source) as image:
+                image.convert("RGB").save(target, quality=90)
+        except OSError:
+            target.write_bytes(b"\xff\xd8\xff\xe0 corrupt")
+    out = tmp_path / "out"
+    proc = _run(["--data-dir", str(data), "--output", str(out), *TINY_RUN, "--no-deterministic", "--epochs", "1",
+                 "--data-backend", "gpu", "--checkpoint-every-steps", "0"], cwd=tmp_path)
+    assert "gpu backend" in proc.stdout
+    record = _records(out)[0]
+    assert record["skipped_train_images"] == 1 and record["skipped_val_images"] == 1 and record["val_images"] == 12
+    assert math.isfinite(record["train_loss"])

@@ -28,8 +28,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, DatasetFolder
 
 from visionssm.utils.cli import UserFileError, UserValueError
 
-__all__ = ["EpochShuffleSampler", "SafeImageFolder", "ShardSampler", "build_split", "collate_skipping",
-           "patch_timm_posterize"]
+__all__ = ["EpochShuffleSampler", "SafeImageFolder", "ShardSampler", "augment_seed_of", "build_split",
+           "collate_skipping", "patch_timm_posterize"]
 
 # What a broken or truncated file raises while PIL decodes it.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
@@ -99,8 +99,7 @@ class SafeImageFolder(DatasetFolder):
             epoch, index = index
         if self.augment_seed is None:
             return self._get(index)
-        seed = ((self.augment_seed * 1_000_003 + epoch) * 10_000_019 + index) % 2**63
-        with _private_rng(seed):
+        with _private_rng(augment_seed_of(self.augment_seed, epoch, index)):
             return self._get(index)
 
     def _get(self, index: int):
@@ -118,6 +117,11 @@ class SafeImageFolder(DatasetFolder):
         if self.transform is not None:
             image = self.transform(image)
         return image, target, unreadable
+
+
+def augment_seed_of(seed: int, epoch: int, index: int) -> int:
+    """The seed of item ``index``'s augmentation in ``epoch`` (both data backends draw from it)."""
+    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % 2**63
 
 
 @contextlib.contextmanager
@@ -158,12 +162,19 @@ def split_root(data_dir: str | os.PathLike, split: str) -> Path:
 
 
 def build_split(data_dir: str | os.PathLike, split: str, transform: Callable | None, on_error: str,
-                class_to_idx: dict[str, int] | None = None, augment_seed: int | None = None) -> SafeImageFolder:
-    """The ``split`` folder of ``data_dir`` as a ``SafeImageFolder``, or a clear error if it is missing or empty."""
+                class_to_idx: dict[str, int] | None = None, augment_seed: int | None = None,
+                encoded: bool = False) -> SafeImageFolder:
+    """The ``split`` folder of ``data_dir`` as a ``SafeImageFolder`` (``encoded``: its bytes-reading subclass for
+    the gpu data backend), or a clear error if it is missing or empty."""
     root = split_root(data_dir, split)
+    folder = SafeImageFolder
+    if encoded:
+        from visionssm.data.gpu import EncodedImageFolder  # it builds on this module
+
+        folder = EncodedImageFolder
     try:
-        return SafeImageFolder(root, transform=transform, on_error=on_error, class_to_idx=class_to_idx,
-                               augment_seed=augment_seed)
+        return folder(root, transform=transform, on_error=on_error, class_to_idx=class_to_idx,
+                      augment_seed=augment_seed)
     except FileNotFoundError as e:  # torchvision: no class folder, or no image with a known extension
         raise UserFileError(f"split {split!r} at {root} is empty: expected {root}/<class>/<image> files with "
                             f"one of the extensions {', '.join(IMG_EXTENSIONS)} ({e})") from None

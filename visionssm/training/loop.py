@@ -27,11 +27,13 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from timm.data import Mixup
+from timm.data.random_erasing import RandomErasing
 from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 import visionssm.models  # noqa: F401  (registers the visionssm backbones with timm)
+from visionssm.data.gpu import EncodedImageFolder, EvalStage, TrainStage, resolve_data_backend
 from visionssm.data.loader import EpochShuffleSampler, build_split
 from visionssm.training.setup import (
     build_criterion,
@@ -43,6 +45,7 @@ from visionssm.training.setup import (
     data_config,
     eval_transform,
     find_resume_checkpoint,
+    gpu_stages,
     load_weights_for_eval,
     make_accelerator,
     peak_memory_mib,
@@ -61,7 +64,7 @@ from visionssm.training.state import (
 )
 from visionssm.utils.cli import UserValueError, compile_mode
 
-__all__ = ["Run", "describe_model", "end_epoch", "train", "train_one_epoch", "validate"]
+__all__ = ["Run", "describe_model", "end_epoch", "train", "train_one_epoch", "validate", "validate_many"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -91,20 +94,25 @@ class Run:
     checkpoints: CheckpointManager
     metrics: MetricsLog
     best_key: str
+    train_stage: TrainStage | None = None  # gpu data backend: decodes and augments the loader's byte batches
+    val_stage: EvalStage | None = None
+    erase: RandomErasing | None = None  # gpu data backend: random erasing on the batch (pil: in the transform)
 
 
-def build_model_and_data(cfg: dict, accelerator: Accelerator, data_dir: Path):
-    """The splits, the model on its device and its EMA (same initial weights on every process)."""
+def build_model_and_data(cfg: dict, accelerator: Accelerator, data_dir: Path, backend: str = "pil"):
+    """The splits (file bytes for the gpu data ``backend``), the model on its device and its EMA (same initial
+    weights on every process)."""
+    encoded = backend == "gpu"
     train_set = build_split(data_dir, cfg["train_split"], transform=None, on_error="replace",
-                            augment_seed=cfg["seed"])
+                            augment_seed=cfg["seed"], encoded=encoded)
     num_classes = len(train_set.classes)
     if cfg["num_classes"] is not None and cfg["num_classes"] != num_classes:
         raise UserValueError(f"--num-classes {cfg['num_classes']} but {data_dir / cfg['train_split']} has "
                              f"{num_classes} class folders")
     model = create_model(cfg, num_classes)
     data_cfg = data_config(cfg, model)
-    val_set = build_split(data_dir, cfg["val_split"], transform=eval_transform(data_cfg), on_error="drop",
-                          class_to_idx=train_set.class_to_idx)
+    val_set = build_split(data_dir, cfg["val_split"], transform=None if encoded else eval_transform(data_cfg),
+                          on_error="drop", class_to_idx=train_set.class_to_idx, encoded=encoded)
     model.to(accelerator.device)
     if cfg["channels_last"]:
         model.to(memory_format=torch.channels_last)
@@ -140,8 +148,12 @@ def prepare_run(cfg: dict, accelerator: Accelerator, out: Path, model, ema, trai
               eval_model=accelerator.unwrap_model(model), ema=ema, optimizer=optimizer, scheduler=scheduler,
               criterion=criterion, mixup_fn=mixup_fn, train_dl=train_dl, train_sampler=train_sampler,
               loader_generator=loader_generator, val_dl=val_loader(val_set, cfg, accelerator), state=state,
-              checkpoints=CheckpointManager(accelerator, out, keep_last=cfg["keep_last"]),
+              # one process: checkpoints are written by a thread while training goes on
+              checkpoints=CheckpointManager(accelerator, out, keep_last=cfg["keep_last"], background=world == 1),
               metrics=MetricsLog(out / "metrics.jsonl"), best_key=resolve_best_key(cfg, ema))
+    if isinstance(train_set, EncodedImageFolder):
+        run.train_stage, run.val_stage, run.erase = gpu_stages(cfg, train_set, val_set, data_cfg,
+                                                               accelerator.device, accelerator.print)
     recorded = {"lr": lr, "global_batch": global_batch, "world_size": world, "total_epochs": cfg["epochs"],
                 "updates_per_epoch": updates_per_epoch}
     return run, recorded
@@ -185,6 +197,8 @@ def resume(run: Run, resolved: dict) -> None:
 def _train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Forward, backward and (when the accumulation window closes) the clipped optimizer step; returns the loss."""
     cfg, accelerator = run.cfg, run.accelerator
+    if run.erase is not None:
+        images = run.erase(images)
     if run.mixup_fn is not None:
         images, targets = run.mixup_fn(images, targets)
     if cfg["channels_last"]:
@@ -239,7 +253,8 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
     run.model.train()
     bar = tqdm(total=len(run.train_dl), initial=state.batch_in_epoch, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
                disable=not accelerator.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
-    for images, targets, unreadable in loader:
+    batches = run.train_stage(loader) if run.train_stage is not None else loader
+    for images, targets, unreadable in batches:
         local[3] += unreadable.to(device=local.device, dtype=local.dtype)
         loss = _train_step(run, images, targets)
         n = images.shape[0]
@@ -260,40 +275,53 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
     return {"train_img_per_s": session_images / max(seconds, 1e-9), "started": start}
 
 
+def validate(net: torch.nn.Module, loader: DataLoader, accelerator: Accelerator, channels_last: bool,
+             stage: EvalStage | None = None) -> dict:
+    """Top-1/top-5/loss over the whole split, summed over processes; also img/s and unreadable files. ``stage``
+    decodes and transforms the loader's byte batches (gpu data backend)."""
+    return validate_many([net], loader, accelerator, channels_last, stage)[0]
+
+
 @torch.no_grad()
-def validate(net: torch.nn.Module, loader: DataLoader, accelerator: Accelerator, channels_last: bool) -> dict:
-    """Top-1/top-5/loss over the whole split, summed over processes; also img/s and unreadable files."""
-    was_training = net.training
-    net.eval()
+def validate_many(nets: list[torch.nn.Module], loader: DataLoader, accelerator: Accelerator, channels_last: bool,
+                  stage: EvalStage | None = None) -> list[dict]:
+    """:func:`validate` for several networks (the model and its EMA) on one pass over the split: each batch is read
+    and decoded once."""
+    was_training = [net.training for net in nets]
+    for net in nets:
+        net.eval()
     device = accelerator.device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # top1, top5, loss, count, unreadable
+    sums = torch.zeros(len(nets), 5, dtype=torch.float64, device=device)  # top1, top5, loss, count, unreadable
     start = time.perf_counter()
-    for images, targets, unreadable in loader:
-        sums[4] += unreadable.item()
+    for images, targets, unreadable in (stage(loader) if stage is not None else loader):
+        sums[:, 4] += unreadable.item()
         if targets.numel() == 0:
             continue
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with accelerator.autocast():
-            logits = net(images)
-        logits = logits.float()
-        k = min(5, logits.shape[1])
-        hits = logits.topk(k, dim=1).indices == targets[:, None]
-        sums[0] += hits[:, 0].sum()
-        sums[1] += hits.any(dim=1).sum()
-        sums[2] += F.cross_entropy(logits, targets, reduction="sum")
-        sums[3] += targets.numel()
+        for row, net in zip(sums, nets):
+            with accelerator.autocast():
+                logits = net(images)
+            logits = logits.float()
+            k = min(5, logits.shape[1])
+            hits = logits.topk(k, dim=1).indices == targets[:, None]
+            row[0] += hits[:, 0].sum()
+            row[1] += hits.any(dim=1).sum()
+            row[2] += F.cross_entropy(logits, targets, reduction="sum")
+            row[3] += targets.numel()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     sums = accelerator.reduce(sums, reduction="sum")
-    net.train(was_training)
-    count = max(sums[3].item(), 1.0)
-    return {"top1": 100.0 * sums[0].item() / count, "top5": 100.0 * sums[1].item() / count,
-            "loss": sums[2].item() / count, "images": int(sums[3].item()), "unreadable": int(sums[4].item()),
-            "img_per_s": sums[3].item() / max(seconds, 1e-9)}
+    results = []
+    for net, training, row in zip(nets, was_training, sums.tolist()):
+        net.train(training)
+        count = max(row[3], 1.0)
+        results.append({"top1": 100.0 * row[0] / count, "top5": 100.0 * row[1] / count, "loss": row[2] / count,
+                         "images": int(row[3]), "unreadable": int(row[4]), "img_per_s": row[3] / max(seconds, 1e-9)})
+    return results
 
 
 def _epoch_record(run: Run, epoch: int, trained: dict, val: dict, ema_val: dict | None) -> dict:
@@ -311,6 +339,7 @@ def _epoch_record(run: Run, epoch: int, trained: dict, val: dict, ema_val: dict 
         "lr": run.optimizer.param_groups[0]["lr"],
         "train_img_per_s": trained["train_img_per_s"],
         "epoch_seconds": time.perf_counter() - trained["started"],
+        "wall_time": time.time(),  # whole-run throughput spans records (benchmarks/train_throughput.py)
         "peak_memory_mib": peak, "peak_memory_kind": peak_kind,
         "skipped_images": state.skipped_train + val["unreadable"],
         "skipped_train_images": state.skipped_train, "skipped_val_images": val["unreadable"],
@@ -321,10 +350,9 @@ def _epoch_record(run: Run, epoch: int, trained: dict, val: dict, ema_val: dict 
 def end_epoch(run: Run, epoch: int, trained: dict) -> None:
     """Validate (model and EMA), record the epoch, keep the best weights and write the epoch's checkpoint."""
     cfg, accelerator, state = run.cfg, run.accelerator, run.state
-    val = validate(run.eval_model, run.val_dl, accelerator, cfg["channels_last"])
-    ema_val = None
-    if run.ema is not None:
-        ema_val = validate(run.ema.module, run.val_dl, accelerator, cfg["channels_last"])
+    nets = [run.eval_model] + ([run.ema.module] if run.ema is not None else [])
+    val, *ema_val = validate_many(nets, run.val_dl, accelerator, cfg["channels_last"], run.val_stage)
+    ema_val = ema_val[0] if ema_val else None
     record = _epoch_record(run, epoch, trained, val, ema_val)
     is_best = record[run.best_key] > state.best_metric
     if is_best:
@@ -375,17 +403,20 @@ def _main(cfg: dict) -> int:
     accelerator = make_accelerator(cfg, out, amp)
     set_seed(cfg["seed"])  # the same initial weights on every process
     data_dir = resolve_data_dir(cfg, accelerator)
-    train_set, val_set, model, data_cfg, ema = build_model_and_data(cfg, accelerator, data_dir)
+    backend = resolve_data_backend(cfg["data_backend"], accelerator.device, accelerator.print)
+    train_set, val_set, model, data_cfg, ema = build_model_and_data(cfg, accelerator, data_dir, backend)
     n_params = sum(p.numel() for p in model.parameters())
     accelerator.print(f"model {describe_model(cfg)}: {n_params / 1e6:.2f} M parameters, {len(train_set.classes)} "
                       f"classes, input {data_cfg['input_size']}, {accelerator.num_processes} process(es) on "
                       f"{accelerator.device}, amp={amp}")
-    accelerator.print(f"data: {data_dir} ({len(train_set)} train / {len(val_set)} val images)")
+    backend_note = ", gpu backend" if backend == "gpu" else ""
+    accelerator.print(f"data: {data_dir} ({len(train_set)} train / {len(val_set)} val images{backend_note})")
     if cfg["eval_only"]:
-        return run_eval_only(cfg, accelerator, model, weights, val_set, out)
+        return run_eval_only(cfg, accelerator, model, weights, val_set, out, data_cfg)
 
     run, recorded = prepare_run(cfg, accelerator, out, model, ema, train_set, val_set, data_cfg)
     resolved = dict(cfg, **recorded, num_classes=len(train_set.classes), amp=amp, data_dir=str(data_dir),
+                    data_backend=backend,
                     input_size=list(data_cfg["input_size"]), crop_pct=data_cfg["crop_pct"],
                     mean=list(data_cfg["mean"]), std=list(data_cfg["std"]), interpolation=data_cfg["interpolation"],
                     parameters=n_params, versions={"torch": str(torch.__version__), "timm": str(timm.__version__),
@@ -393,6 +424,7 @@ def _main(cfg: dict) -> int:
     resume(run, resolved)
     for epoch in range(run.state.epoch, cfg["epochs"]):
         end_epoch(run, epoch, train_one_epoch(run, epoch))
+    run.checkpoints.wait()
     if cfg["log_with"]:
         accelerator.end_training()
     accelerator.print(f"done: best {run.best_key} {run.state.best_metric:.2f} at epoch {run.state.best_epoch}; "
@@ -453,9 +485,13 @@ def load_eval_weights(cfg: dict, out: Path) -> tuple[Path, dict]:
     return checkpoint, load_weights_for_eval(checkpoint, EMA_CHECKPOINT_INDEX if cfg["model_ema"] else None)
 
 
-def run_eval_only(cfg: dict, accelerator: Accelerator, model, loaded: tuple[Path, dict], val_set, out: Path) -> int:
+def run_eval_only(cfg: dict, accelerator: Accelerator, model, loaded: tuple[Path, dict], val_set, out: Path,
+                  data_cfg: dict) -> int:
     checkpoint, found = loaded
     val_dl = val_loader(val_set, cfg, accelerator)
+    stage = None
+    if isinstance(val_set, EncodedImageFolder):
+        stage = gpu_stages(cfg, None, val_set, data_cfg, accelerator.device, accelerator.print)[1]
     results = {"checkpoint": str(checkpoint), "model": cfg["model"]}
     for name, weights in found.items():
         try:
@@ -463,7 +499,7 @@ def run_eval_only(cfg: dict, accelerator: Accelerator, model, loaded: tuple[Path
         except RuntimeError as error:  # torch lists every missing and unexpected key; the start names the problem
             raise UserValueError(f"--checkpoint {checkpoint}: its {name} weights do not fit "
                                  f"{describe_model(cfg)}: {' '.join(str(error).split())[:300]}") from None
-        res = validate(model, val_dl, accelerator, cfg["channels_last"])
+        res = validate(model, val_dl, accelerator, cfg["channels_last"], stage)
         prefix = "" if name == "model" else "ema_"
         results.update({f"{prefix}val_top1": res["top1"], f"{prefix}val_top5": res["top5"],
                         f"{prefix}val_loss": res["loss"], f"{prefix}img_per_s": res["img_per_s"]})

@@ -19,12 +19,14 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from safetensors.torch import save_file
 from timm.data import Mixup, create_transform, resolve_data_config
+from timm.data.random_erasing import RandomErasing
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import clean_state_dict
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader
 
+from visionssm.data.gpu import BACKENDS, EncodedImageFolder, EvalStage, TrainStage, collate_encoded
 from visionssm.data.loader import (
     EpochShuffleSampler,
     ShardSampler,
@@ -38,7 +40,7 @@ from visionssm.utils.checkpoint import read_state_dict
 from visionssm.utils.cli import UserFileError, UserTypeError, UserValueError, cap_workers
 
 __all__ = ["build_criterion", "build_optimizer", "build_scheduler", "build_train_loader", "check_config",
-           "create_model", "data_config", "eval_transform", "find_resume_checkpoint", "fit_schedule",
+           "create_model", "data_config", "eval_transform", "find_resume_checkpoint", "fit_schedule", "gpu_stages",
            "load_weights_for_eval", "make_accelerator", "peak_memory_mib", "resolve_amp", "resolve_best_key",
            "resolve_data_dir", "save_weights", "synthetic_spec", "val_loader"]
 
@@ -135,6 +137,8 @@ def check_config(cfg: dict, say=print) -> None:
     _check_at_least(cfg, 0, "workers", "checkpoint_every_steps", "warmup_epochs", "cooldown_epochs")
     cfg["workers"] = cap_workers(cfg["workers"], "workers", say)
     resolve_amp(cfg["amp"])
+    if cfg["data_backend"] not in BACKENDS:
+        raise UserValueError(f"--data-backend must be one of {', '.join(BACKENDS)}, got {cfg['data_backend']!r}")
     _check_model(cfg)
     if cfg["data_dir"] is not None:
         for split in (cfg["train_split"], cfg["val_split"]):
@@ -210,7 +214,8 @@ def val_loader(dataset, cfg: dict, accelerator: Accelerator) -> DataLoader:
     # uninterrupted run and shift the global RNG that drop path and Mixup use in every later epoch.
     return DataLoader(dataset, batch_size=cfg["val_batch_size"] or 2 * cfg["batch_size"],
                       sampler=ShardSampler(len(dataset), accelerator.process_index, accelerator.num_processes),
-                      num_workers=cfg["workers"], collate_fn=collate_skipping, persistent_workers=cfg["workers"] > 0,
+                      num_workers=cfg["workers"], persistent_workers=cfg["workers"] > 0,
+                      collate_fn=collate_encoded if isinstance(dataset, EncodedImageFolder) else collate_skipping,
                       pin_memory=cfg["pin_memory"] and torch.cuda.is_available(),
                       generator=torch.Generator().manual_seed(cfg["seed"]))
 
@@ -282,15 +287,18 @@ def build_scheduler(cfg: dict, optimizer, updates_per_epoch: int, say):
 
 
 def build_train_loader(cfg: dict, train_set, data_cfg: dict, world: int):
-    """The training DataLoader with its sampler and generator (both re-seeded per epoch by the loop)."""
+    """The training DataLoader with its sampler and generator (both re-seeded per epoch by the loop). With an
+    ``EncodedImageFolder`` (gpu data backend) the workers only read bytes: :func:`gpu_stages` transforms."""
     if cfg["batch_size"] < 1:
         raise UserValueError(f"--batch-size must be >= 1, got {cfg['batch_size']}")
-    patch_timm_posterize()
-    train_set.transform = create_transform(
-        data_cfg["input_size"], is_training=True, scale=tuple(cfg["scale"]), ratio=tuple(cfg["ratio"]),
-        hflip=cfg["hflip"], color_jitter=cfg["color_jitter"], auto_augment=cfg["aa"],
-        interpolation=cfg["train_interpolation"], mean=data_cfg["mean"], std=data_cfg["std"],
-        re_prob=cfg["reprob"], re_mode=cfg["remode"], re_count=cfg["recount"])
+    encoded = isinstance(train_set, EncodedImageFolder)
+    if not encoded:
+        patch_timm_posterize()
+        train_set.transform = create_transform(
+            data_cfg["input_size"], is_training=True, scale=tuple(cfg["scale"]), ratio=tuple(cfg["ratio"]),
+            hflip=cfg["hflip"], color_jitter=cfg["color_jitter"], auto_augment=cfg["aa"],
+            interpolation=cfg["train_interpolation"], mean=data_cfg["mean"], std=data_cfg["std"],
+            re_prob=cfg["reprob"], re_mode=cfg["remode"], re_count=cfg["recount"])
     if len(train_set) < cfg["batch_size"] * world:
         raise UserValueError(f"the training split has {len(train_set)} images, fewer than one global batch "
                          f"({cfg['batch_size']} x {world} processes)")
@@ -300,10 +308,30 @@ def build_train_loader(cfg: dict, train_set, data_cfg: dict, world: int):
     # which drop path and Mixup draw from: a resumed run stays on the uninterrupted run's track.
     generator = torch.Generator()
     loader = DataLoader(train_set, batch_size=cfg["batch_size"], sampler=sampler, drop_last=True,
-                        num_workers=cfg["workers"], collate_fn=collate_skipping, generator=generator,
-                        pin_memory=cfg["pin_memory"] and torch.cuda.is_available(),
+                        num_workers=cfg["workers"], collate_fn=collate_encoded if encoded else collate_skipping,
+                        generator=generator, pin_memory=cfg["pin_memory"] and torch.cuda.is_available(),
                         persistent_workers=cfg["workers"] > 0)  # the sampler tags each index with its epoch
     return loader, sampler, generator
+
+
+def gpu_stages(cfg: dict, train_set, val_set, data_cfg: dict, device: torch.device, say):
+    """The gpu data backend's training and evaluation stages and the batch random erasing (timm's, on ``device``)."""
+    size = data_cfg["input_size"][-1]
+    mean, std = data_cfg["mean"], data_cfg["std"]
+    if not cfg["aa"] and cfg["color_jitter"]:
+        say(f"note: --data-backend gpu does not apply colour jitter (--color-jitter {cfg['color_jitter']}); the "
+            "recipes' RandAugment replaces it, as in timm")
+    train = None
+    if train_set is not None:
+        train = TrainStage(train_set, device, size, mean, std, seed=cfg["seed"], scale=cfg["scale"],
+                           ratio=cfg["ratio"], hflip=cfg["hflip"], interpolation=cfg["train_interpolation"],
+                           auto_augment=cfg["aa"])
+    evaluate = EvalStage(val_set, device, size, mean, std, crop_pct=data_cfg["crop_pct"],
+                         interpolation=data_cfg["interpolation"])
+    erase = None
+    if cfg["reprob"] > 0:
+        erase = RandomErasing(cfg["reprob"], mode=cfg["remode"], max_count=cfg["recount"], device=device)
+    return train, evaluate, erase
 
 
 def build_criterion(cfg: dict, num_classes: int):

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import difflib
 import json
 import math
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -269,6 +271,46 @@ class TrainState:
         return self.epoch, self.batch_in_epoch
 
 
+def _cpu_copy(obj):
+    """``obj`` with every tensor copied to CPU memory (containers rebuilt, other values deep-copied)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, Mapping):
+        return type(obj)((key, _cpu_copy(value)) for key, value in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_cpu_copy(value) for value in obj)
+    return copy.deepcopy(obj)
+
+
+@contextlib.contextmanager
+def captured_writes() -> Iterator[list]:
+    """Inside the block, this thread's calls of accelerate's checkpoint writers (``accelerate.checkpointing.save``
+    and ``torch.save``) record ``(writer, CPU copy of the object, args, kwargs)`` instead of writing; replaying the
+    list writes the same files. Other threads write as usual."""
+    import accelerate.checkpointing as checkpointing
+    import torch
+
+    writes: list = []
+    owner = threading.get_ident()
+    real = {"save": checkpointing.save, "torch": torch.save}
+
+    def recording(writer):
+        def record(obj, *args, **kwargs):
+            if threading.get_ident() != owner:
+                return writer(obj, *args, **kwargs)
+            writes.append((writer, _cpu_copy(obj), args, kwargs))
+            return None
+        return record
+
+    checkpointing.save, torch.save = recording(real["save"]), recording(real["torch"])
+    try:
+        yield writes
+    finally:
+        checkpointing.save, torch.save = real["save"], real["torch"]
+
+
 STATE_FILE = "trainer_state.json"  # written last into a checkpoint; its presence marks the checkpoint complete
 
 
@@ -279,14 +321,22 @@ class CheckpointManager:
     ``trainer_state.json`` and renames the directory into place. Deletion goes through a rename to ``.trash-<name>``
     first, so no half-deleted checkpoint ever looks complete. Leftover ``.tmp-*``/``.trash-*`` directories from a
     killed run are removed at start-up.
+
+    With ``background`` (a single process) ``save`` returns once the state is copied to CPU memory: what
+    ``accelerator.save_state`` would write is captured, and a thread writes it, adds the state file and renames, while
+    training goes on. One write at a time: the next ``save`` (or :meth:`wait`) waits for the previous one and raises
+    its error, if any.
     """
 
-    def __init__(self, accelerator, output_dir: str | os.PathLike, keep_last: int):
+    def __init__(self, accelerator, output_dir: str | os.PathLike, keep_last: int, background: bool = False):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.keep_last = keep_last
+        self.background = background
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     # -- discovery (works without an accelerator) --
     @staticmethod
@@ -318,7 +368,17 @@ class CheckpointManager:
                     shutil.rmtree(path, ignore_errors=True)
         self.accelerator.wait_for_everyone()
 
+    def wait(self) -> None:
+        """Wait for the checkpoint being written in the background, if any; raise what writing it raised."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint under {self.root} failed: {error}") from error
+
     def save(self, name: str, state: TrainState, is_best: bool = False) -> Path:
+        self.wait()
         accelerator = self.accelerator
         final = self.root / name
         tmp = self.root / f".tmp-{name}"
@@ -328,16 +388,36 @@ class CheckpointManager:
         accelerator.wait_for_everyone()
         if is_best:
             state.best_checkpoint = name
+        if self.background:
+            with captured_writes() as writes:
+                accelerator.save_state(str(tmp))
+            record = state.state_dict()  # the state as it is now, not when the thread gets to it
+
+            def write() -> None:
+                try:
+                    for writer, obj, args, kwargs in writes:
+                        writer(obj, *args, **kwargs)
+                    self._finish(tmp, final, record)
+                except BaseException as error:  # raised in the training thread by the next save or wait
+                    self._error = error
+
+            self._writer = threading.Thread(target=write, name=f"checkpoint-{name}", daemon=False)
+            self._writer.start()
+            return final
         accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            (tmp / STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
-            if final.exists():  # re-saving a name (a run restarted from an older checkpoint): move the old aside
-                self._discard(final)
-            os.replace(tmp, final)
-            self._prune(state.best_checkpoint)
+            self._finish(tmp, final, state.state_dict())
         accelerator.wait_for_everyone()
         return final
+
+    def _finish(self, tmp: Path, final: Path, record: dict) -> None:
+        """Mark ``tmp`` complete, rename it to ``final`` and prune (main process)."""
+        (tmp / STATE_FILE).write_text(json.dumps(record, indent=1))
+        if final.exists():  # re-saving a name (a run restarted from an older checkpoint): move the old aside
+            self._discard(final)
+        os.replace(tmp, final)
+        self._prune(record["best_checkpoint"])
 
     def _discard(self, path: Path) -> None:
         trash = path.parent / f".trash-{path.name}"

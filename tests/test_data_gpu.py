@@ -1,0 +1,348 @@
+"""The gpu data backend (visionssm.data.gpu, gpu_augment) on CPU, where torchvision decodes on the CPU with the same
+code path, and its `cuda` twins: backend selection, decoding against PIL, timm's crop draws and RandAugment ops
+against timm's PIL ops, label order, sharding, resume order, unreadable files."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from visionssm.data.gpu import (
+    EncodedImageFolder,
+    EvalStage,
+    TrainStage,
+    collate_encoded,
+    decode_batch,
+    random_resized_crop_params,
+    resolve_data_backend,
+)
+from visionssm.data.gpu_augment import apply_op, level_args, parse_rand_augment
+from visionssm.data.loader import EpochShuffleSampler
+from visionssm.training.state import parse_config
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SIZES = [(57, 41), (40, 64), (33, 33), (75, 50), (48, 61)]  # odd and even sides, both orientations
+
+
+def _picture(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """Smooth colour fields with edges: structure a half-pixel shift or a wrong channel would show."""
+    small = rng.integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    image = np.asarray(Image.fromarray(small).resize((width, height), Image.BICUBIC)).copy()
+    image[height // 3: height // 2, width // 4: width // 2] = rng.integers(0, 256, 3)
+    return Image.fromarray(image)
+
+
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory) -> Path:
+    """3 classes x 5 JPEGs (quality 90) of the sizes above, one PNG, and one corrupt JPEG in class b."""
+    root = tmp_path_factory.mktemp("jpegs") / "train"
+    rng = np.random.default_rng(4)
+    for c, name in enumerate(("a", "b", "c")):
+        (root / name).mkdir(parents=True)
+        for i, (w, h) in enumerate(SIZES):
+            _picture(rng, w + c, h).save(root / name / f"{i}.jpg", quality=90)
+    _picture(rng, 30, 26).save(root / "c" / "9.png")
+    (root / "b" / "2_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF truncated")
+    return root
+
+
+def _dataset(root: Path) -> EncodedImageFolder:
+    return EncodedImageFolder(root, augment_seed=0)
+
+
+def _pil_rgb(path: str) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.array(image.convert("RGB"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backend selection
+
+
+def test_backend_selection_and_fallback_line():
+    said = []
+    assert resolve_data_backend("auto", torch.device("cpu"), said.append) == "pil" and said == []
+    assert resolve_data_backend("pil", torch.device("cpu"), said.append) == "pil" and said == []
+    assert resolve_data_backend("gpu", torch.device("cpu"), said.append) == "pil"
+    assert len(said) == 1 and "--data-backend gpu needs a CUDA device" in said[0] and "PIL" in said[0]
+    with pytest.raises(ValueError, match="--data-backend must be one of auto, pil, gpu"):
+        resolve_data_backend("dali", torch.device("cpu"), said.append)
+    assert parse_config([])["data_backend"] == "auto"
+    assert parse_config(["--data-backend", "gpu"])["data_backend"] == "gpu"
+    if not torch.cuda.is_available():  # a CUDA device this build cannot decode on: nvJPEG's probe fails
+        said.clear()
+        assert resolve_data_backend("auto", torch.device("cuda"), said.append) == "pil"
+        assert len(said) == 1 and "cannot decode JPEG on cuda" in said[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Decoding and the transforms against PIL / timm
+
+
+def _decode_matches_pil(folder: Path, device: str, mean_level: float, top_level: float) -> None:
+    """Decoded pixels against PIL's: mean difference below ``mean_level`` grey levels and the 99.9th percentile at
+    most ``top_level`` (libjpeg's and nvJPEG's IDCT and chroma upsampling round differently)."""
+    dataset = _dataset(folder)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    decoded = decode_batch([dataset.read(i) for i in readable], torch.device(device))
+    for i, image in zip(readable, decoded):
+        path = dataset.samples[i][0]
+        expected = torch.from_numpy(_pil_rgb(path)).permute(2, 0, 1)
+        assert image.device.type == device and image.dtype == torch.uint8 and image.shape == expected.shape
+        diff = (image.cpu().int() - expected.int()).abs()
+        if path.endswith(".png"):
+            assert diff.max() == 0, path  # lossless
+        else:
+            diff = diff.float()
+            assert diff.mean() < mean_level and torch.quantile(diff.flatten(), 0.999) <= top_level, (
+                path, diff.mean(), diff.max())
+
+
+def test_decoded_pixels_equal_pil_within_jpeg_tolerance(jpeg_folder):
+    _decode_matches_pil(jpeg_folder, "cpu", mean_level=1.0, top_level=12)
+
+
+def test_crop_draws_are_timms_and_inside_the_image():
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    for seed in range(200):
+        width, height = SIZES[seed % len(SIZES)]
+        random.seed(seed)
+        expected = RandomResizedCropAndInterpolation.get_params(Image.new("RGB", (width, height)), (0.08, 1.0),
+                                                                 (3 / 4, 4 / 3))
+        got = random_resized_crop_params(random.Random(seed), width, height, (0.08, 1.0), (3 / 4, 4 / 3))
+        assert got == expected
+        top, left, h, w = got
+        assert top >= 0 and top + h <= height and left >= 0 and left + w <= width and h > 0 and w > 0
+    # the fallback (a strip no crop of the ratio range fits): centre crop
+    assert random_resized_crop_params(random.Random(0), 200, 10, (0.9, 1.0), (3 / 4, 4 / 3)) == (0, 93, 10, 13)
+
+
+def test_train_crop_and_resize_equal_pil(jpeg_folder):
+    """No RandAugment: each output is PIL's crop, resize (the drawn interpolation) and flip of the decoded image,
+    normalised; labels in the batch's order."""
+    dataset = _dataset(jpeg_folder)
+    stage = TrainStage(dataset, "cpu", 24, MEAN, STD, seed=3, scale=(0.08, 1.0))
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if p.endswith(".jpg") and "broken" not in p]
+    batch = collate_encoded([dataset[(1, i)] for i in readable])
+    images, targets, unreadable = stage.process(batch)
+    assert images.shape == (len(readable), 3, 24, 24) and int(unreadable) == 0
+    assert targets.tolist() == [dataset.samples[i][1] for i in readable]
+    mean, std = torch.tensor(MEAN)[:, None, None], torch.tensor(STD)[:, None, None]
+    flips = 0
+    for k, i in enumerate(readable):
+        decoded = decode_batch([dataset.read(i)], torch.device("cpu"))[0]
+        draw = stage.draw(1, i, decoded.shape[-1], decoded.shape[-2])
+        top, left, h, w = draw["crop"]
+        pil = Image.fromarray(decoded.permute(1, 2, 0).numpy()).crop((left, top, left + w, top + h))
+        pil = pil.resize((24, 24), {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[draw["interpolation"]])
+        if draw["flip"]:
+            pil, flips = pil.transpose(Image.FLIP_LEFT_RIGHT), flips + 1
+        expected = torch.from_numpy(np.asarray(pil)).permute(2, 0, 1).float()
+        got = (images[k] * std + mean) * 255
+        diff = (got - expected).abs()
+        assert diff.max() <= 2.01 and diff.mean() < 0.3, (i, draw, diff.max(), diff.mean())
+    assert 0 < flips < len(readable)
+
+
+def test_eval_transform_equals_timms(jpeg_folder):
+    from timm.data import create_transform
+
+    dataset = _dataset(jpeg_folder)
+    stage = EvalStage(dataset, "cpu", 24, MEAN, STD, crop_pct=0.875, interpolation="bicubic")
+    transform = create_transform(24, is_training=False, interpolation="bicubic", mean=MEAN, std=STD, crop_pct=0.875)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    images, targets, unreadable = stage.process(collate_encoded([dataset[i] for i in readable]))
+    assert targets.tolist() == [dataset.samples[i][1] for i in readable] and int(unreadable) == 0
+    std = torch.tensor(STD)[:, None, None]
+    for k, i in enumerate(readable):
+        decoded = decode_batch([dataset.read(i)], torch.device("cpu"))[0]
+        expected = transform(Image.fromarray(decoded.permute(1, 2, 0).numpy()))
+        diff = ((images[k] - expected) * std * 255).abs()
+        assert diff.max() <= 2.01 and diff.mean() < 0.3, (i, diff.max(), diff.mean())
+
+
+# timm's RandAugment ops, each against the Pillow function timm calls, at a few magnitudes and both signs
+_EXACT_OPS = ["AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "Solarize",
+              "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
+              "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing"]
+_GEOMETRIC_OPS = ["Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"]
+
+
+def _ra_images(n: int = 3, size: int = 32) -> list[Image.Image]:
+    rng = np.random.default_rng(7)
+    return [_picture(rng, size, size) for _ in range(n)]
+
+
+def _to_tensor(images: list[Image.Image]) -> torch.Tensor:
+    return torch.stack([torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1) for im in images])
+
+
+@pytest.mark.parametrize("name", _EXACT_OPS + _GEOMETRIC_OPS)
+def test_rand_augment_op_equals_timms_pil_op(name):
+    from timm.data.auto_augment import LEVEL_TO_ARG, NAME_TO_OP
+
+    from visionssm.data.loader import patch_timm_posterize
+
+    patch_timm_posterize()  # 0-bit posterize (magnitude 10) under current Pillow, as the PIL path runs it
+    images = _ra_images()
+    batch = _to_tensor(images)
+    fill = (124, 116, 104)
+    for magnitude in (0.0, 3.7, 9.0, 10.0):
+        for negate in (False, True):
+            args = level_args(name, magnitude, negate)
+            level_fn = LEVEL_TO_ARG[name]
+            if level_fn is not None:  # timm's argument for this magnitude, its random sign forced
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(random, "random", lambda v=0.9 if negate else 0.1: v)
+                    assert args == pytest.approx(level_fn(magnitude, {})), (name, magnitude, negate)
+            got = apply_op(name, batch, [args] * len(images), "bilinear", fill)
+            expected = _to_tensor([NAME_TO_OP[name](im, *args, fillcolor=fill, resample=Image.BILINEAR)
+                                   for im in images])
+            diff = (got.int() - expected.int()).abs()
+            if name in _GEOMETRIC_OPS:
+                # Pillow switches to the fill where the source leaves the image, grid_sample blends the last pixel
+                # with it: compared where the source is inside the image (white on black fill), one pixel in
+                white = NAME_TO_OP[name](Image.new("RGB", (32, 32), (255, 255, 255)), *args, fillcolor=(0, 0, 0),
+                                         resample=Image.NEAREST)
+                inside = torch.from_numpy(np.array(white)[..., 0] == 255)[None, None].float()
+                inside = -torch.nn.functional.max_pool2d(-inside, 3, stride=1, padding=1) > 0
+                inner = diff.float()[inside.expand_as(diff)]
+                assert inside.sum() > 100 and inner.mean() < 0.6 and torch.quantile(inner, 0.99) <= 3, (
+                    name, magnitude, negate, inner.mean(), inner.max())
+            else:
+                assert diff.max() <= 1, (name, magnitude, negate, diff.max())
+
+
+def test_rand_augment_policy_is_timms():
+    from timm.data.auto_augment import rand_augment_transform
+
+    fill = (124, 116, 104)
+    for config in ("rand-m9-mstd0.5-inc1", "rand-m7-n3-p0.7-mstd1", "rand-m9-mstd101"):
+        ours = parse_rand_augment(config, fill, None)
+        theirs = rand_augment_transform(config, {"img_mean": fill, "translate_const": 100})
+        assert list(ours.ops) == [op.name for op in theirs.ops]
+        assert ours.num_layers == theirs.num_layers and ours.prob == theirs.ops[0].prob
+        assert ours.magnitude == theirs.ops[0].magnitude and ours.magnitude_std == theirs.ops[0].magnitude_std
+    with pytest.raises(ValueError, match="--aa 'v0'"):
+        parse_rand_augment("v0", fill, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Order, sharding, resume, unreadable files
+
+
+def _loader(dataset, batch_size=4):
+    sampler = EpochShuffleSampler(len(dataset), seed=5, tag_epoch=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, collate_fn=collate_encoded,
+                      num_workers=0), sampler
+
+
+def test_sharding_is_disjoint_and_resume_continues_the_same_order(jpeg_folder):
+    """Through accelerate's own sharding and skip_first_batches, as the trainer uses them: two processes see
+    disjoint batches covering the epoch's shuffle; a run resumed after batch 1 gets the uninterrupted run's later
+    batches, pixels included, and no image twice."""
+    from accelerate.data_loader import prepare_data_loader, skip_first_batches
+
+    dataset = _dataset(jpeg_folder)
+    stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=2, auto_augment="rand-m9-mstd0.5-inc1")
+    shards = []
+    for rank in (0, 1):
+        shard = prepare_data_loader(_loader(dataset)[0], num_processes=2, process_index=rank, put_on_device=False)
+        shard.set_epoch(1)  # as the trainer: accelerate hands the epoch to the sampler at each iterator
+        shards.append(shard)
+    indices = [[i for batch in shard for i in batch.indices] for shard in shards]
+    assert not set(indices[0]) & set(indices[1])
+    assert len(indices[0]) == len(set(indices[0])) == len(indices[1])
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(5 * 1_000_003 + 1)).tolist()
+    assert sorted(indices[0] + indices[1]) == sorted(order[:len(indices[0]) * 2])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the corrupt file
+        shards[0].set_epoch(1)
+        full = list(stage(shards[0]))
+        shards[0].set_epoch(1)
+        resumed = list(stage(skip_first_batches(shards[0], 1)))
+    assert len(resumed) == len(full) - 1
+    for (a, ta, _), (b, tb, _) in zip(full[1:], resumed):
+        assert torch.equal(ta, tb)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_prefetch_thread_yields_the_inline_batches(jpeg_folder):
+    dataset = _dataset(jpeg_folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        batches = []
+        for prefetch in (False, True):
+            stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=2, auto_augment="rand-m9-mstd0.5-inc1",
+                               prefetch=prefetch)
+            dl, sampler = _loader(dataset)
+            sampler.set_epoch(0)
+            batches.append(list(stage(dl)))
+    assert len(batches[0]) == len(batches[1]) == len(dataset) // 4
+    for (a, ta, ua), (b, tb, ub) in zip(*batches):
+        assert torch.equal(a, b) and torch.equal(ta, tb) and int(ua) == int(ub)
+
+
+def test_unreadable_file_is_named_counted_replaced_in_training_dropped_in_evaluation(jpeg_folder):
+    dataset = _dataset(jpeg_folder)
+    broken = next(i for i, (p, _) in enumerate(dataset.samples) if "broken" in p)
+    neighbours = [broken - 1, broken, broken + 1]
+    batch = collate_encoded([dataset[(0, i)] for i in neighbours])
+    train = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=0)
+    with pytest.warns(RuntimeWarning, match=r"skipping unreadable image .*2_broken\.jpg"):
+        images, targets, unreadable = train.process(batch)
+    assert int(unreadable) == 1 and images.shape[0] == 3 and torch.isfinite(images).all()
+    assert targets.tolist() == [dataset.samples[i][1] for i in (broken - 1, broken + 1, broken + 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # warned once per file; still counted every time
+        assert int(train.process(batch)[2]) == 1
+
+    evaluate = EvalStage(dataset, "cpu", 16, MEAN, STD, crop_pct=0.875)
+    with pytest.warns(RuntimeWarning, match="2_broken"):
+        images, targets, unreadable = evaluate.process(batch)
+    assert int(unreadable) == 1 and images.shape[0] == 2
+    assert targets.tolist() == [dataset.samples[i][1] for i in (broken - 1, broken + 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On the GPU
+
+
+@pytest.mark.cuda
+def test_cuda_nvjpeg_decode_equals_pil(jpeg_folder):
+    assert resolve_data_backend("auto", torch.device("cuda"), print) == "gpu"
+    _decode_matches_pil(jpeg_folder, "cuda", mean_level=1.5, top_level=24)
+
+
+@pytest.mark.cuda
+def test_cuda_stages_equal_the_cpu_stages(jpeg_folder):
+    """The same draws on both devices (the GPU one prefetching on its own stream); pixels differ by the decoders'
+    and kernels' rounding, which RandAugment's thresholds (solarize, posterize, equalize) can magnify."""
+    dataset = _dataset(jpeg_folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = {}
+        for device in ("cpu", "cuda"):
+            for policy in (None, "rand-m9-mstd0.5-inc1"):
+                stage = TrainStage(dataset, device, 32, MEAN, STD, seed=1, auto_augment=policy)
+                dl, sampler = _loader(dataset)
+                sampler.set_epoch(2)
+                out[device, policy] = [(x.cpu(), t.cpu(), int(u)) for x, t, u in stage(dl)]
+            evaluate = EvalStage(dataset, device, 32, MEAN, STD, crop_pct=0.875)
+            out[device, "eval"] = [(x.cpu(), t.cpu(), int(u)) for x, t, u in evaluate(
+                DataLoader(dataset, batch_size=4, collate_fn=collate_encoded))]
+    for key, mean_level in ((None, 1.5), ("eval", 1.5), ("rand-m9-mstd0.5-inc1", 4.0)):
+        assert len(out["cpu", key]) == len(out["cuda", key]) > 0
+        for (a, ta, ua), (b, tb, ub) in zip(out["cpu", key], out["cuda", key]):
+            assert torch.equal(ta, tb) and ua == ub
+            diff = (a - b).abs() * 0.229 * 255  # in grey levels
+            assert diff.mean() < mean_level, (key, diff.mean())
