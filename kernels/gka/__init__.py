@@ -9,8 +9,17 @@ from __future__ import annotations
 import torch
 
 from .. import library
-from ..utils import check_bool, check_dtype, check_int, check_positive, check_same_device, check_shape, needs_grad
-from .custom_op import gka_causal_op, gka_global_op
+from ..utils import (
+    check_bool,
+    check_dtype,
+    check_int,
+    check_layout,
+    check_positive,
+    check_same_device,
+    check_shape,
+    needs_grad,
+)
+from .custom_op import gka_causal_op, gka_noncausal_op
 
 __all__ = ["SOLVERS", "SUPPORTED_HEAD_DIMS", "gka", "resolve_solver"]
 
@@ -41,11 +50,7 @@ def _validate(q, k, v, g, beta, alpha, causal, ridge, num_iters, solver):
     for name, t in (("g", g), ("beta", beta), ("alpha", alpha)):
         if t is not None:
             check_dtype(name, t, _INPUT_DTYPES)
-    if q.dim() != 4:
-        raise ValueError(f"q must have shape (B, T, H, K), got {tuple(q.shape)}")
-    B, T, H, K = q.shape
-    if T < 1 or B < 1 or H < 1:
-        raise ValueError(f"q must have B, T, H >= 1, got {tuple(q.shape)}")
+    B, T, H, K = check_layout("q", q, "(B, T, H, K)", "B, T, H")
     check_shape("k", k, (B, T, H, K), "(B, T, H, K)")
     if v.dim() != 4:
         raise ValueError(f"v must have shape (B, T, H, V), got {tuple(v.shape)}")
@@ -106,7 +111,7 @@ def gka(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | Non
     if library.tracing():
         if causal:
             return gka_causal_op(q, k, v, g, beta, alpha, float(ridge), num_iters, solver)[0]
-        return gka_global_op(q, k, v, beta, alpha, float(ridge), num_iters, solver,
+        return gka_noncausal_op(q, k, v, beta, alpha, float(ridge), num_iters, solver,
                              needs_grad(q, k, v, beta, alpha))[0]
     from ..dispatch import select_backend
 

@@ -1,7 +1,7 @@
 """The Triton entry of the GKA op: picks the kernels for (causal, solver) and wraps them for autograd.
 
-Causal calls run the stage-split kernels of :mod:`.causal_launch` (per-token direct solve or chunked Chebyshev);
-non-causal calls the closed form of :mod:`.global_launch` (one solve per (batch, head)). Calls with nothing to
+Causal calls run the stage-split kernels of :mod:`.launch_causal` (per-token direct solve or chunked Chebyshev);
+non-causal calls the closed form of :mod:`.launch_noncausal` (one solve per (batch, head)). Calls with nothing to
 differentiate skip autograd and save nothing.
 
 The Functions are not wrapped in input_guard / custom_fwd / custom_bwd: eager vision calls are bound by host time,
@@ -13,7 +13,7 @@ import torch
 
 from ..utils import contiguous, device_guard, needs_grad
 
-__all__ = ["CausalGKAFunction", "GlobalGKAFunction", "gka_triton"]
+__all__ = ["CausalGKAFunction", "NoncausalGKAFunction", "gka_triton"]
 
 
 class CausalGKAFunction(torch.autograd.Function):
@@ -22,7 +22,7 @@ class CausalGKAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, alpha, ridge: float, solver: str, num_iters: int):
-        from .causal_launch import causal_fwd, fwd_plan
+        from .launch_causal import causal_fwd, fwd_plan
 
         q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
         with device_guard(q):
@@ -35,7 +35,7 @@ class CausalGKAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        from .causal_launch import causal_bwd
+        from .launch_causal import causal_bwd
 
         q, k, v, g, beta, alpha, x, fro, h0, s0 = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
@@ -44,36 +44,36 @@ class CausalGKAFunction(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-class GlobalGKAFunction(torch.autograd.Function):
-    """Non-causal GKA in closed form (:mod:`.global_kernels`): one forward and one backward kernel launch."""
+class NoncausalGKAFunction(torch.autograd.Function):
+    """Non-causal GKA in closed form (:mod:`.kernel_noncausal`): one forward and one backward kernel launch."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str):
-        from .global_launch import global_fwd, global_plan
+        from .launch_noncausal import noncausal_fwd, noncausal_plan
 
         q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
-        plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)
+        plan = noncausal_plan(q, v, beta, alpha, solver, num_iters, save=True)
         with device_guard(q):
-            o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
+            o, states = noncausal_fwd(plan, q, k, v, beta, alpha, ridge)
         ctx.save_for_backward(q, k, v, beta, alpha, states)
         ctx.plan, ctx.ridge = plan, ridge
         return o
 
     @staticmethod
     def backward(ctx, do):
-        from .global_launch import global_bwd
+        from .launch_noncausal import noncausal_bwd
 
         q, k, v, beta, alpha, states = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
         with device_guard(do):
-            grads = global_bwd(ctx.plan, q, k, v, beta, alpha, states, do, ctx.ridge)
+            grads = noncausal_bwd(ctx.plan, q, k, v, beta, alpha, states, do, ctx.ridge)
         return (*grads, None, None, None)
 
 
 def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
     if needs_grad(q, k, v, g, beta, alpha):
         return CausalGKAFunction.apply(q, k, v, g, beta, alpha, ridge, solver, num_iters)
-    from .causal_launch import causal_fwd, fwd_plan
+    from .launch_causal import causal_fwd, fwd_plan
 
     q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
     with device_guard(q):
@@ -81,15 +81,15 @@ def _causal(q, k, v, g, beta, alpha, ridge: float, num_iters: int, solver: str) 
         return causal_fwd(plan, q, k, v, g, beta, alpha, ridge, save=False)[0]
 
 
-def _global(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
+def _noncausal(q, k, v, beta, alpha, ridge: float, num_iters: int, solver: str) -> torch.Tensor:
     if needs_grad(q, k, v, beta, alpha):
-        return GlobalGKAFunction.apply(q, k, v, beta, alpha, ridge, num_iters, solver)
-    from .global_launch import global_fwd, global_plan
+        return NoncausalGKAFunction.apply(q, k, v, beta, alpha, ridge, num_iters, solver)
+    from .launch_noncausal import noncausal_fwd, noncausal_plan
 
     q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
-    plan = global_plan(q, v, beta, alpha, solver, num_iters, save=False)
+    plan = noncausal_plan(q, v, beta, alpha, solver, num_iters, save=False)
     with device_guard(q):
-        return global_fwd(plan, q, k, v, beta, alpha, ridge)[0]
+        return noncausal_fwd(plan, q, k, v, beta, alpha, ridge)[0]
 
 
 @torch.compiler.disable
@@ -98,4 +98,4 @@ def gka_triton(q, k, v, g, beta, alpha, *, causal: bool, ridge: float, num_iters
     take the closed form (``g`` unused); causal ones the stage-split chunk kernels."""
     if causal:
         return _causal(q, k, v, g, beta, alpha, ridge, num_iters, solver)
-    return _global(q, k, v, beta, alpha, ridge, num_iters, solver)
+    return _noncausal(q, k, v, beta, alpha, ridge, num_iters, solver)

@@ -1,5 +1,5 @@
 """GKA as registered ops (:mod:`visionssm.kernels.library`): ``gka_causal`` (the stage-split chunk kernels) and
-``gka_global`` (the non-causal closed form). ``solver`` arrives resolved (:func:`visionssm.kernels.gka.resolve_solver`).
+``gka_noncausal`` (the closed form). ``solver`` arrives resolved (:func:`visionssm.kernels.gka.resolve_solver`).
 
 Saved for the backward on the Triton path: causal x, H0, S0 and, for the Chebyshev solves, ‖H_t‖_F (all of them
 written by the forward anyway); non-causal the per-(batch, head) states, only when ``save`` (the public function passes
@@ -23,7 +23,7 @@ def _causal_reference(q, k, v, g, beta, alpha, ridge, num_iters, solver):
                        exact=solver == "direct")
 
 
-def _global_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save):
+def _noncausal_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save):
     from .naive import gka_chunked
 
     return gka_chunked(q, k, v, None, beta, alpha, causal=False, ridge=ridge, num_iters=num_iters,
@@ -35,7 +35,7 @@ def gka_causal_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
                        solver: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
     if op_backend(q, k, v, g, beta, alpha) != "triton":
         return _causal_reference(q, k, v, g, beta, alpha, ridge, num_iters, solver), []
-    from .causal_launch import causal_fwd, fwd_plan
+    from .launch_causal import causal_fwd, fwd_plan
 
     q, k, v, g, beta, alpha = contiguous(q, k, v, g, beta, alpha)
     with device_guard(q):
@@ -48,7 +48,7 @@ def _gka_causal_fake(q, k, v, g, beta, alpha, ridge, num_iters, solver):
     o = v.new_empty(v.shape)
     if op_backend(q, k, v, g, beta, alpha) != "triton":
         return o, []
-    from .causal_launch import per_token_solve, saved_shapes
+    from .launch_causal import per_token_solve, saved_shapes
 
     B, T, H, K = q.shape
     K, V = int(K), int(v.shape[3])  # head widths pick the launch settings: specialised
@@ -60,7 +60,7 @@ def gka_causal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | N
                         ridge: float, num_iters: int, solver: str) -> list[torch.Tensor]:
     if op_backend(*inputs) != "triton":
         return library.reference_backward(_causal_reference, grads, inputs, ridge, num_iters, solver)
-    from .causal_launch import causal_bwd, fwd_plan
+    from .launch_causal import causal_bwd, fwd_plan
 
     q, k, v, g, beta, alpha = contiguous(*inputs)
     x, h0, s0, *rest = saved
@@ -72,47 +72,47 @@ def gka_causal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | N
     return [t for t in found if t is not None]
 
 
-def gka_global_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None,
+def gka_noncausal_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None,
                        alpha: torch.Tensor | None, ridge: float, num_iters: int, solver: str,
                        save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     if op_backend(q, k, v, beta, alpha) != "triton":
-        return _global_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save), []
-    from .global_launch import global_fwd, global_plan
+        return _noncausal_reference(q, k, v, beta, alpha, ridge, num_iters, solver, save), []
+    from .launch_noncausal import noncausal_fwd, noncausal_plan
 
     q, k, v, beta, alpha = contiguous(q, k, v, beta, alpha)
     with device_guard(q):
-        plan = global_plan(q, v, beta, alpha, solver, num_iters, save=save)
-        o, states = global_fwd(plan, q, k, v, beta, alpha, ridge)
+        plan = noncausal_plan(q, v, beta, alpha, solver, num_iters, save=save)
+        o, states = noncausal_fwd(plan, q, k, v, beta, alpha, ridge)
     return o, [] if states is None else [states]
 
 
-def _gka_global_fake(q, k, v, beta, alpha, ridge, num_iters, solver, save):
+def _gka_noncausal_fake(q, k, v, beta, alpha, ridge, num_iters, solver, save):
     o = v.new_empty(v.shape)
     if not save or op_backend(q, k, v, beta, alpha) != "triton":
         return o, []
-    from .global_launch import states_shape
+    from .launch_noncausal import states_shape
 
     B, T, H, K = q.shape
     shape = states_shape(B, T, H, int(K), int(v.shape[3]), q.dtype, v.dtype, True)
     return o, [q.new_empty(shape, dtype=torch.float32)]
 
 
-def gka_global_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
+def gka_noncausal_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None], saved: list[torch.Tensor],
                         ridge: float, num_iters: int, solver: str, save: bool) -> list[torch.Tensor]:
     if op_backend(*inputs) != "triton":
-        return library.reference_backward(_global_reference, grads, inputs, ridge, num_iters, solver, save)
+        return library.reference_backward(_noncausal_reference, grads, inputs, ridge, num_iters, solver, save)
     if not save:
-        raise RuntimeError("gka_global: the forward ran with save=False and kept no states for the backward; pass "
+        raise RuntimeError("gka_noncausal: the forward ran with save=False and kept no states for the backward; pass "
                            "save=True when a gradient is needed")
-    from .global_launch import global_bwd, global_plan
+    from .launch_noncausal import noncausal_bwd, noncausal_plan
 
     q, k, v, beta, alpha = contiguous(*inputs)
     do = grads[0].to(v.dtype).contiguous()
     with device_guard(q):
-        plan = global_plan(q, v, beta, alpha, solver, num_iters, save=True)
-        found = global_bwd(plan, q, k, v, beta, alpha, saved[0], do, ridge)
+        plan = noncausal_plan(q, v, beta, alpha, solver, num_iters, save=True)
+        found = noncausal_bwd(plan, q, k, v, beta, alpha, saved[0], do, ridge)
     return [t for t in found if t is not None]
 
 
 gka_causal_op = library.register("gka_causal", gka_causal_forward, _gka_causal_fake, gka_causal_backward)
-gka_global_op = library.register("gka_global", gka_global_forward, _gka_global_fake, gka_global_backward)
+gka_noncausal_op = library.register("gka_noncausal", gka_noncausal_forward, _gka_noncausal_fake, gka_noncausal_backward)

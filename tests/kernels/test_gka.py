@@ -155,7 +155,7 @@ def test_bad_inputs():
 # Triton kernels in Triton's interpreter (tiny shapes; NaN-poisoned outputs catch unwritten elements)
 
 
-# Non-causal Triton cases are in test_gka_global.py (against the exact and the Chebyshev references). The causal
+# Non-causal Triton cases are in test_gka_noncausal.py (against the exact and the Chebyshev references). The causal
 # lengths 1, 5, 63, 65, 197 and 257 run on the same kernels (solver "auto" is "direct" for 16-wide causal heads) in
 # test_gka_causal.py::test_interpreter_direct_lengths, against the exact solve at tighter tolerances: here the "auto"
 # default on one partial chunk and on whole chunks only.

@@ -1,4 +1,4 @@
-"""Causal GKA on the stage-split Triton kernels (kernels/gka/causal_*.py, direct_kernels.py, chebyshev_kernels.py):
+"""Causal GKA on the stage-split Triton kernels (kernels/gka/kernel_causal*.py, launch_causal.py):
 every solver's forward and every gradient against the float64 specification of kernels/gka/naive.py, in Triton's
 interpreter (tiny shapes) and on the GPU (cuda-marked), plus the generated per-token solve and the launch plans."""
 
@@ -54,16 +54,16 @@ def check(tensors, solver, *, fwd_tol=None, grad_tol=None, num_iters=30, ref=Non
 
 
 def test_generated_module_is_current():
-    from visionssm.kernels.gka import codegen_direct
+    from visionssm.kernels.gka import codegen
 
-    assert codegen_direct.TARGET.read_text() == codegen_direct.generate(), \
-        "direct_kernels.py is stale: run python kernels/gka/codegen_direct.py"
+    assert codegen.TARGET.read_text() == codegen.generate(), \
+        "kernel_causal_direct.py is stale: run python kernels/gka/codegen.py"
 
 
 def test_cholesky_operation_list_solves_spd_systems():
     """The factorisation's operation list (rendered as PTX on the GPU and as Triton code in the interpreter) solves
     (H + λI) x = b to float64 accuracy, also for the near rank-1 systems of a single key."""
-    from visionssm.kernels.gka.codegen_direct import K, cholesky_ops, evaluate
+    from visionssm.kernels.gka.codegen import K, cholesky_ops, evaluate
 
     rng = np.random.default_rng(0)
     n = 64
@@ -99,11 +99,11 @@ def test_interpreter_direct_programs_past_the_last_chunk(triton_interpreter, poi
     """Enough (batch, head) pairs that the per-token solve's programs for positions past the last chunk's length
     cover only the chunks before it, and whole programs have no token (chunk-major instances): T = 49 leaves one
     token in the last chunk, T = 52 four (one position block)."""
-    from visionssm.kernels.gka.causal_launch import launch_config
+    from visionssm.kernels.gka.launch_causal import LANE_WARPS, POSITIONS, launch_config
 
     B, H = 2, 10
     cfg = launch_config(16, 16, True)
-    per_program = 32 * cfg["lane_warps"] // cfg["positions"]
+    per_program = 32 * LANE_WARPS // POSITIONS
     chunks = -(-T // cfg["chunk"])
     n_inst = B * H * chunks
     programs = -(-n_inst // per_program)
@@ -185,14 +185,14 @@ def test_interpreter_zero_keys(triton_interpreter, poison_outputs, solver):
 
 
 def test_interpreter_launch_settings(triton_interpreter, poison_outputs):
-    """Other chunk sizes and position blocks of the per-token solve give the same result; unknown settings fail."""
+    """32-token chunks of the per-token solve give the same result; unknown settings fail."""
     tensors = make_inputs(1, 37, 1, 16, 16, seed=11)
     base = gka(*tensors, solver="direct")
-    with launch_overrides("gka", chunk=32, positions=8, lane_warps=1):
-        assert_close(gka(*tensors, solver="direct"), base, tol=1e-6, name="chunk 32, positions 8")
+    with launch_overrides("gka", chunk=32):
+        assert_close(gka(*tensors, solver="direct"), base, tol=1e-6, name="chunk 32")
     with launch_overrides("gka", wrong=1), pytest.raises(ValueError, match="wrong"):
         gka(*tensors, solver="direct")
-    with launch_overrides("gka", positions=3), pytest.raises(ValueError, match="positions"):
+    with launch_overrides("gka", positions=4), pytest.raises(ValueError, match="positions"):
         gka(*tensors, solver="direct")
 
 
@@ -215,24 +215,24 @@ def test_interpreter_fused_adjoint_grad(triton_interpreter, poison_outputs, solv
 @pytest.mark.parametrize("T", [17, 37, 49])
 def test_interpreter_fused_split_walks(triton_interpreter, poison_outputs, T):
     """Sequences of a last wave split in two programs (the late chunks; their adjoint-state shares, then the early
-    chunks) give the gradients of one program per sequence: all six sequences split, with the rule's late chunk count,
-    and some split with one or two late chunks; at T = 17 and 49 the last chunk is a single token (the vector step),
-    at T = 17 with one late chunk that token alone."""
+    chunks) give the gradients of one program per sequence: all six sequences split, or some of them (4 or 5 slots),
+    with the rule's late chunk count; at T = 17 and 49 the last chunk is a single token (the vector step), at T = 17
+    (one late chunk) that token alone."""
     tensors = make_inputs(2, T, 3, 16, 16, seed=T)
     do = torch.randn(2, T, 3, 16, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
     with launch_overrides("gka", fused_wave_slots=0):
         _, whole = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
-    for slots, late in ((12, None), (4, 1), (5, 2)):
-        with launch_overrides("gka", fused_wave_slots=slots, fused_late_chunks=late):
+    for slots in (12, 4, 5):
+        with launch_overrides("gka", fused_wave_slots=slots):
             _, split = run_with_grads(lambda *a: gka(*a, solver="direct"), tensors, do)
         for name, a, b in zip(GRAD_NAMES, split, whole):
-            assert_close(a, b, tol=1e-5, name=f"d{name} split ({slots} slots, {late} late chunks) vs whole")
+            assert_close(a, b, tol=1e-5, name=f"d{name} split ({slots} slots) vs whole")
 
 
 def test_fused_split_rule():
     """The last wave's sequences are split only when it would be at most half full, by the SM count on the default
     one-warp kernel, never on sequences of a single chunk; bad settings are refused by name."""
-    from visionssm.kernels.gka.causal_launch import fused_split, late_chunks, launch_config
+    from visionssm.kernels.gka.launch_causal import fused_split, late_chunks, launch_config
 
     cfg = launch_config(16, 16, per_token=True)
     assert fused_split(cfg, 2560, 13, 132) == (2112, late_chunks(13))   # 2.42 waves of 1,056
@@ -241,16 +241,15 @@ def test_fused_split_rule():
     assert fused_split(cfg, 8, 13, 132) == (0, late_chunks(13))        # less than half a wave: all split
     assert fused_split(cfg, 8, 1, 132) == (8, 0)                       # one chunk: nothing to split
     assert fused_split(cfg, 8, 13, 0) == (8, 0)                        # off the GPU unless slots are set
-    assert fused_split({**cfg, "fused_warps": 2}, 8, 13, 132) == (8, 0)
-    assert fused_split({**cfg, "fused_late_chunks": 20}, 8, 13, 132) == (0, 12)
+    assert fused_split({**cfg, "fused_wave_slots": 4}, 6, 13, 0) == (4, late_chunks(13))
     assert all(1 <= late_chunks(n) < n for n in range(2, 40))
-    for name, value in (("fused_wave_slots", -1), ("fused_late_chunks", 0), ("fused_late_chunks", 2.5)):
+    for name, value in (("fused_wave_slots", -1), ("fused_wave_slots", 2.5), ("chunk", 64)):
         with launch_overrides("gka", **{name: value}), pytest.raises(ValueError, match=name):
             launch_config(16, 16, per_token=True)
 
 
 def test_converged_iteration_count():
-    from visionssm.kernels.gka.causal_launch import converged_iters
+    from visionssm.kernels.gka.launch_causal import converged_iters
 
     assert converged_iters(0.02) == 60
     assert converged_iters(0.5) < converged_iters(0.02) < converged_iters(1e-3)
@@ -330,7 +329,7 @@ def test_inference_path_matches_autograd_path(triton_interpreter):
 def test_launch_config_wide_heads():
     """The wide-head defaults pass the settings' own checks (state rows divide K, columns divide K and V); 64-token
     chunks are refused with the setting named (they end in an illegal memory access on the GPU)."""
-    from visionssm.kernels.gka.causal_launch import launch_config
+    from visionssm.kernels.gka.launch_causal import launch_config
 
     for K, V in ((64, 64), (128, 128), (128, 64)):
         cfg = launch_config(K, V, False)
@@ -339,10 +338,9 @@ def test_launch_config_wide_heads():
         launch_config(128, 128, False)
 
 
-@pytest.mark.parametrize("settings", [{}, {"state_rows": 32, "chunk": 16}, {"state_rows": 64}],
-                         ids=["defaults", "rows32-chunk16", "rows64"])
+@pytest.mark.parametrize("settings", [{}, {"chunk": 16}], ids=["defaults", "chunk16"])
 def test_interpreter_chebyshev_head128(triton_interpreter, poison_outputs, settings):
-    """The chunked Chebyshev solve on 128-wide heads under the wide-head launch settings and variants of them."""
+    """The chunked Chebyshev solve on 128-wide heads (scans on 16-row blocks) in both chunk sizes."""
     tensors = make_inputs(1, 37, 1, 128, 128, seed=13)
     with launch_overrides("gka", **settings):
         check(tensors, "chebyshev")
@@ -362,14 +360,14 @@ def test_interpreter_coarse_launch_matches_one_launch(triton_interpreter, poison
     """The coarse steps in a launch of their own (the iterates and ‖H_t‖_F through memory, ω again from its
     recurrence) give what one launch running both loops gives, outputs and every gradient bit for bit; odd lengths,
     no β for one. (A resumed iterate, ω or norm that were off by anything would show.)"""
-    from visionssm.kernels.gka import causal_launch
+    from visionssm.kernels.gka import launch_causal
 
     tensors = make_inputs(1, T, 2, 64, 64, dtype=torch.bfloat16, use_beta=T % 2 == 1, seed=T)
     do = torch.randn(1, T, 2, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(T))
     results = {}
     for separate in (False, True):
         with launch_overrides("gka", coarse_launch=separate):  # entering and leaving empty the plan cache
-            plan = causal_launch.fwd_plan(*tensors, "chebyshev_auto", 30, 0.02)
+            plan = launch_causal.fwd_plan(*tensors, "chebyshev_auto", 30, 0.02)
             assert plan.num_coarse > 0 and (plan.coarse is not None) == separate
             results[separate] = run_with_grads(lambda *a: gka(*a, causal=True, solver="auto"), tensors, do)
     (out0, grads0), (out1, grads1) = results[False], results[True]
@@ -383,14 +381,14 @@ def test_interpreter_coarse_steps_alone(triton_interpreter, poison_outputs, monk
     """Every step coarse (one-pass products) against the same number of float64 steps: the coarse product itself is
     checked here, which the full steps after it would otherwise correct. Twelve one-pass steps land 2-5e-2 from the
     float64 iterate (3e-3 with full-precision steps); a product missing a term lands far off."""
-    from visionssm.kernels.gka import causal_launch
+    from visionssm.kernels.gka import launch_causal
 
-    monkeypatch.setattr(causal_launch, "auto_chebyshev_steps", lambda ridge, coarse: (12, 12 if coarse else 0))
-    causal_launch._FWD_PLANS.clear()
+    monkeypatch.setattr(launch_causal, "auto_chebyshev_steps", lambda ridge, coarse: (12, 12 if coarse else 0))
+    launch_causal._FWD_PLANS.clear()
     tensors = make_inputs(1, 37, 1, K, K, dtype=torch.bfloat16, seed=K)
     with torch.no_grad():
         out = gka(*tensors)
-    causal_launch._FWD_PLANS.clear()
+    launch_causal._FWD_PLANS.clear()
     ref = gka_recurrent(*[t.double() for t in tensors], causal=True, num_iters=12)
     assert_close(out, ref, tol=8e-2, name="o (12 coarse steps)")
 
@@ -411,7 +409,7 @@ def test_cuda_direct_fp32(poison_outputs, shape):
 def test_cuda_fused_split_walks(poison_outputs, T):
     """On the GPU, with the SM count's rule: 330 sequences (less than half a wave) all split, against one program per
     sequence (fp32 inputs, so that both are fp32-exact)."""
-    from visionssm.kernels.gka.causal_launch import fused_split, launch_config
+    from visionssm.kernels.gka.launch_causal import fused_split, launch_config
     from visionssm.kernels.utils import sm_count
 
     sms = sm_count(torch.device("cuda"), 0)

@@ -1,5 +1,5 @@
 """GKA as registered ops (kernels/gka/custom_op.py): ``torch.library.opcheck`` of ``gka_causal`` (each solver) and
-``gka_global`` on the PyTorch path and through the Triton kernels in the interpreter, and ``torch.compile`` of the
+``gka_noncausal`` on the PyTorch path and through the Triton kernels in the interpreter, and ``torch.compile`` of the
 public function against its eager calls (outputs and every gradient, no graph break)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from gka_inputs import make_inputs, run_with_grads
 
 from visionssm.kernels.gka import gka, resolve_solver
-from visionssm.kernels.gka.custom_op import gka_causal_op, gka_global_op
+from visionssm.kernels.gka.custom_op import gka_causal_op, gka_noncausal_op
 from visionssm.kernels.utils import assert_close
 
 # (solver as the public function takes it, K, V, T, H): the per-token direct solve, the paper's iteration (two
@@ -47,16 +47,16 @@ def test_opcheck_causal(path, poison_outputs, solver, K, V, T, H, requires_grad)
 @pytest.mark.parametrize("save", [False, True])
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("solver,K,V", GLOBAL)
-def test_opcheck_global(path, poison_outputs, solver, K, V, requires_grad, save):
+def test_opcheck_noncausal(path, poison_outputs, solver, K, V, requires_grad, save):
     if requires_grad and not save:
         pytest.skip("a call whose gradient is needed saves its states")
     tensors = make_inputs(1, T_ODD, 2, K, V, causal=False, use_beta=solver == "direct", seed=K + V)
-    torch.library.opcheck(gka_global_op, (*_args(tensors, requires_grad), 0.02, NUM_ITERS, solver, save))
+    torch.library.opcheck(gka_noncausal_op, (*_args(tensors, requires_grad), 0.02, NUM_ITERS, solver, save))
 
 
-def test_global_backward_without_saved_states_raises(triton_interpreter):
+def test_noncausal_backward_without_saved_states_raises(triton_interpreter):
     q, k, v, beta, alpha = _args(make_inputs(1, 5, 1, 16, 16, causal=False), True)
-    o = gka_global_op(q, k, v, beta, alpha, 0.02, NUM_ITERS, "direct", False)[0]
+    o = gka_noncausal_op(q, k, v, beta, alpha, 0.02, NUM_ITERS, "direct", False)[0]
     with pytest.raises(RuntimeError, match="save=False"):
         o.sum().backward()
 
@@ -92,7 +92,7 @@ def test_compile_causal_matches_eager(path, poison_outputs, solver, K, V, T, H):
 
 
 @pytest.mark.parametrize("solver", ["direct", "chebyshev"])
-def test_compile_global_matches_eager(path, poison_outputs, solver):
+def test_compile_noncausal_matches_eager(path, poison_outputs, solver):
     # g is given and ignored (no gradient), as models pass it
     tensors = make_inputs(1, T_ODD, 2, 16, 32, use_alpha=solver == "direct", seed=3)
     _check_compiled(tensors, causal=False, solver=solver)
@@ -169,7 +169,7 @@ def test_a_call_keeps_nothing_it_allocated(triton_interpreter, causal, solver, K
 
     tensors = make_inputs(2, 9, 3, K, K, causal=causal, seed=K)
     args = (0.02, NUM_ITERS, resolve_solver(solver, causal, K)) + (() if causal else (False,))
-    forward = custom_op.gka_causal_forward if causal else custom_op.gka_global_forward
+    forward = custom_op.gka_causal_forward if causal else custom_op.gka_noncausal_forward
     with torch.no_grad(), launch_overrides("gka_test_fresh_plans"), Allocations() as allocations:
         *outputs, saved = forward(*tensors, *args)
     kept = {t.untyped_storage().data_ptr() for t in (*outputs, *saved, placeholder(tensors[0].device))}

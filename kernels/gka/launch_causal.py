@@ -6,27 +6,17 @@ Between launches nothing but output allocation runs on the host: no reductions, 
 Forward: state scan → solve (per-token direct solve for 16-wide heads, chunked Chebyshev otherwise) → read-out.
 Backward: dz → adjoint solve → adjoint-state scan → gradients (16-wide heads: scan and gradients in one kernel).
 
-Launch settings (heuristics below; overrides through :mod:`visionssm.kernels.tuning`, op ``"gka"``):
+Chunk size, warps and tile widths follow the head width (:func:`launch_config`). Tests may force, through
+:mod:`visionssm.kernels.tuning` (op ``"gka"``), the layouts that the rule takes only at other widths or on a GPU:
 
 * ``chunk``: tokens per chunk (16 or 32) for every stage;
-* ``positions``: chunk positions per program of the per-token solve (divides ``chunk``; fewer means shorter loops
-  over the chunk's keys, more programs reading the same chunk state);
-* ``lane_warps``: warps per program of the per-token solve (32 tokens each);
-* ``solve_warps``, ``adjoint_warps``: warps of the Chebyshev forward and backward (adjoint) solves;
-* ``tile_warps``, ``grad_warps``, ``scan_warps``: warps of the chunk-parallel read-out and dz kernels, of the gradient
-  kernel and of the two scans over the chunks;
-* ``state_rows``: rows of the K-wide states one scan program carries (divides K);
-* ``columns``: output columns the read-out, dz and gradient kernels compute at a time (divides K and V);
 * ``coarse_launch``: ``solver="auto"``'s coarse Chebyshev steps in a launch of their own before the full ones (the
-  iterates pass through memory), so that neither launch holds the other's registers; ``coarse_warps``: its warps;
+  iterates pass through memory), so that neither launch holds the other's registers;
 * ``fused_grad``: 16-wide heads only: the adjoint-state scan and the gradient kernel as one program per (b, h)
   walking the chunks backwards (``adjoint_grad_kernel``) instead of a scan plus a chunk-parallel kernel;
-  ``fused_stages``: its software-pipelining depth (1: none; 2, 3: the next chunks' loads in flight);
-  ``fused_regs``: its register cap per thread (0: none; fewer registers, more programs per SM, some spilled);
-  ``fused_warps``: its warps; ``fused_wave_slots``: programs of it the GPU runs at once (None: its SMs ×
-  FUSED_PROGRAMS_PER_SM for the default one-warp uncapped kernel, else 0; 0: off): when the grid's last wave would
-  be at most half full, its sequences get two programs each, one walking the last ``fused_late_chunks`` chunks
-  (None: :func:`late_chunks`), the other the chunks before them.
+* ``fused_wave_slots``: programs of the fused kernel the GPU runs at once (None: its SMs × FUSED_PROGRAMS_PER_SM;
+  0: off): when the grid's last wave would be at most half full, its sequences get two programs each, one walking
+  the last :func:`late_chunks` chunks, the other the chunks before them.
 """
 
 from __future__ import annotations
@@ -51,33 +41,25 @@ from .naive import EPS, auto_chebyshev_steps, chebyshev_steps
 __all__ = ["SETTINGS", "causal_bwd", "causal_fwd", "converged_iters", "fused_split", "fwd_plan", "late_chunks",
            "launch_config", "per_token_solve", "saved_shapes"]
 
-SETTINGS = ("chunk", "positions", "lane_warps", "solve_warps", "adjoint_warps", "tile_warps", "grad_warps",
-            "scan_warps", "state_rows", "columns", "coarse_launch", "coarse_warps", "fused_grad", "fused_stages",
-            "fused_regs", "fused_warps", "fused_wave_slots", "fused_late_chunks")
+#: The launch settings tests may force (see the module's docstring).
+SETTINGS = ("chunk", "coarse_launch", "fused_grad", "fused_wave_slots")
 #: Relative accuracy the iteration reaches for ``solver="direct"`` on heads the per-token factorisation does not fit.
 DIRECT_ITER_TOL = 1e-7
-#: Widest heads whose ``solver="auto"`` solve runs its coarse steps in the same launch as the full ones (wider heads:
-#: a launch of their own, ``coarse_launch``). H100, 2026-11-24, CUDA graph, bf16
-#: (benchmarks/results/gka-wide-solver-*-2026-11-24.log): at B256 T197 H6 D64 29 steps with 10 coarse in one launch
-#: took 1.831 / 5.686 ms (fwd / fwd+bwd) against 2.086 / 6.158 for the paper's 30 full ones. At B4 T2048 H8 D128 the
-#: one-launch solve kernels already spill (3.8 KB a thread in the forward at sm_90a), and with the coarse loop
-#: compiled in the spills doubled and the forward took 2.55 ms against 1.86 without it. In a launch of their own
-#: (kernels-gka-coarse-launch-*-2026-11-24.log, same process): D128 fwd / fwd+bwd 1.567 / 3.661 ms against 1.725 /
-#: 3.868 with 28 full steps in one launch, the forward solve's spills 208 bytes instead of 3.8 KB; at D64 the
-#: separate launch took 2.050 / 5.547 against 1.795 / 5.212 ms.
+#: Widest heads whose ``solver="auto"`` solve runs its coarse steps in the same launch as the full ones: wider heads'
+#: solve kernels already spill, and the coarse loop compiled in beside the full one would double that.
 COARSE_MAX_WIDTH = 64
 #: One-warp programs of the fused adjoint-gradient kernel an SM runs at once (255 registers a thread), as its GPU
-#: time shows (H100, 132 SMs, B·10 sequences of T196 D16;
-#: benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log):
-#: 186.4 µs at B211 (2,110 sequences, 2.00 waves of 1,056 programs), 256.3 at B212, 268.3 at B256 (2.42 waves).
+#: time shows: the wave size that :func:`fused_split` balances.
 FUSED_PROGRAMS_PER_SM = 8
 #: Time of a chunk step of the fused adjoint-gradient kernel that only adds the chunk's share to the adjoint states,
 #: as a fraction of a full step (gradients and share): the step is bound by its loads, which it shares with the full
-#: one. :func:`late_chunks` balances a split sequence's two programs by it. Fitted on an H100 (B256 T196 H10 D16,
-#: 13 chunks, 448 sequences split; benchmarks/results/kernels-gka-fused-split-*-2026-11-24.log and
-#: kernels-gka-fused-split-late-*-2026-11-24.log): the kernel took 266 µs unsplit and 250 / 246 / 244 / 241 / 237 /
-#: 239 / 244 / 250 µs with 5 to 12 late chunks, least at 9-10, where the two programs balance for a share of 0.6.
+#: one. :func:`late_chunks` balances a split sequence's two programs by it (fitted to the kernel's time by the split).
 STATE_STEP_SHARE = 0.6
+#: Positions of a chunk per program of the per-token solve: shorter loops over the chunk's keys than one program per
+#: chunk, each program reading the same chunk state.
+POSITIONS = 4
+#: Warps per program of the per-token solve (32 tokens each).
+LANE_WARPS = 4
 
 
 def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
@@ -89,88 +71,37 @@ def converged_iters(ridge: float, tol: float = DIRECT_ITER_TOL) -> int:
 def launch_config(K: int, V: int, per_token: bool) -> dict:
     """Launch settings for heads of width K (keys) and V (values); ``per_token``: the per-token direct solve.
 
-    Measured on an H100 (2026-11-23, benchmarks/results/kernels-gka-causal-nvidia-h100-2026-11-23.log): the per-token
-    solve with 4 positions per program (programs loop over at most 4, 8, 12 or 16 keys of their chunk) took
-    158 / 196 µs (forward / backward kernel) at B256 T196 H10 D16 against 219 / 260 µs with one program covering
-    the whole 16-token chunk (8 positions: 178 / 214 µs; fwd+bwd 0.848 / 0.882 / 0.979 ms).
-
-    Heads wider than 32 (H100, 2026-11-24, CUDA graph; benchmarks/results/
-    kernels-gka-wide-warps-nvidia-h100-80gb-hbm3-2026-11-24.log): at B4 T2048 H8 D128, with the same Chebyshev
-    kernels, every stage on 4 warps with 16 state rows per scan program took 2.00 / 4.81 ms (fwd / fwd+bwd) against
-    2.54 / 5.82 ms with 8 warps and 32 rows (gradient kernel 792 vs 1335 µs, read-out 164 vs 328 µs, dz 132 vs
-    239 µs, forward solve 1698 vs 2066 µs); at B256 T197 H6 D64 the backward solve took 1697 µs on 4 warps (the current
-    Chebyshev kernels) against 2737 µs on 8 (the previous ones). 64-token chunks (every stage on 4
-    warps) ran at B1 but ended in an illegal memory access at B4 T2048 H8 D128 and at B256 T197 H6 D64 (Triton 3.6;
-    the error surfaced at the backward's first launches, so a forward kernel or dz is at fault). In Triton's
-    interpreter with every active load and store checked against its launch's tensors, the kernels' own addresses stay
-    in bounds at 64-token chunks (64- and 128-wide heads, partial last chunks), which points to the code Triton 3.6
-    generates for these tiles (not established further). Chunks are therefore at most 32 tokens.
-
-    Output columns at a time and the adjoint solve's warps (H100, 2026-11-24, CUDA graph, solver auto; benchmarks/
-    results/kernels-gka-wide-launch-nvidia-h100-80gb-hbm3-2026-11-24.log): 64 columns took the gradient kernel from
-    1336 to 952 µs and dz from 200 to 158 µs at B256 T197 H6 D64 (fwd+bwd 5.68 → 5.21 ms; 32 columns 5.47), and from
-    723 to 614 / 133 to 89 µs at B4 T2048 H8 D128 (128 columns spilled: 7.3 ms); at D128 the adjoint solve on
-    8 warps took 1088 against 1288 µs (fwd+bwd with both 4.04 against 4.40 ms), where at D64 it took 2313 against
-    1444 µs and the forward solve on 8 warps at D128 1725 against 1553 µs. The coarse launch (``coarse_launch``, on at
-    heads wider than COARSE_MAX_WIDTH) on 8 warps at D128 took the forward solve to 1708 against 1273 µs on 4
-    (kernels-gka-coarse-launch-nvidia-h100-80gb-hbm3-2026-11-24.log).
-
-    The fused adjoint-scan + gradient kernel (H100, 2026-11-24, same run as the separate kernels,
-    benchmarks/results/kernels-gka-causal-fused-grad-nvidia-h100-80gb-hbm3-2026-11-24.log): 278.6 against
-    134.2 + 218.5 µs at B256 T196 H10 D16 and 148.0 against 84.3 + 135.4 µs at B256 T49 H20 D16, with 2 pipeline
-    stages (1: 320.7 / 167.4 µs); 3 stages and register caps of 152-200 (which spill) were no faster
-    (kernels-gka-causal-fused-launch-nvidia-h100-80gb-hbm3-2026-11-24.log); on 2 or 4 warps it took 407 / 773 µs
-    against 269 at T196 and 251 / 475 against 143 at T49
-    (kernels-gka-causal-fused-warps-nvidia-h100-80gb-hbm3-2026-11-24.log)."""
+    Chunks are 16 tokens up to 32-wide heads and 32 beyond (never 64: Triton 3.6 generates out-of-bounds accesses for
+    those tiles where the interpreter finds none). Warps follow the width: one or two up to 32-wide heads, four
+    beyond in every stage (the Chebyshev solve holds 255 registers a thread, so two 4-warp programs share an SM where
+    one 8-warp program sits alone), eight for the adjoint solve of 128-wide keys. The scans carry whole states up to
+    64-wide heads (more programs per (b, h) would each read the chunk's full-width tiles again) and 16 rows beyond;
+    the read-out, dz and gradient kernels compute up to 64 output columns at a time (128 spill). 16-wide heads walk
+    the adjoint scan and the gradients in one program per (b, h) on one warp, two pipeline stages."""
     width = max(K, V)
-    if per_token:
-        cfg = {"chunk": 16, "positions": 4, "lane_warps": 4}
-    else:
-        cfg = {"chunk": 16 if width <= 32 else 32, "lane_warps": 4}
-    # warps by width: up to 32-wide heads one or two warps; wider heads 4 warps in every stage (measured, see above;
-    # the Chebyshev solve holds 255 registers a thread, so two 4-warp programs share an SM where one 8-warp program
-    # sits alone, and 8 warps split a 32-row tile's columns, each warp reading the whole 32×K operand again)
+    cfg = {"chunk": 16 if per_token or width <= 32 else 32}
     small = 1 if width <= 16 else 2
     for name in ("solve_warps", "adjoint_warps", "tile_warps", "grad_warps", "scan_warps", "coarse_warps"):
         cfg[name] = small if width <= 32 else 4
-    # the scans carry whole states up to 64-wide heads: at B256 T197 H6 D64 the adjoint scan took 562 µs with one
-    # program per (b, h) against 883 with four of 16 rows, each reading the chunk's full-width tiles again (fwd+bwd
-    # 4.846 against 5.177 ms; 32 rows 4.94); at D128 32 rows took 554 against 405 µs with 16
-    # (kernels-gka-scan-rows-nvidia-h100-80gb-hbm3-2026-11-24.log, kernels-gka-wide-launch-*-2026-11-24.log)
+    if K >= 128:
+        cfg["adjoint_warps"] = 8
     cfg["state_rows"] = K if K <= 64 else 16
     cfg["columns"] = min(K, V, 64)
     cfg["coarse_launch"] = width > COARSE_MAX_WIDTH
-    if K >= 128:
-        cfg["adjoint_warps"] = 8
     cfg["fused_grad"] = width <= 16
-    cfg["fused_stages"] = 2
-    cfg["fused_regs"] = 0
-    cfg["fused_warps"] = 1
     cfg["fused_wave_slots"] = None
-    cfg["fused_late_chunks"] = None
-    # "global_*" settings belong to the non-causal plans (global_launch), which check them
-    forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("global_")}
+    # "noncausal_*" settings belong to the non-causal plans (launch_noncausal), which check them
+    forced = {name: value for name, value in tuning.overrides("gka").items() if not name.startswith("noncausal_")}
     if forced:
         tuning.check_names("gka", forced, SETTINGS)
         cfg.update(forced)
-    cfg.setdefault("positions", cfg["chunk"])
-    if cfg["chunk"] not in (16, 32) or cfg["chunk"] % cfg["positions"]:
-        raise ValueError(f"gka launch settings: chunk must be 16 or 32 and a multiple of positions, got {cfg}")
-    if K % cfg["state_rows"] or cfg["state_rows"] < 16:
-        raise ValueError(f"gka launch settings: state_rows must divide K = {K} and be >= 16, got {cfg['state_rows']}")
+    if cfg["chunk"] not in (16, 32):
+        raise ValueError(f"gka launch setting chunk must be 16 or 32, got {cfg['chunk']!r}")
     if cfg["fused_grad"] and width > 16:
-        raise ValueError(f"gka launch settings: fused_grad needs heads of at most 16, got K = {K}, V = {V}")
-    if cfg["fused_stages"] not in (1, 2, 3):
-        raise ValueError(f"gka launch settings: fused_stages must be 1, 2 or 3, got {cfg['fused_stages']}")
-    if cfg["fused_regs"] and not 64 <= cfg["fused_regs"] <= 255:
-        raise ValueError(f"gka launch settings: fused_regs must be 0 or in [64, 255], got {cfg['fused_regs']}")
-    for name, least in (("fused_wave_slots", 0), ("fused_late_chunks", 1)):
-        value = cfg[name]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise ValueError(f"gka launch settings: {name} must be None or an integer >= {least}, got {value!r}")
-    if K % cfg["columns"] or V % cfg["columns"] or cfg["columns"] < 16:
-        raise ValueError(f"gka launch settings: columns must divide K = {K} and V = {V} and be >= 16, got "
-                         f"{cfg['columns']}")
+        raise ValueError(f"gka launch setting fused_grad needs heads of at most 16, got K = {K}, V = {V}")
+    value = cfg["fused_wave_slots"]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"gka launch setting fused_wave_slots must be None or an integer >= 0, got {value!r}")
     return cfg
 
 
@@ -199,16 +130,14 @@ def late_chunks(NT: int) -> int:
 def fused_split(cfg: dict, BH: int, NT: int, sms: int) -> tuple[int, int]:
     """(n_whole, n_late) of the fused adjoint-gradient kernel: sequences [0, n_whole) get one program each; when the
     grid's last wave would be at most half full, the sequences of that wave (all of them on a grid of less than half a
-    wave) get two, the late one walking the last n_late chunks (:func:`late_chunks` unless set). ``sms``: the GPU's
-    SM count (0 off the GPU); the programs it runs at once are ``fused_wave_slots`` if set, else
-    FUSED_PROGRAMS_PER_SM per SM for the measured one-warp uncapped kernel. Returns (BH, 0) for no split."""
-    slots = wave_slots(cfg["fused_wave_slots"], sms, FUSED_PROGRAMS_PER_SM,
-                       cfg["fused_warps"] == 1 and not cfg["fused_regs"])
+    wave) get two, the late one walking the last n_late chunks (:func:`late_chunks`). ``sms``: the GPU's SM count (0
+    off the GPU); the programs it runs at once are ``fused_wave_slots`` if set, else FUSED_PROGRAMS_PER_SM per SM.
+    Returns (BH, 0) for no split."""
+    slots = wave_slots(cfg["fused_wave_slots"], sms, FUSED_PROGRAMS_PER_SM, True)
     last = BH % slots if slots else 0
     if NT < 2 or not last or 2 * last > slots:
         return BH, 0
-    late = late_chunks(NT) if cfg["fused_late_chunks"] is None else cfg["fused_late_chunks"]
-    return BH - last, min(late, NT - 1)
+    return BH - last, late_chunks(NT)
 
 
 def _precision(dtype: torch.dtype, v_dtype: torch.dtype, device: torch.device, width: int) -> tuple[str, bool]:
@@ -252,6 +181,12 @@ def _chebyshev_launches(kernel, grid: tuple, dims: tuple, constexprs: dict, num_
     return None, DirectLaunch(kernel, grid, dims, constexprs | {"HAS_COARSE": num_coarse > 0, "STAGE": 0}, options)
 
 
+def _per_token_grid(n_inst: int, BT: int) -> tuple[int, int]:
+    """The grid of the per-token solve over ``n_inst`` (b, h, chunk) instances: a program takes POSITIONS positions
+    of 32·LANE_WARPS / POSITIONS instances."""
+    return BT // POSITIONS, cdiv(n_inst, 32 * LANE_WARPS // POSITIONS)
+
+
 def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token: bool, num_iters: int,
                num_coarse: int) -> _FwdPlan:
     B, T, H, K = q.shape
@@ -266,22 +201,19 @@ def _build_fwd(key, cfg: dict, q, v, has_beta: bool, has_alpha: bool, per_token:
     plan.dummy = placeholder(q.device)
     c = _common(cfg, q, v, has_beta, has_alpha)
     plan.coarse = None
-    from .causal_kernels import readout_kernel, state_fwd_kernel
+    from .kernel_causal import readout_kernel, state_fwd_kernel
 
     plan.state = DirectLaunch(state_fwd_kernel, (NKR, B * H), (T, NT),
                               {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
                               | {"BKR": cfg["state_rows"]}, {"num_warps": cfg["scan_warps"], "num_stages": 2})
     if per_token:
-        from .direct_kernels import direct_fwd_kernel
+        from .kernel_causal_direct import direct_fwd_kernel
 
-        block = 32 * cfg["lane_warps"]
-        n_inst = B * H * NT
-        plan.solve = DirectLaunch(direct_fwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
-                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
-                                                       "HAS_BETA": has_beta, "USE_PTX": not interpreter_enabled()},
-                                  {"num_warps": cfg["lane_warps"], "num_stages": 1})
+        plan.solve = DirectLaunch(direct_fwd_kernel, _per_token_grid(B * H * NT, BT), (T, H, NT, B * H * NT),
+                                  {"BT": BT, "P": POSITIONS, "BLOCK": 32 * LANE_WARPS, "HAS_BETA": has_beta,
+                                   "USE_PTX": not interpreter_enabled()}, {"num_warps": LANE_WARPS, "num_stages": 1})
     else:
-        from .chebyshev_kernels import chebyshev_fwd_kernel
+        from .kernel_causal_chebyshev import chebyshev_fwd_kernel
 
         plan.coarse, plan.solve = _chebyshev_launches(
             chebyshev_fwd_kernel, (NT, B * H), (num_iters, num_coarse, T, NT),
@@ -296,7 +228,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
     V = v.shape[3]
     cfg, BT, NT, NKR = fwd.cfg, fwd.BT, fwd.NT, fwd.NKR
     c = _common(cfg, q, v, has_beta, has_alpha)
-    from .causal_kernels import adjoint_grad_kernel, adjoint_scan_kernel, dz_kernel, grad_kernel
+    from .kernel_causal import adjoint_grad_kernel, adjoint_scan_kernel, dz_kernel, grad_kernel
 
     plan = _BwdPlan()
     plan.coarse = None
@@ -305,17 +237,14 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
                            {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA")}
                            | {"BC": cfg["columns"]}, {"num_warps": cfg["tile_warps"], "num_stages": 1})
     if fwd.per_token:
-        from .direct_kernels import direct_bwd_kernel
+        from .kernel_causal_direct import direct_bwd_kernel
 
-        block = 32 * cfg["lane_warps"]
-        n_inst = B * H * NT
-        plan.solve = DirectLaunch(direct_bwd_kernel, (BT // cfg["positions"], cdiv(n_inst, block // cfg["positions"])),
-                                  (T, H, NT, n_inst), {"BT": BT, "P": cfg["positions"], "BLOCK": block,
-                                                       "HAS_BETA": has_beta, "HAS_ALPHA": has_alpha,
-                                                       "USE_PTX": not interpreter_enabled()},
-                                  {"num_warps": cfg["lane_warps"], "num_stages": 1})
+        plan.solve = DirectLaunch(direct_bwd_kernel, _per_token_grid(B * H * NT, BT), (T, H, NT, B * H * NT),
+                                  {"BT": BT, "P": POSITIONS, "BLOCK": 32 * LANE_WARPS, "HAS_BETA": has_beta,
+                                   "HAS_ALPHA": has_alpha, "USE_PTX": not interpreter_enabled()},
+                                  {"num_warps": LANE_WARPS, "num_stages": 1})
     else:
-        from .chebyshev_kernels import chebyshev_bwd_kernel
+        from .kernel_causal_chebyshev import chebyshev_bwd_kernel
 
         plan.coarse, plan.solve = _chebyshev_launches(
             chebyshev_bwd_kernel, (NT, B * H), (fwd.num_iters, fwd.num_coarse, T, NT),
@@ -328,8 +257,7 @@ def _build_bwd(fwd: _FwdPlan, q, v, has_beta: bool, has_alpha: bool) -> _BwdPlan
         plan.fused = DirectLaunch(adjoint_grad_kernel, (2 * B * H - n_whole,), (T, NT, n_whole, n_late),
                                   {k: c[k] for k in ("H", "K", "V", "BT", "PREC", "IN_EXACT", "HAS_BETA", "HAS_ALPHA")}
                                   | {"SPLIT": n_whole < B * H, "TAIL": T % BT == 1},
-                                  launch_options(cfg["fused_warps"], num_stages=cfg["fused_stages"],
-                                                 max_registers=cfg["fused_regs"] or None))
+                                  launch_options(1, num_stages=2))
         return plan
     plan.scan = DirectLaunch(adjoint_scan_kernel, (NKR, B * H), (T, NT),
                              c | {"BKR": cfg["state_rows"], "NKR": NKR},

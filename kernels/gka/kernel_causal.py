@@ -4,7 +4,7 @@ Per (batch, head), chunks of BT tokens, chunk-local log-decay G_t = Σ_{s≤t in
 Ã[t, s] = e^{G_t − G_s} (s ≤ t) and A[t, s] = Ã[t, s] β_s, chunk-start states H0 = H_{[c]} (K×K), S0 = U_{[c]}ᵀ (K×V):
 
 forward   ``state_fwd_kernel``   H0, S0 of every chunk (one program per (row block, b·h) walks the chunks)
-          (solver)               x_t = (H_t + λ_t I)⁻¹ q_t                       (direct_kernels / chebyshev_kernels)
+          (solver)               x_t = (H_t + λ_t I)⁻¹ q_t                       (kernel_causal_direct / _chebyshev)
           ``readout_kernel``     o_t = U_t z_t, z_t = α_t x_t + (1 − α_t) q_t:  e^G ⊙ (Z S0) + (A ⊙ Z Kᵀ) V
 backward  ``dz_kernel``          dz_t = U_tᵀ do_t:                              e^G ⊙ (dO S0ᵀ) + (A ⊙ dO Vᵀ) K
           (solver)               y_t = (H_t + λ_t I)⁻¹ α_t dz_t, dq, dα, c_t = −ridge x_t·y_t / F_t, dgp_t

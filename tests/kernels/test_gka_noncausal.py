@@ -1,4 +1,4 @@
-"""Non-causal GKA in closed form (kernels/gka/global_kernels.py): the Triton kernels against float64 references,
+"""Non-causal GKA in closed form (kernels/gka/kernel_noncausal.py): the Triton kernels against float64 references,
 in Triton's interpreter on CPU (tiny shapes) and on the GPU (cuda-marked: real shapes, bf16, long sequences).
 
 References: ``gka_recurrent(..., causal=False, exact=True)`` (the spec's token loop) for the direct solver and
@@ -16,8 +16,8 @@ import torch
 from gka_inputs import adversarial_keys, run_with_grads
 
 from visionssm.kernels.gka import gka
-from visionssm.kernels.gka.global_kernels import gka_global_solve_kernel
-from visionssm.kernels.gka.global_launch import state_words
+from visionssm.kernels.gka.kernel_noncausal import gka_noncausal_solve_kernel
+from visionssm.kernels.gka.launch_noncausal import state_words
 from visionssm.kernels.gka.naive import EPS, gka_chunked, gka_recurrent
 from visionssm.kernels.gka.naive import gka_closed_form as closed_form_reference
 from visionssm.kernels.tuning import launch_overrides
@@ -139,82 +139,59 @@ def test_interpreter_direct_vs_chebyshev(triton_interpreter, poison_outputs):
 
 
 def test_interpreter_bf16_split_products(triton_interpreter, poison_outputs):
-    # bf16 inputs take the split-bf16 path (its dots emulated in the interpreter); one pass loses more
+    # bf16 inputs take the split-bf16 path (its dots emulated in the interpreter)
     tensors = make_inputs(2, 37, 2, 16, 32, dtype=torch.bfloat16, seed=5)
     check(tensors, fwd_tol=1e-2, grad_tol=2e-2)
-    with launch_overrides("gka", global_passes=1, global_block_t=16):
-        check(tensors, fwd_tol=2e-2, grad_tol=3e-2)
 
 
 def test_interpreter_reload_and_tiles(triton_interpreter, poison_outputs):
     # the wide-head layout (operands re-read per token tile, S and dU through scratch) at a narrow width
     tensors = make_inputs(1, 45, 2, 16, 32, seed=9)
-    with launch_overrides("gka", global_reload=True, global_block_t=16):
+    with launch_overrides("gka", noncausal_reload=True):
         check(tensors)
-    low = make_inputs(1, 45, 2, 32, 16, dtype=torch.bfloat16, use_alpha=False, seed=9)
-    with launch_overrides("gka", global_reload=True, global_block_t=32):
+    low = make_inputs(1, 70, 2, 32, 16, dtype=torch.bfloat16, use_alpha=False, seed=9)
+    with launch_overrides("gka", noncausal_reload=True):
         check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
 def test_interpreter_forward_and_backward_tiles_apart(triton_interpreter, poison_outputs):
-    # the forward and backward programs take their own token tiles (and register caps, which the interpreter
-    # ignores); the 16-wide bf16 default at T > 64 is 16-token forward tiles, 32-token backward tiles, capped backward
-    with launch_overrides("gka", global_block_t=32, global_block_t_bwd=16):
-        check(make_inputs(1, 45, 2, 16, 16, seed=12))
+    # the forward and backward programs take their own token tiles: 16 and 32 tokens for 16-wide bf16 heads
     check(make_inputs(1, 67, 2, 16, 16, dtype=torch.bfloat16, seed=13), fwd_tol=1e-2, grad_tol=2e-2)
 
 
 @pytest.mark.parametrize("T", [5, 32, 49])
 def test_interpreter_prefetch(triton_interpreter, poison_outputs, T):
-    # the token loops with and without the tile loaded one step ahead (on by default for narrow heads), forward and
-    # backward apart; T = 32: the last prefetch reads past the sequence (masked), T = 5: one partial tile
-    tensors = make_inputs(1, T, 2, 16, 32, use_beta=T != 32, seed=20 + T)
-    for fwd, bwd in ((False, False), (True, False), (False, True)):
-        with launch_overrides("gka", global_prefetch=fwd, global_prefetch_bwd=bwd, global_block_t=16,
-                              global_block_t_bwd=16):
-            check(tensors)
+    # the token loops with the tile loaded one step ahead (narrow heads; wider ones, which load in place, are the
+    # 64-wide cases); T = 32: the last prefetch reads past the sequence (masked), T = 5: one partial tile
+    check(make_inputs(1, T, 2, 16, 32, use_beta=T != 32, seed=20 + T))
     low = make_inputs(1, T, 2, 16, 16, dtype=torch.bfloat16, seed=30 + T)
-    with launch_overrides("gka", global_prefetch=True, global_prefetch_bwd=True, global_block_t=16):
-        check(low, fwd_tol=1e-2, grad_tol=2e-2)
+    check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
 @pytest.mark.parametrize("solver", ["direct", "chebyshev"])
 def test_interpreter_split_forward(triton_interpreter, poison_outputs, solver):
-    # the forward in three launches (statistics, solve, read-out; an opt-in meant for 64-wide heads) at narrow widths,
+    # the forward in three launches (statistics, solve, read-out; the 64-wide heads' layout) at narrow widths,
     # with and without the gradient (inference allocates the state only to pass it between the launches)
     tensors = make_inputs(1, 37, 2, 16, 32, dtype=torch.float32, seed=41)
     grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
-    with launch_overrides("gka", global_split=True, global_solve_warps=1, global_block_t=16):
+    with launch_overrides("gka", noncausal_split=True):
         check(tensors, solver=solver, grad_reference=grad_reference)
         with torch.no_grad():
             out = gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver)
     assert_close(out, gka(*tensors[:3], None, *tensors[3:], causal=False, solver=solver).detach(), tol=1e-6,
                  name="split vs fused")
     low = make_inputs(1, 21, 2, 32, 16, dtype=torch.bfloat16, use_alpha=False, seed=42)
-    with launch_overrides("gka", global_split=True, global_prefetch=True, global_block_t=16):
+    with launch_overrides("gka", noncausal_split=True):
         check(low, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
-
-
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (16, 32)])
-def test_interpreter_packed_state(triton_interpreter, poison_outputs, K, V):
-    # H and M saved as packed upper triangles (global_packed), with the fused and the split forward
-    tensors = make_inputs(2, 19, 2, K, V, use_beta=K == V, seed=50 + K + V)
-    for split in (False, True):
-        with launch_overrides("gka", global_packed=True, global_split=split, global_block_t=16):
-            check(tensors)
-    low = make_inputs(1, 41, 2, K, V, dtype=torch.bfloat16, seed=60 + K + V)
-    with launch_overrides("gka", global_packed=True):
-        check(low, fwd_tol=1e-2, grad_tol=2e-2)
 
 
 @pytest.mark.parametrize("use_alpha", [True, False])
 def test_interpreter_backward_holds_p(triton_interpreter, poison_outputs, use_alpha):
-    # the backward's P = M Uᵀ held from its start for the state gradients (the narrow-head default) or computed there
-    # again; with α the query-side pass reads D = P − Uᵀ, without it P itself
-    tensors = make_inputs(1, 29, 2, 16, 32, use_alpha=use_alpha, seed=80 + use_alpha)
-    for hold in (True, False):
-        with launch_overrides("gka", global_hold_p=hold):
-            check(tensors)
+    # the backward's P = M Uᵀ held from its start for the state gradients (narrow heads) or computed there again
+    # (64-wide heads, whose token loops also load in place); with α the query-side pass reads D = P − Uᵀ, without it
+    # P itself
+    check(make_inputs(1, 29, 2, 16, 32, use_alpha=use_alpha, seed=80 + use_alpha))
+    check(make_inputs(1, 29, 1, 64, 16, use_alpha=use_alpha, seed=82 + use_alpha))
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -225,66 +202,51 @@ def test_interpreter_state_product_precisions(triton_interpreter, poison_outputs
     K, solver = (64, "direct") if split else (16, "chebyshev")
     tensors = make_inputs(1, 23, 1, K, 16, dtype=torch.bfloat16, seed=90 + K)
     grad_reference = chebyshev_grad_reference() if solver == "chebyshev" else None
-    for overrides in ({}, {"global_sprec": "tf32x3"}, {"global_solve_sprec": "bf16x3"}):
-        with launch_overrides("gka", global_split=split, **overrides):
+    for overrides in ({}, {"noncausal_sprec": "tf32x3"}, {"noncausal_solve_sprec": "bf16x3"}):
+        with launch_overrides("gka", noncausal_split=split, **overrides):
             check(tensors, solver=solver, grad_reference=grad_reference, fwd_tol=1e-2, grad_tol=2e-2)
     # bf16x3 itself is ~2⁻¹⁶ relative: on fp32 inputs it holds nearly their own tolerances, where a product missing
     # its low parts (~2⁻⁹) would not
     exact_inputs = make_inputs(1, 23, 1, K, 16, seed=95 + K)
-    with launch_overrides("gka", global_split=split, global_sprec="bf16x3", global_solve_sprec="bf16x3"):
+    with launch_overrides("gka", noncausal_split=split, noncausal_sprec="bf16x3", noncausal_solve_sprec="bf16x3"):
         check(exact_inputs, solver=solver, grad_reference=grad_reference, fwd_tol=1e-4, grad_tol=1e-3)
 
 
 def test_interpreter_split_forward_wide(triton_interpreter, poison_outputs):
     # the split forward where it is meant to be used (64-wide heads), fp32 (its fp64 solve) and bf16
-    with launch_overrides("gka", global_split=True):
+    with launch_overrides("gka", noncausal_split=True):
         check(make_inputs(1, 23, 2, 64, 64, seed=70))
         check(make_inputs(1, 23, 1, 64, 16, dtype=torch.bfloat16, seed=71), fwd_tol=1e-2, grad_tol=2e-2)
 
 
-@pytest.mark.parametrize("K,leaf", [(32, 16), (64, 32), (64, 16), (128, 64), (128, 32)])
+@pytest.mark.parametrize("K", [32, 64, 128])
 @pytest.mark.parametrize("tokens", [3, 200])
-def test_interpreter_block_inverse(triton_interpreter, K, leaf, tokens):
+def test_interpreter_block_inverse(triton_interpreter, K, tokens):
     # the solve alone (the split forward's middle launch) on saved H: the block inverse (2x2 Schur complements on
-    # sweeps of ``leaf``, fp32) against float64; 3 tokens give a rank-3 H, κ at its bound 1 + 1/ridge
+    # sweeps of K/2, fp32) against float64; 3 tokens give a rank-3 H, κ at its bound 1 + 1/ridge
     ridge = 0.02
-    gen = torch.Generator().manual_seed(K + leaf + tokens)
+    gen = torch.Generator().manual_seed(K + tokens)
     keys = torch.nn.functional.normalize(torch.randn(2, tokens, K, generator=gen, dtype=torch.float64), dim=-1)
     H = torch.einsum("bti,btj->bij", keys * torch.rand(2, tokens, 1, generator=gen, dtype=torch.float64), keys)
-    words = state_words(K, 16, reload=False, packed=False)
+    words = state_words(K, 16, reload=False)
     states = torch.full((2, words), float("nan"), dtype=torch.float32)
     states[:, :K * K] = H.reshape(2, K * K).float()
-    gka_global_solve_kernel[(2,)](states, ridge, K=K, V=16, SOLVER=0, NUM_ITERS=0, RELOAD=False, SPREC="ieee",
-                                  EMU=True, F64=False, EPS=EPS, PACKED=False, LEAF=leaf)
+    gka_noncausal_solve_kernel[(2,)](states, ridge, K=K, V=16, SOLVER=0, NUM_ITERS=0, RELOAD=False, SPREC="ieee",
+                                     EMU=True, F64=False, EPS=EPS, BLOCK_INVERSE=True)
     A = H.float().double() + ridge * (torch.linalg.matrix_norm(H.float().double()) + EPS)[:, None, None] * torch.eye(
         K, dtype=torch.float64)
     M = states[:, K * K:2 * K * K].reshape(2, K, K)
     assert torch.equal(M, M.transpose(1, 2)), "M must be exactly symmetric"
-    assert_close(M, torch.linalg.inv(A), tol=1e-5, name=f"M (K {K}, leaf {leaf})")
+    assert_close(M, torch.linalg.inv(A), tol=1e-5, name=f"M (K {K})")
 
 
-@pytest.mark.parametrize("K,V,leaf,split", [(64, 16, 32, False), (64, 16, 16, True), (64, 32, 32, True)])
-def test_interpreter_block_inverse_in_the_op(triton_interpreter, poison_outputs, K, V, leaf, split):
-    # fp16 inputs (exact in fp32, solved in fp32 with the block inverse; fp32 inputs sweep in fp64) and bf16 ones
-    with launch_overrides("gka", global_solve_leaf=leaf, global_split=split):
-        check(make_inputs(1, 21, 1, K, V, dtype=torch.float16, seed=K + leaf), fwd_tol=2e-3, grad_tol=5e-3)
-        check(make_inputs(1, 9, 1, K, V, dtype=torch.bfloat16, use_alpha=False, seed=K - leaf), fwd_tol=1e-2,
-              grad_tol=2e-2)
-
-
-@pytest.mark.parametrize("K,V,T,gates", [(16, 32, 37, "both"), (32, 16, 16, "beta"), (64, 16, 23, "alpha"),
-                                         (16, 16, 1, "none")])
-def test_interpreter_split_backward(triton_interpreter, poison_outputs, K, V, T, gates):
-    # the backward in two launches (query side + state gradients, then the key side per token tile), with and
-    # without the re-read operands; T = 16: one full tile, T = 1 and 37: partial last tiles
-    tensors = make_inputs(1, T, 2, K, V, use_beta=gates in ("both", "beta"), use_alpha=gates in ("both", "alpha"),
-                          seed=90 + K + T)
-    for reload in (False, True):
-        with launch_overrides("gka", global_split_bwd=True, global_reload=reload, global_block_t_bwd=16):
-            check(tensors)
-    # bf16 (one token would make H rank one: dβ then cancels to ~6e-2 relative with or without the split)
-    with launch_overrides("gka", global_split_bwd=True):
-        check(make_inputs(1, T + 4, 2, K, V, dtype=torch.bfloat16, seed=91 + T), fwd_tol=1e-2, grad_tol=2e-2)
+@pytest.mark.parametrize("V", [16, 32])
+def test_interpreter_block_inverse_in_the_op(triton_interpreter, poison_outputs, V):
+    # 64-wide fp16 inputs (exact in fp32, solved in fp32 with the block inverse of the split forward; fp32 inputs
+    # sweep in fp64) and bf16 ones
+    check(make_inputs(1, 21, 1, 64, V, dtype=torch.float16, seed=V), fwd_tol=2e-3, grad_tol=5e-3)
+    check(make_inputs(1, 9, 1, 64, V, dtype=torch.bfloat16, use_alpha=False, seed=V + 1), fwd_tol=1e-2,
+          grad_tol=2e-2)
 
 
 def test_interpreter_wide_default_layout_chebyshev(triton_interpreter, poison_outputs):
@@ -330,36 +292,14 @@ def test_interpreter_no_grad_path(triton_interpreter, poison_outputs):
     assert torch.equal(out, with_grad.detach())
 
 
-@pytest.mark.parametrize("setting, value", [("global_chunk", 32), ("global_block_t", 24), ("global_block_t_bwd", 8),
-                                            ("global_prefetch", "yes"), ("global_prefetch_bwd", 2),
-                                            ("global_solve_warps", 3), ("global_split", "no"),
-                                            ("global_solve_leaf", 8), ("global_split_bwd", "on"),
-                                            ("global_hold_p", "yes"), ("global_sprec", "bf16"),
-                                            ("global_solve_sprec", "tf32")])
+@pytest.mark.parametrize("setting, value", [("noncausal_chunk", 32), ("noncausal_block_t", 16),
+                                            ("noncausal_split", "no"), ("noncausal_reload", 2),
+                                            ("noncausal_sprec", "bf16"), ("noncausal_solve_sprec", "tf32")])
 def test_launch_override_names(triton_interpreter, setting, value):
     """An unknown or invalid launch setting raises a ValueError naming it."""
     tensors = make_inputs(1, 8, 1, 16, 16)
     with launch_overrides("gka", **{setting: value}), pytest.raises(ValueError, match=setting):
         gka(*tensors[:3], None, *tensors[3:], causal=False)
-
-
-def test_block_inverse_needs_64_wide_heads(triton_interpreter):
-    wide = make_inputs(1, 8, 1, 128, 16)
-    with launch_overrides("gka", global_solve_leaf=64), pytest.raises(ValueError, match="global_solve_leaf"):
-        gka(*wide[:3], None, *wide[3:], causal=False)
-
-
-def test_held_p_is_not_reloaded(triton_interpreter):
-    tensors = make_inputs(1, 8, 1, 16, 16)
-    overrides = launch_overrides("gka", global_hold_p=True, global_reload=True)
-    with overrides, pytest.raises(ValueError, match="global_hold_p"):
-        gka(*tensors[:3], None, *tensors[3:], causal=False)
-
-
-def test_packed_state_needs_narrow_heads(triton_interpreter):
-    wide = make_inputs(1, 8, 1, 64, 16)
-    with launch_overrides("gka", global_packed=True), pytest.raises(ValueError, match="global_packed"):
-        gka(*wide[:3], None, *wide[3:], causal=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -396,33 +336,26 @@ def test_cuda_direct_bf16(poison_outputs, shape):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("passes", [1, 2])
-def test_cuda_bf16_passes_and_reload(poison_outputs, passes):
-    tensors = make_inputs(16, 197, 6, 64, 64, device="cuda", dtype=torch.bfloat16, seed=passes)
-    for reload in (False, True):
-        with launch_overrides("gka", global_passes=passes, global_reload=reload):
-            check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
+@pytest.mark.parametrize("reload", [False, True])
+def test_cuda_bf16_reload(poison_outputs, reload):
+    tensors = make_inputs(16, 197, 6, 64, 64, device="cuda", dtype=torch.bfloat16, seed=2)
+    with launch_overrides("gka", noncausal_reload=reload):
+        check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape,settings", [
-    ((256, 49, 20, 16, 16), {"global_packed": True}),
-    ((64, 196, 10, 16, 16), {"global_packed": True, "global_split": True, "global_solve_warps": 1}),
-    ((64, 197, 6, 64, 64), {"global_split": True}),
-    ((64, 197, 6, 64, 64), {"global_split": True, "global_solve_warps": 1, "global_block_t": 32}),
-    ((64, 197, 6, 64, 64), {"global_solve_leaf": 16}),
-    ((64, 197, 6, 64, 64), {"global_solve_warps": 2}),
-    ((64, 197, 6, 64, 64), {"global_solve_leaf": 64}),
-    ((64, 197, 6, 64, 64), {"global_split_bwd": True}),
-], ids=["packed-T49", "packed-split-T196", "split-D64", "split-D64-w1-bt32", "leaf16-D64", "leaf32-w2-D64",
-        "leaf64-D64", "split-bwd-D64"])
-def test_cuda_opt_in_layouts(poison_outputs, shape, settings):
-    # layouts other than the defaults (packed state, the split forward at 16-wide heads, other solve leaves and warps
-    # at 64-wide ones, the split backward): bf16 at vision shapes, and fp32 for the split forward's fp64 solve
+    ((64, 196, 10, 16, 16), {"noncausal_split": True}),
+    ((64, 197, 6, 64, 64), {"noncausal_split": False}),
+    ((64, 197, 6, 64, 64), {"noncausal_reload": True}),
+], ids=["split-T196", "fused-D64", "reload-D64"])
+def test_cuda_other_layouts(poison_outputs, shape, settings):
+    # layouts the rule takes at other widths (the split forward at 16-wide heads, the fused forward and re-read
+    # operands at 64-wide ones): bf16 at vision shapes, and fp32 for the split forward's fp64 solve
     tensors = make_inputs(*shape, device="cuda", dtype=torch.bfloat16, seed=shape[1] + shape[3])
     with launch_overrides("gka", **settings):
         check(tensors, reference=_closed, fwd_tol=1e-2, grad_tol=2e-2)
-        if "global_split" in settings:
+        if settings.get("noncausal_split"):
             check(make_inputs(2, 65, 3, shape[3], shape[4], device="cuda", seed=3), reference=_closed)
 
 

@@ -1,4 +1,4 @@
-"""Triton kernels for non-causal GKA: the closed form, one program per (batch, head).
+"""Triton kernels of non-causal GKA: the closed form, one program per (batch, head).
 
 Non-causal, every token of a (batch, head) regresses on the same statistics
 
@@ -19,8 +19,8 @@ G₁ = Σ_t α_t do_t q_tᵀ (V×K) accumulated over the tokens:
 
 Every per-token product has one operand that is exact in the input dtype (q, k, v, do) and one fp32 matrix. For
 bf16 inputs (``LP``) the fp32 matrix is split into a bf16 high and low part and both multiply the exact operand on
-bf16 tensor cores (2 passes, ~2⁻¹⁷ relative per product); ``PASSES=1`` keeps the high part only (~2⁻⁹, the size of
-the bf16 output's own rounding). Other inputs run fp32 dots in ``PREC`` (the launch plan picks exact fp32 or
+bf16 tensor cores (~2⁻¹⁷ relative per product; the high part alone, ~2⁻⁹, loses too much on gradients that are
+cancelling sums over the tokens). Other inputs run fp32 dots in ``PREC`` (the launch plan picks exact fp32 or
 tf32x3; the interpreter is exact). The statistics H and Uᵀ always use both halves of β_t k_t (a single pass would put
 2⁻⁹ into H, which the solve amplifies by up to κ ≈ 1/ridge). The per-(batch, head) K×K products run in ``SPREC``
 (tf32x3, exact fp32, or bf16x3: see :func:`_state_dot`), those inside the solve in ``SOLVE_SPREC`` (the solve kernel's
@@ -33,12 +33,12 @@ Accuracy of M: a swept inverse in fp32 is off by ~κ·u in every entry, unstruct
 gradient contractions cancel large entries of M (e.g. k·M k when the keys span few directions), which turns that
 into ~1e-4 relative errors of dβ and dk for fp32 inputs; ``F64`` sweeps in fp64 and rounds M once (fp32 inputs
 only: for bf16 inputs the error is far below the output's rounding). Other inputs invert in fp32 with a block
-inverse for wide heads (``LEAF`` < K: :mod:`.inverse_kernels`).
+inverse for 64-wide heads in the split forward (``BLOCK_INVERSE``: :mod:`.kernel_noncausal_inverse`).
 
-The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head); H and M optionally as packed upper
-triangles) when a backward will follow; the backward reads them instead of re-reading k and v and solving again, and
-recomputes R = D (P when α ≡ 1) = M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores. Both passes can
-run as separate launches (the forward's ``PHASE``, the backward's ``STAGE``), which 64-wide heads use for the solve.
+The forward stores H, M and Uᵀ (fp32 K×K, K×K, K×V blocks per (batch, head)) when a backward will follow; the
+backward reads them instead of re-reading k and v and solving again, and recomputes R = D (P when α ≡ 1) =
+M Uᵀ (− Uᵀ), which only the wide heads' forward (RELOAD) stores. The forward can run as three launches
+(``PHASE``), which 64-wide heads use for the solve.
 """
 
 from __future__ import annotations
@@ -46,32 +46,29 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .inverse_kernels import _block_inverse, _inverse_in_memory, _lp_dot, _split, _state_dot, _sweep_inverse
+from .kernel_noncausal_inverse import _inverse_in_memory, _lp_dot, _split, _state_dot, _sweep_inverse
 
-__all__ = ["gka_global_bwd_kernel", "gka_global_fwd_kernel", "gka_global_solve_kernel"]
+__all__ = ["gka_noncausal_bwd_kernel", "gka_noncausal_fwd_kernel", "gka_noncausal_solve_kernel"]
 
 
 @triton.jit
-def _dot_exact_a(a, b_hi, b_lo, LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+def _dot_exact_a(a, b_hi, b_lo, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """a @ b for a exact in the input dtype and b fp32 (given split when LP, as b_hi otherwise)."""
     if LP:
         out = _lp_dot(a, b_hi, None, EMU)
-        if PASSES == 2:
-            out = _lp_dot(a, b_lo, out, EMU)
+        out = _lp_dot(a, b_lo, out, EMU)
     else:
         out = tl.dot(a, b_hi, input_precision=PREC)
     return out
 
 
 @triton.jit
-def _dot_exact_b(a, b, acc, LP_TY: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr,
-                 EMU: tl.constexpr):
+def _dot_exact_b(a, b, acc, LP_TY: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """acc + a @ b for a fp32 and b exact in the input dtype (a is split here when LP)."""
     if LP:
-        a_hi, a_lo = _split(a, LP_TY, PASSES)
+        a_hi, a_lo = _split(a, LP_TY)
         acc = _lp_dot(a_hi, b, acc, EMU)
-        if PASSES == 2:
-            acc = _lp_dot(a_lo, b, acc, EMU)
+        acc = _lp_dot(a_lo, b, acc, EMU)
     else:
         acc = tl.dot(a, b, acc, input_precision=PREC)
     return acc
@@ -122,13 +119,12 @@ def _token_tiles(x_base, y_base, g_base, start, T, H, NX: tl.constexpr, NY: tl.c
 
 
 @triton.jit
-def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr, LP: tl.constexpr,
-             PASSES: tl.constexpr):
+def _operand(ptr, R: tl.constexpr, C: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr, LP: tl.constexpr):
     """An (R, C) fp32 matrix at ``ptr`` (strides SR, SC; transposed reads are free) as the split operand of
     :func:`_dot_exact_a`."""
     x = tl.load(ptr + tl.arange(0, R)[:, None] * SR + tl.arange(0, C)[None, :] * SC)
     if LP:
-        hi, lo = _split(x, tl.bfloat16, PASSES)
+        hi, lo = _split(x, tl.bfloat16)
     else:
         hi, lo = x, x
     return hi, lo
@@ -152,8 +148,8 @@ def _statistics(k_base, v_base, b_base, T, H, K: tl.constexpr, V: tl.constexpr, 
             kc, vc, b = _token_tiles(k_base, v_base, b_base, start, T, H, K, V, BT, HAS_BETA, LP)
         if HAS_BETA:
             kw = tl.trans(kc.to(tl.float32) * b[:, None])
-            Hs = _dot_exact_b(kw, kc, Hs, tl.bfloat16, LP, 2, PREC, EMU)
-            Us = _dot_exact_b(kw, vc, Us, tl.bfloat16, LP, 2, PREC, EMU)
+            Hs = _dot_exact_b(kw, kc, Hs, tl.bfloat16, LP, PREC, EMU)
+            Us = _dot_exact_b(kw, vc, Us, tl.bfloat16, LP, PREC, EMU)
         elif LP:
             # β = 1: k itself is exact in the input dtype, one pass is exact
             kT = tl.trans(kc)
@@ -189,9 +185,8 @@ def _chebyshev_inverse(A, lam, F, K: tl.constexpr, NUM_ITERS: tl.constexpr, SPRE
 
 @triton.jit
 def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, SPREC: tl.constexpr,
-                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr, LEAF: tl.constexpr):
-    """M for H: the exact inverse of H + λI (SOLVER 0: swept in fp64 when F64, else a block inverse on sweeps of
-    LEAF) or its Chebyshev polynomial."""
+                  EMU: tl.constexpr, F64: tl.constexpr, EPS: tl.constexpr):
+    """M for H: the exact inverse of H + λI (SOLVER 0: swept, in fp64 when F64) or its Chebyshev polynomial."""
     offs = tl.arange(0, K)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     lam = ridge * (F + EPS)
@@ -200,56 +195,25 @@ def _solve_matrix(Hs, ridge, K: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: t
         if F64:
             M = _sweep_inverse(A.to(tl.float64), (F + lam).to(tl.float64), K).to(tl.float32)
         else:
-            M = _block_inverse(A, F + lam, K, LEAF, SPREC, EMU)
+            M = _sweep_inverse(A, F + lam, K)
     else:
         M = _chebyshev_inverse(A, lam, F, K, NUM_ITERS, SPREC, EMU)
     return M
 
 
 @triton.jit
-def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr, PACKED: tl.constexpr):
-    """Where this (batch, head)'s saved H, M (symmetric K×K: :func:`_store_symmetric`), Uᵀ and, with RELOAD only, R
-    (K×V, row-major) start: one block after another (the host's ``state_words``)."""
-    if PACKED:
-        base = states + i_bh * (K * (K + 1) + (2 if RELOAD else 1) * K * V)
-        p_m = base + K * (K + 1) // 2
-        p_u = base + K * (K + 1)
-    else:
-        base = states + i_bh * (2 * K * K + (2 if RELOAD else 1) * K * V)
-        p_m = base + K * K
-        p_u = base + 2 * K * K
+def _state_blocks(states, i_bh, K: tl.constexpr, V: tl.constexpr, RELOAD: tl.constexpr):
+    """Where this (batch, head)'s saved H, M (K×K), Uᵀ and, with RELOAD only, R (K×V), all row-major, start: one
+    block after another (the host's ``state_words``)."""
+    base = states + i_bh * (2 * K * K + (2 if RELOAD else 1) * K * V)
+    p_m = base + K * K
+    p_u = base + 2 * K * K
     return base, p_m, p_u, p_u + K * V
 
 
 @triton.jit
-def _packed_index(K: tl.constexpr):
-    """(K, K) offsets of entry (i, j) in the row-major packed upper triangle (entry (min, max) for both halves)."""
-    i = tl.arange(0, K)[:, None]
-    j = tl.arange(0, K)[None, :]
-    lo = tl.minimum(i, j)
-    return lo * K - (lo * (lo - 1)) // 2 + (tl.maximum(i, j) - lo), i <= j
-
-
-@triton.jit
-def _store_symmetric(ptr, x, K: tl.constexpr, PACKED: tl.constexpr):
-    """Stores the symmetric (K, K) ``x``: PACKED, its upper triangle (K(K+1)/2 words; for narrow heads, whose index
-    tiles are small: at K = 64 the index tile held from the backward's first use to its last costs spills), else
-    row-major."""
-    if PACKED:
-        index, upper = _packed_index(K)
-        tl.store(ptr + index, x, mask=upper)
-    else:
-        _store_matrix(ptr, x, K, K)
-
-
-@triton.jit
-def _load_symmetric(ptr, K: tl.constexpr, PACKED: tl.constexpr):
-    if PACKED:
-        index, _ = _packed_index(K)
-        x = tl.load(ptr + index)
-    else:
-        x = tl.load(ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
-    return x
+def _load_square(ptr, K: tl.constexpr):
+    return tl.load(ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
 
 
 @triton.jit
@@ -267,15 +231,15 @@ def _sequence(i_bh, T, H, K: tl.constexpr, V: tl.constexpr):
 
 @triton.jit
 def _read_out(q_base, a_base, o_base, p_u, p_r, Us, R, qn, an, T, H, K: tl.constexpr, V: tl.constexpr,
-              BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
+              BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
               PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """O = Q Uᵀ + α ⊙ (Q R) (α ≡ 1: O = Q R) per token tile; RELOAD: Uᵀ and R re-read per tile from the state.
     PREFETCH: ``qn, an`` are the first tiles and each step loads the next one before it works on the current one."""
     if RELOAD:
         tl.debug_barrier()                                                  # the state stores, seen by all warps
     elif LP:
-        U_hi, U_lo = _split(Us, tl.bfloat16, PASSES)
-        R_hi, R_lo = _split(R, tl.bfloat16, PASSES)
+        U_hi, U_lo = _split(Us, tl.bfloat16)
+        R_hi, R_lo = _split(R, tl.bfloat16)
     else:
         U_hi, U_lo, R_hi, R_lo = Us, Us, R, R
     for start in range(0, T, BT):
@@ -287,29 +251,29 @@ def _read_out(q_base, a_base, o_base, p_u, p_r, Us, R, qn, an, T, H, K: tl.const
         else:
             qc, a = _token_tile(q_base, a_base, start, T, H, K, BT, HAS_ALPHA, LP)
         if RELOAD:
-            R_hi, R_lo = _operand(p_r, K, V, V, 1, LP, PASSES)
-        out = _dot_exact_a(qc, R_hi, R_lo, LP, PASSES, PREC, EMU)
+            R_hi, R_lo = _operand(p_r, K, V, V, 1, LP)
+        out = _dot_exact_a(qc, R_hi, R_lo, LP, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
-                U_hi, U_lo = _operand(p_u, K, V, V, 1, LP, PASSES)
-            out = _dot_exact_a(qc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * out
+                U_hi, U_lo = _operand(p_u, K, V, V, 1, LP)
+            out = _dot_exact_a(qc, U_hi, U_lo, LP, PREC, EMU) + a[:, None] * out
         tl.store(_tile_ptrs(o_base, t, H * V, V), out.to(o_base.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit(do_not_specialize=["T", "H"])
-def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
-                          HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                          PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                          F64: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
-                          PACKED: tl.constexpr, LEAF: tl.constexpr, SOLVE_SPREC: tl.constexpr):
+def gka_noncausal_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.constexpr, V: tl.constexpr,
+                             BT: tl.constexpr, SOLVER: tl.constexpr, NUM_ITERS: tl.constexpr, HAS_BETA: tl.constexpr,
+                             HAS_ALPHA: tl.constexpr, SAVE: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
+                             PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, F64: tl.constexpr,
+                             EPS: tl.constexpr, PREFETCH: tl.constexpr, PHASE: tl.constexpr,
+                             SOLVE_SPREC: tl.constexpr):
     """One (batch, head): statistics over all tokens, M, then O = Q Uᵀ + α ⊙ (Q D) (α ≡ 1: O = Q P) per token tile.
     PREFETCH: the token loops load one tile ahead, and the read-out's first tile is read before the statistics (its
     latency hidden behind them and the solve).
 
     PHASE 0 does all of it; split in three launches (wide heads: the solve's serial steps then run on programs that
     hold only the K×K tile, many to an SM, instead of the few that fit with the token passes' registers), PHASE 1 stores
-    H and Uᵀ, :func:`gka_global_solve_kernel` M, and PHASE 2 reads M and Uᵀ back for the read-out.
+    H and Uᵀ, :func:`gka_noncausal_solve_kernel` M, and PHASE 2 reads M and Uᵀ back for the read-out.
 
     The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
     K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
@@ -318,60 +282,60 @@ def gka_global_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl.co
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     q_base = q + off_k
     a_base = alpha + off_g
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
     qn, an = 0.0, 0.0                                                       # the read-out's first tiles (PREFETCH)
     if PREFETCH and PHASE != 1:
         qn, an = _token_tile(q_base, a_base, 0, T, H, K, BT, HAS_ALPHA, LP)
     if PHASE == 2:
-        M = _load_symmetric(p_m, K, PACKED)
+        M = _load_square(p_m, K)
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
     else:
         Hs, Us = _statistics(k + off_k, v + off_v, beta + off_g, T, H, K, V, BT, HAS_BETA, LP, PREC, EMU, PREFETCH)
     if PHASE == 1:
-        _store_symmetric(p_h, Hs, K, PACKED)
+        _store_matrix(p_h, Hs, K, K)
         _store_matrix(p_u, Us, K, V)
     else:
         if PHASE == 0:
-            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SOLVE_SPREC, EMU, F64, EPS, LEAF)
+            M = _solve_matrix(Hs, ridge, K, SOLVER, NUM_ITERS, SOLVE_SPREC, EMU, F64, EPS)
             if SAVE or RELOAD:
-                _store_symmetric(p_h, Hs, K, PACKED)
-                _store_symmetric(p_m, M, K, PACKED)
+                _store_matrix(p_h, Hs, K, K)
+                _store_matrix(p_m, M, K, K)
                 _store_matrix(p_u, Us, K, V)
         R = _state_dot(M, Us, SPREC, EMU)                                  # P = M Uᵀ
         if HAS_ALPHA:
             R -= Us                                                         # D = P − Uᵀ
         if RELOAD:
             _store_matrix(p_r, R, K, V)                                     # the backward recomputes it otherwise
-        _read_out(q_base, a_base, o + off_v, p_u, p_r, Us, R, qn, an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES,
-                  PREC, EMU, PREFETCH)
+        _read_out(q_base, a_base, o + off_v, p_u, p_r, Us, R, qn, an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PREC,
+                  EMU, PREFETCH)
 
 
 @triton.jit
-def gka_global_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
-                            NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                            F64: tl.constexpr, EPS: tl.constexpr, PACKED: tl.constexpr, LEAF: tl.constexpr):
+def gka_noncausal_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, SOLVER: tl.constexpr,
+                               NUM_ITERS: tl.constexpr, RELOAD: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
+                               F64: tl.constexpr, EPS: tl.constexpr, BLOCK_INVERSE: tl.constexpr):
     """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``). The block
-    inverse (LEAF < K) reads and writes its top-level blocks in place in the state instead of holding K×K tiles."""
-    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD, PACKED)
-    if SOLVER == 0 and not F64 and not PACKED and LEAF < K:
-        _inverse_in_memory(p_h, p_m, ridge, K, LEAF, SPREC, EMU, EPS)
+    inverse (BLOCK_INVERSE) reads and writes its top-level blocks in place in the state instead of holding K×K tiles."""
+    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD)
+    if SOLVER == 0 and not F64 and BLOCK_INVERSE:
+        _inverse_in_memory(p_h, p_m, ridge, K, SPREC, EMU, EPS)
     else:
-        M = _solve_matrix(_load_symmetric(p_h, K, PACKED), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS, LEAF)
-        _store_symmetric(p_m, M, K, PACKED)
+        M = _solve_matrix(_load_square(p_h, K), ridge, K, SOLVER, NUM_ITERS, SPREC, EMU, F64, EPS)
+        _store_matrix(p_m, M, K, K)
 
 
 @triton.jit
 def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, dOn, an, T, H, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
+                PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dq = dO U + α ⊙ (dO Dᵀ) (α ≡ 1: dO Pᵀ) and dα_t = q_t·(D do_t) for every token; returns G₀ = Σ do qᵀ and
     G₁ = Σ α do qᵀ (V×K; the same sum when α ≡ 1). U and Dᵀ / Pᵀ come from the K×V ``Us`` and ``R``, or with RELOAD
     are read transposed from the K×V state blocks per token tile. PREFETCH: ``qn, dOn, an`` are the first tiles (read
     by the caller) and each step loads the next one before it works on the current one."""
     if not RELOAD:
         if LP:
-            R_hi, R_lo = _split(tl.trans(R), tl.bfloat16, PASSES)
-            U_hi, U_lo = _split(tl.trans(Us), tl.bfloat16, PASSES)
+            R_hi, R_lo = _split(tl.trans(R), tl.bfloat16)
+            U_hi, U_lo = _split(tl.trans(Us), tl.bfloat16)
         else:
             R_hi = tl.trans(R)
             U_hi = tl.trans(Us)
@@ -388,19 +352,17 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, 
             qc = _load_tile(q_base, t, mask, H * K, K, LP)
             dOc = _load_tile(do_base, t, mask, H * V, V, LP)
         if RELOAD:
-            R_hi, R_lo = _operand(p_r, V, K, 1, V, LP, PASSES)
-        grad = _dot_exact_a(dOc, R_hi, R_lo, LP, PASSES, PREC, EMU)
+            R_hi, R_lo = _operand(p_r, V, K, 1, V, LP)
+        grad = _dot_exact_a(dOc, R_hi, R_lo, LP, PREC, EMU)
         if HAS_ALPHA:
             if RELOAD:
-                U_hi, U_lo = _operand(p_u, V, K, 1, V, LP, PASSES)
+                U_hi, U_lo = _operand(p_u, V, K, 1, V, LP)
             if not PREFETCH:
-                # read where it is used: loaded with q and dO it stays live through the products (sm_90a, D64: 136
-                # against 88 bytes of spills)
+                # read where it is used: loaded with q and dO it stays live through the products (more spills)
                 a = _load_gate(a_base, t, mask, H, True)
             tl.store(da_base + t * H, tl.sum(qc.to(tl.float32) * grad, 1), mask=mask)
-            grad = _dot_exact_a(dOc, U_hi, U_lo, LP, PASSES, PREC, EMU) + a[:, None] * grad
-            G1 = _dot_exact_b(tl.trans(dOc.to(tl.float32) * a[:, None]), qc, G1, tl.bfloat16, LP, PASSES, PREC,
-                              EMU)
+            grad = _dot_exact_a(dOc, U_hi, U_lo, LP, PREC, EMU) + a[:, None] * grad
+            G1 = _dot_exact_b(tl.trans(dOc.to(tl.float32) * a[:, None]), qc, G1, tl.bfloat16, LP, PREC, EMU)
         if LP:
             G0 = _lp_dot(tl.trans(dOc), qc, G0, EMU)
         else:
@@ -414,14 +376,14 @@ def _query_side(q_base, a_base, do_base, dq_base, da_base, p_u, p_r, Us, R, qn, 
 @triton.jit
 def _state_gradients(G0, G1, P_held, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr, V: tl.constexpr,
                      HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, HOLD_P: tl.constexpr, SPREC: tl.constexpr,
-                     EMU: tl.constexpr, PACKED: tl.constexpr):
+                     EMU: tl.constexpr):
     """S = dH + dHᵀ (K×K) and dU (V×K) from the token sums G₀, G₁ and the saved state. P = M Uᵀ is ``P_held``
     (HOLD_P: narrow heads, where it costs a few registers through the query-side pass), else recomputed (RELOAD:
     read), not held through that pass (registers of wide heads)."""
     offs_k = tl.arange(0, K)
     kv = offs_k[:, None] * V + tl.arange(0, V)[None, :]
     eye = offs_k[:, None] == offs_k[None, :]
-    M = _load_symmetric(p_m, K, PACKED)
+    M = _load_square(p_m, K)
     if HOLD_P:
         P = P_held
     elif RELOAD:
@@ -435,7 +397,7 @@ def _state_gradients(G0, G1, P_held, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr,
     dU = G0 + G1M - G1
     W = _state_dot(P, G1M, SPREC, EMU)
     trace = tl.sum(tl.sum(tl.where(eye, W, 0.0), 1), 0)
-    Hs = _load_symmetric(p_h, K, PACKED)
+    Hs = _load_square(p_h, K)
     F = tl.sqrt(tl.sum(tl.sum(Hs * Hs, 1), 0))
     # λ = ridge·(F + EPS): dλ = −tr W reaches H through ∂F/∂H = H/F (taken as 0 at F = 0, as autograd does)
     coef = tl.where(F > 0, 2.0 * ridge * trace / tl.where(F > 0, F, 1.0), 0.0)
@@ -444,22 +406,21 @@ def _state_gradients(G0, G1, P_held, ridge, p_h, p_m, p_u, p_r, K: tl.constexpr,
 
 
 @triton.jit
-def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, first, last, T, H,
+def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_du, kn, vn, bn, T, H,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, RELOAD: tl.constexpr,
-              LP: tl.constexpr, PASSES: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
+              LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr):
     """dk = β ⊙ (K S + V dU), dv = β ⊙ (K dUᵀ), dβ_t = k_t·(½ S k_t + dUᵀ v_t) for every token. RELOAD: S and dU
-    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``. The tiles start at
-    ``first``, ``first + BT``, … below ``last`` (0 and T but in the key-side launch of the split backward).
+    (V×K, row-major) are read per tile from ``p_s``, ``p_du`` instead of held in ``S``, ``dU``.
     PREFETCH: as in :func:`_query_side` (``kn, vn, bn``: the first tiles)."""
     if not RELOAD:
         dUt = tl.trans(dU)
         if LP:
-            S_hi, S_lo = _split(S, tl.bfloat16, PASSES)
-            dU_hi, dU_lo = _split(dU, tl.bfloat16, PASSES)
-            dUt_hi, dUt_lo = _split(dUt, tl.bfloat16, PASSES)
+            S_hi, S_lo = _split(S, tl.bfloat16)
+            dU_hi, dU_lo = _split(dU, tl.bfloat16)
+            dUt_hi, dUt_lo = _split(dUt, tl.bfloat16)
         else:
             S_hi, S_lo, dU_hi, dU_lo, dUt_hi, dUt_lo = S, S, dU, dU, dUt, dUt
-    for start in range(first, last, BT):
+    for start in range(0, T, BT):
         t = start + tl.arange(0, BT)
         mask = t < T
         if PREFETCH:
@@ -468,57 +429,33 @@ def _key_side(k_base, v_base, b_base, dk_base, dv_base, db_base, S, dU, p_s, p_d
         else:
             kc, vc, b = _token_tiles(k_base, v_base, b_base, start, T, H, K, V, BT, HAS_BETA, LP)
         if RELOAD:
-            S_hi, S_lo = _operand(p_s, K, K, K, 1, LP, PASSES)
-            dU_hi, dU_lo = _operand(p_du, V, K, K, 1, LP, PASSES)
-        KS = _dot_exact_a(kc, S_hi, S_lo, LP, PASSES, PREC, EMU)
-        VdU = _dot_exact_a(vc, dU_hi, dU_lo, LP, PASSES, PREC, EMU)
+            S_hi, S_lo = _operand(p_s, K, K, K, 1, LP)
+            dU_hi, dU_lo = _operand(p_du, V, K, K, 1, LP)
+        KS = _dot_exact_a(kc, S_hi, S_lo, LP, PREC, EMU)
+        VdU = _dot_exact_a(vc, dU_hi, dU_lo, LP, PREC, EMU)
         grad = b[:, None] * (KS + VdU)
         tl.store(_tile_ptrs(dk_base, t, H * K, K), grad.to(dk_base.dtype.element_ty), mask=mask[:, None])
         if HAS_BETA:
             tl.store(db_base + t * H, tl.sum(kc.to(tl.float32) * (0.5 * KS + VdU), 1), mask=mask)
         if RELOAD:
-            dUt_hi, dUt_lo = _operand(p_du, K, V, 1, K, LP, PASSES)
-        grad = b[:, None] * _dot_exact_a(kc, dUt_hi, dUt_lo, LP, PASSES, PREC, EMU)
+            dUt_hi, dUt_lo = _operand(p_du, K, V, 1, K, LP)
+        grad = b[:, None] * _dot_exact_a(kc, dUt_hi, dUt_lo, LP, PREC, EMU)
         tl.store(_tile_ptrs(dv_base, t, H * V, V), grad.to(dv_base.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit(do_not_specialize=["T", "H"])
-def gka_global_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv, dbeta, dalpha, ridge, T, H,
-                          K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
-                          HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PASSES: tl.constexpr,
-                          PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr,
-                          PACKED: tl.constexpr, STAGE: tl.constexpr, HOLD_P: tl.constexpr):
+def gka_noncausal_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, dv, dbeta, dalpha, ridge, T, H,
+                             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr,
+                             HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr, PREC: tl.constexpr,
+                             SPREC: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr, HOLD_P: tl.constexpr):
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
-    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients).
-
-    STAGE 0 does all of it. The split backward (wide heads: each part then needs fewer registers, and the key side,
-    which sums nothing over the tokens, runs one program per token tile) is STAGE 1, everything up to S and dU, stored
-    in ``scratch``, then STAGE 2 on the grid (batch·head, token tiles): dk, dv, dβ of tile ``program_id(1)``."""
+    load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
     i_bh = tl.program_id(0).to(tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K
-    if STAGE == 2:
-        S = tl.load(p_s + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
-        dU = tl.load(p_du + tl.arange(0, V)[:, None] * K + tl.arange(0, K)[None, :])
-        first = tl.program_id(1) * BT
-        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, 0.0,
-                  0.0, 0.0, first, first + BT, T, H, K, V, BT, HAS_BETA, False, LP, PASSES, PREC, EMU, False)
-    else:
-        _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh,
-                             off_k, off_v, off_g, T, H, K, V, BT, HAS_BETA, HAS_ALPHA, RELOAD, LP, PASSES, PREC,
-                             SPREC, EMU, PREFETCH, PACKED, STAGE, HOLD_P)
-
-
-@triton.jit
-def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv, dbeta, dalpha, ridge, i_bh, off_k,
-                         off_v, off_g, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr, RELOAD: tl.constexpr, LP: tl.constexpr,
-                         PASSES: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, EMU: tl.constexpr,
-                         PREFETCH: tl.constexpr, PACKED: tl.constexpr, STAGE: tl.constexpr, HOLD_P: tl.constexpr):
-    """The backward of one (batch, head) but for STAGE 1 its key side (:func:`gka_global_bwd_kernel`)."""
-    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD, PACKED)
+    p_h, p_m, p_u, p_r = _state_blocks(states, i_bh, K, V, RELOAD)
     qn, dOn, an = 0.0, 0.0, 0.0                                          # the first tiles, read here with PREFETCH
     if PREFETCH:
         qn, dOn, an = _token_tiles(q + off_k, do + off_v, alpha + off_g, 0, T, H, K, V, BT, HAS_ALPHA, LP)
@@ -530,20 +467,17 @@ def _bwd_query_and_state(q, k, v, beta, alpha, do, states, p_s, p_du, dq, dk, dv
     else:
         # R as the forward computed it (it is not stored): P = M Uᵀ, D = P − Uᵀ
         Us = tl.load(p_u + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
-        P = _state_dot(_load_symmetric(p_m, K, PACKED), Us, SPREC, EMU)
+        P = _state_dot(_load_square(p_m, K), Us, SPREC, EMU)
         R = P - Us if HAS_ALPHA else P
     G0, G1 = _query_side(q + off_k, alpha + off_g, do + off_v, dq + off_k, dalpha + off_g, p_u, p_r, Us, R, qn, dOn,
-                         an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+                         an, T, H, K, V, BT, HAS_ALPHA, RELOAD, LP, PREC, EMU, PREFETCH)
     kn, vn, bn = 0.0, 0.0, 0.0
-    if PREFETCH and STAGE == 0:
+    if PREFETCH:
         kn, vn, bn = _token_tiles(k + off_k, v + off_v, beta + off_g, 0, T, H, K, V, BT, HAS_BETA, LP)
-    S, dU = _state_gradients(G0, G1, P, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, HOLD_P, SPREC, EMU,
-                             PACKED)
-    if RELOAD or STAGE == 1:
+    S, dU = _state_gradients(G0, G1, P, ridge, p_h, p_m, p_u, p_r, K, V, HAS_ALPHA, RELOAD, HOLD_P, SPREC, EMU)
+    if RELOAD:
         _store_matrix(p_s, S, K, K)
         _store_matrix(p_du, dU, V, K)
-    if STAGE == 0:
-        if RELOAD:
-            tl.debug_barrier()
-        _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn,
-                  bn, 0, T, T, H, K, V, BT, HAS_BETA, RELOAD, LP, PASSES, PREC, EMU, PREFETCH)
+        tl.debug_barrier()
+    _key_side(k + off_k, v + off_v, beta + off_g, dk + off_k, dv + off_v, dbeta + off_g, S, dU, p_s, p_du, kn, vn, bn,
+              T, H, K, V, BT, HAS_BETA, RELOAD, LP, PREC, EMU, PREFETCH)

@@ -4,11 +4,11 @@ Within a chunk the product H_t x_t of every token is done in chunk form on tenso
 e^{G_t} (X H0)_t + ((A ⊙ X Kᵀ) K)_t (2K² + 4·BT·K flops per token and iteration), with μ = λ_t, L = ‖H_t‖_F + λ_t;
 ‖H_t‖²_F = e^{2G_t}‖H0‖² + 2 e^{G_t} Σ_s A[t,s] k_sᵀH0k_s + Σ_s A[t,s] (A (K Kᵀ)^{∘2})[t,s] comes from the chunk's
 Gram matrix. The forward stores x_t and ‖H_t‖_F; the backward runs the same iteration on α_t dz_t (implicit
-differentiation, appendix D) with the stored norm. Matmul precision as in :mod:`.causal_kernels` (bf16 hi/lo splits
+differentiation, appendix D) with the stored norm. Matmul precision as in :mod:`.kernel_causal` (bf16 hi/lo splits
 for 16-bit inputs, with H0's and the keys' parts split once per chunk, outside the iteration).
 
 The same kernels with ``num_iters`` chosen for fp32 convergence serve ``solver="direct"`` for heads wider than 16
-(see causal_launch.converged_iters). ``solver="auto"`` runs the steps its 1e-3 promise needs, the first
+(see launch_causal.converged_iters). ``solver="auto"`` runs the steps its 1e-3 promise needs, the first
 ``num_coarse`` of them coarse: every product in one bf16 (16-bit inputs) or TF32 pass. An early step's rounding
 is an error in the iterate that the remaining full-precision steps shrink like any other, so only the last steps
 need the split products (naive.auto_chebyshev_steps says how many).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .causal_kernels import _hi, _lo, chunk_gates, chunk_program, load_tile, mm
+from .kernel_causal import _hi, _lo, chunk_gates, chunk_program, load_tile, mm
 
 __all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
 
