@@ -5,6 +5,7 @@ against timm's PIL ops, label order, sharding, resume order, unreadable files.""
 from __future__ import annotations
 
 import random
+import time
 import warnings
 from pathlib import Path
 
@@ -346,3 +347,20 @@ def test_cuda_stages_equal_the_cpu_stages(jpeg_folder):
             assert torch.equal(ta, tb) and ua == ub
             diff = (a - b).abs() * 0.229 * 255  # in grey levels
             assert diff.mean() < mean_level, (key, diff.mean())
+
+
+@pytest.mark.timeout(120, method="thread")  # a regression hangs in join: end it
+def test_prefetch_thread_stops_with_its_consumer_and_hands_errors_over(jpeg_folder):
+    import threading
+
+    dataset = _dataset(jpeg_folder)
+    stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=0, prefetch=True)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    loader = [collate_encoded([dataset[(0, i)]]) for i in readable[:3]]  # one taken, two fill the queue, then its end
+    batches = stage(loader)
+    next(batches)
+    time.sleep(0.5)  # the thread has filled the queue and waits to hand over the end
+    batches.close()  # a training step that raised: the thread must end, not block the run
+    assert not [t for t in threading.enumerate() if t.name == "visionssm-gpu-stage"]
+    with pytest.raises(AttributeError, match="no attribute .data"):
+        list(stage([object()]))

@@ -241,6 +241,16 @@ class _Stage:
         stop = threading.Event()
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
+        def put(entry) -> bool:
+            """Hand ``entry`` over unless the consumer has stopped (it may never take another)."""
+            while not stop.is_set():
+                try:
+                    results.put(entry, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def produce():
             try:
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -250,17 +260,11 @@ class _Stage:
                         if stream is not None:
                             event = torch.cuda.Event()
                             event.record(stream)
-                        while not stop.is_set():
-                            try:
-                                results.put((item, event), timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
-                        if stop.is_set():
+                        if not put((item, event)):
                             return
-                results.put((None, None))
+                put((None, None))
             except BaseException as error:  # handed to the consumer, which raises it
-                results.put((error, None))
+                put((error, None))
 
         worker = threading.Thread(target=produce, name="visionssm-gpu-stage", daemon=True)
         worker.start()
