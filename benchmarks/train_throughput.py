@@ -122,6 +122,41 @@ def model_step(model_name: str, batch: int, amp: str, compile_mode, steps: int, 
     return batch * steps / (time.perf_counter() - start)
 
 
+def stage_alone(model_name: str, data: Path, batch: int, workers: int, batches: int) -> dict:
+    """img/s of the gpu data backend alone on the training split (the recipe's augmentation, no model): nvJPEG
+    decode only, and decode + augmentation; what the GPU path can feed at most."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from visionssm.data.gpu import EncodedImageFolder, TrainStage, collate_encoded, decode_batch
+    from visionssm.data.loader import EpochShuffleSampler
+    from visionssm.training.state import parse_config
+
+    cfg = parse_config(["--config", model_name])
+    dataset = EncodedImageFolder(data / "train", augment_seed=0)
+    loader = DataLoader(dataset, batch_size=batch, sampler=EpochShuffleSampler(len(dataset), 0, tag_epoch=True),
+                        num_workers=workers, collate_fn=collate_encoded, drop_last=True, persistent_workers=True)
+    stage = TrainStage(dataset, "cuda", 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), seed=0,
+                       scale=cfg["scale"], ratio=cfg["ratio"], hflip=cfg["hflip"],
+                       interpolation=cfg["train_interpolation"], auto_augment=cfg["aa"], prefetch=False)
+    encoded = []
+    for k, item in enumerate(loader):
+        encoded.append(item)
+        if k + 1 == batches:
+            break
+    rates = {}
+    for name, work in (("decode_img_per_s", lambda b: decode_batch(b.data, torch.device("cuda"))),
+                       ("stage_img_per_s", stage.process)):
+        work(encoded[0])  # warm-up: nvJPEG handles, kernels
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for item in encoded:
+            work(item)
+        torch.cuda.synchronize()
+        rates[name] = batch * len(encoded) / (time.perf_counter() - start)
+    return rates
+
+
 def whole_run(model_name: str, backend: str, data: Path, args) -> dict:
     """``visionssm-train`` for ``args.epochs`` epochs; the figures of epochs 2..E from its metrics."""
     with tempfile.TemporaryDirectory(prefix=f"tput-{model_name}-{backend}-") as out:
@@ -193,10 +228,12 @@ def main(argv=None) -> int:
     rows = []
     for model_name in args.models:
         step = model_step(model_name, args.batch_size, args.amp, args.compile, args.step_iters, 10, args.classes)
-        print(f"{model_name}: model step {step:,.0f} img/s", flush=True)
+        alone = stage_alone(model_name, data, args.batch_size, args.workers, batches=8)
+        print(f"{model_name}: model step {step:,.0f} img/s; gpu data stage alone {alone['stage_img_per_s']:,.0f} "
+              f"img/s (nvJPEG decode {alone['decode_img_per_s']:,.0f})", flush=True)
         for backend in args.backends:
             row = whole_run(model_name, backend, data, args)
-            row.update(model_step_img_per_s=step, share=row["whole_run_img_per_s"] / step,
+            row.update(model_step_img_per_s=step, **alone, share=row["whole_run_img_per_s"] / step,
                        loop_share=row["loop_img_per_s"] / step)
             rows.append(row)
             print(f"  {backend}: loop {row['loop_img_per_s']:,.0f} img/s, whole run {row['whole_run_img_per_s']:,.0f} "
@@ -217,7 +254,7 @@ def main(argv=None) -> int:
               f"{row['loop_img_per_s']:>10,.0f} {row['whole_run_img_per_s']:>10,.0f} {row['share']:>8.2f} "
               f"{versus:>7.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"throughput-{gpu.lower().replace(' ', '-')}-{date}"
+    stem = args.out / f"throughput-{'-'.join(args.models)}-{gpu.lower().replace(' ', '-')}-{date}"
     meta = {"gpu": gpu, "cpu_cores": os.cpu_count(), "date": date, "torch": torch.__version__,
             "timm": timm.__version__, "python": platform.python_version(),
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
