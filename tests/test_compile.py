@@ -271,37 +271,53 @@ def test_cuda_explain_one_graph(name, mode):
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("name", MODELS)
 def test_cuda_inductor_matches_eager(name, mode):
-    """Inductor (default mode), bf16 autocast, channels_last: outputs (and in train mode every gradient) equal
-    eager's within bf16 tolerance; the next call compiles nothing."""
+    """Inductor (default mode), bf16 autocast, channels_last: the output and, in train mode, every gradient are
+    about as close to the float32 model's as eager bf16's are (bf16 rounding differs between fused and unfused code, and
+    train-mode BatchNorm over a tiny batch amplifies it, so the measure is eager's own bf16 error); the next call
+    compiles nothing."""
     eager = getattr(_cuda_model(name), mode)()
-    model = copy.deepcopy(eager)
+    model, exact = copy.deepcopy(eager), copy.deepcopy(eager)
     compiled = torch.compile(model, fullgraph=True)
     train = mode == "train"
     for step in range(2):
         x = _input(name).cuda().to(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(train):
-            with _no_recompile(step > 0):
-                out = compiled(x)
-            expected = eager(x)
+        with torch.set_grad_enabled(train):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                with _no_recompile(step > 0):
+                    out = compiled(x)
+                expected = eager(x)
+            reference = exact(x)
         assert out.dtype == expected.dtype
-        _assert_near(out, expected, 2e-2, 1e-6, f"{name} {mode}: output")
+        _assert_as_close(out, expected, reference, f"{name} {mode} (call {step}): output")
         if not train:
             continue
-        grad = torch.randn_like(expected)
-        out.backward(grad)
-        expected.backward(grad)
-        got, want = _grads(model), _grads(eager)
-        floor = 1e-3 * max(g.float().norm().item() for g in want.values())
+        grad = torch.randn_like(reference)
+        for y in (out, expected, reference):
+            y.backward(grad.to(y.dtype))
+        got, want, ref = _grads(model), _grads(eager), _grads(exact)
+        floor = 1e-2 * max(g.float().norm().item() for g in ref.values())
         failed = []  # every gradient that differs, in one report: a GPU run is too dear to learn them one at a time
-        for param, g in want.items():
+        for param, g in ref.items():
             assert got[param] is not None, f"{name}: no gradient for {param}"
             try:
-                _assert_near(got[param], g, 5e-2, floor, f"{name} (call {step}): gradient of {param}")
+                _assert_as_close(got[param], want[param], g, f"{name} (call {step}): gradient of {param}", floor)
             except AssertionError as error:
                 failed.append(str(error))
         assert not failed, "\n".join(failed)
-        model.zero_grad()
-        eager.zero_grad()
+        for m in (model, eager, exact):
+            m.zero_grad()
+
+
+def _assert_as_close(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, what: str,
+                     floor: float = 1e-6) -> None:
+    """``got``'s distance to the float32 result ``exact`` is at most three times eager bf16's, plus 1% of ``exact``'s
+    norm floored at ``floor`` (a gradient that is zero in exact arithmetic, a conv bias before a training-mode
+    BatchNorm, is rounding noise on both sides)."""
+    error = (got.float() - exact.float()).norm().item()
+    eager_error = (eager.float() - exact.float()).norm().item()
+    allowed = 3 * eager_error + 1e-2 * max(exact.float().norm().item(), floor)
+    assert error <= allowed, (f"{what}: error {error:.3g} against fp32, eager bf16's {eager_error:.3g}, "
+                              f"allowed {allowed:.3g}")
 
 
 @pytest.mark.cuda
