@@ -6,8 +6,7 @@ Causal recurrence (state ``h ∈ R^{K×V}``, read before decay)::
 
 With ``p = b·k`` this is the paper's eq. 5. The output correction ``q − d·p`` and the L2 normalisation of q/k
 belong to the layer. Non-causal: ``o = causal(x) + reverse_T(causal(reverse_T(x)))``, both directions computed by
-one kernel launch that walks the sequence backwards for the second direction (no reversed copies). Long sequences
-take a chunk-parallel form (64-token chunks; only the chunk-to-chunk state recurrence is sequential).
+one kernel launch that walks the sequence backwards for the second direction (no reversed copies).
 
 Backends (:mod:`visionssm.kernels.dispatch`): Triton for CUDA tensors (and under ``TRITON_INTERPRET=1``), the
 chunked PyTorch form of :mod:`.naive` otherwise. float64 inputs always take the PyTorch path.

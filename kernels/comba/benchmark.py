@@ -2,12 +2,10 @@
 ``chunk_comba`` (causal only; its non-causal form would be two calls), bf16, forward and forward+backward.
 
 Shapes: the vision shapes first — two with 16-wide heads, then the mixer of ``comba_vision_S`` (batch 256, 197
-tokens, 6 heads of 64) — then the same mixer at 1024² (4,096 tokens) and at 2048² (16,384 tokens), and then two LM
-shapes with 64- and 128-wide heads (the suite takes minutes; a run cut short loses the LM rows rather than the vision
-targets). Where the chunk-parallel form is the default (``launch.CHUNKED_FROM`` tokens and more), the state walk
-forced by ``launch_overrides("comba", chunked=False)`` is timed too (``visionssm walk (CUDA graph)``). FLA's
-backward is wrong with Triton < 3.7.1 on Hopper, so below that version only its forward is timed (its
-forward+backward rows are left out).
+tokens, 6 heads of 64) — then that mixer at 1024² (4,096 tokens) and 2048² (16,384 tokens), and then two LM shapes
+with 64- and 128-wide heads (the suite takes minutes; a run cut short loses the LM rows rather than the vision
+targets). FLA's backward is wrong with Triton < 3.7.1 on Hopper,
+so below that version only its forward is timed (its forward+backward rows are left out).
 
 Every implementation is also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or
 forward + autograd backward): GPU time without the host's per-call work (Python, autograd, launches), which the
@@ -30,8 +28,6 @@ FLA_GRAPH = f"{FLA} (CUDA graph)"
 #: Timed by replaying a captured CUDA graph.
 GRAPHED = (OURS_GRAPH, SDPA_GRAPH, FLA_GRAPH)
 OURS = ("visionssm", OURS_GRAPH)
-#: The other form at the shapes where the chunk-parallel one is the default.
-WALK_GRAPH = "visionssm walk (CUDA graph)"
 SHAPES = [(256, 196, 10, 16), (256, 49, 20, 16), (256, 197, 6, 64), (16, 4096, 6, 64), (4, 16384, 6, 64),
           (64, 1024, 4, 64), (4, 2048, 8, 128)]
 
@@ -67,19 +63,17 @@ def _bytes(B, T, H, D, causal: bool, backward: bool, dtype: torch.dtype = torch.
     """Traffic of our kernels' design at this shape: q,k,p,v,o in ``dtype`` (+ do and 4 gradients) and the gates,
     plus what the launch layout stores and reads back: the state entering every chunk (in the dtype the op stores
     it in), the chunk inverses (64-wide heads) and, for the split backward, the state gradient leaving every chunk
-    (the states' dtype). The chunk-parallel form: :func:`_chunked_bytes`. (The op's own floor, inputs read once and
-    outputs written once, is the first and last terms alone.)"""
+    (the states' dtype). (The op's own floor, inputs read once and outputs written once, is the first and last terms
+    alone.)"""
     from visionssm.kernels.comba.launch import CHUNK, _state_dtype, launch_config
 
     elem = dtype.itemsize
     tokens = B * T * H
     fwd = tokens * (5 * D * elem + 4 + elem)
-    directions = 1 if causal else 2
-    cfg = launch_config(D, D, T, B * H, directions)
-    if cfg["chunked"]:
-        return _chunked_bytes(B, T, H, D, directions, backward, elem, _state_dtype(cfg, dtype).itemsize)
     if not backward:
         return fwd
+    directions = 1 if causal else 2
+    cfg = launch_config(D, D, T, B * H, directions)
     chunks = directions * B * H * (-(-T // CHUNK))
     state_bytes = _state_dtype(cfg, dtype).itemsize
     states = 2 * chunks * D * D * state_bytes
@@ -88,30 +82,8 @@ def _bytes(B, T, H, D, causal: bool, backward: bool, dtype: torch.dtype = torch.
     return fwd + states + inverses + state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 
-def _chunked_bytes(B, T, H, D, directions: int, backward: bool, elem: int, state_bytes: int) -> int:
-    """Traffic of the chunk-parallel form (kernel_chunked.py, 64-token chunks): the inputs read by each pass that
-    needs them, per direction the 16-token inverses, W, U0 then u (fp32) written and read back, the states per 64
-    tokens written and read, the 64-token inverses kept for the backward; the backward reads the inputs in its
-    state-gradient walk (per direction) and in its gradient kernel, the states, inverses (twice) and state gradients,
-    and writes every gradient."""
-    from visionssm.kernels.comba.launch import LONG_CHUNK
-
-    tokens = B * T * H
-    gates = 4 + elem
-    per_dir = 2 * 16 * 4 + 2 * D * 4 + 4 * D * 4 + 2 * D * D // LONG_CHUNK * state_bytes
-    fwd = tokens * (2 * D * elem + gates + 3 * D * elem + gates + D * elem + gates + 2 * D * elem + gates + D * elem)
-    fwd += tokens * directions * (per_dir + D * elem + gates + (LONG_CHUNK * 4 if backward else 0))
-    if not backward:
-        return fwd
-    walk = directions * (4 * D * elem + gates + LONG_CHUNK * 4 + D * D // LONG_CHUNK * state_bytes)
-    grads = 5 * D * elem + gates + D * elem + directions * (2 * D * D // LONG_CHUNK * state_bytes + LONG_CHUNK * 4)
-    return fwd + tokens * (walk + grads + 4 * D * elem + 2 * gates)
-
-
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from visionssm.kernels import comba
-    from visionssm.kernels.comba.launch import launch_config
-    from visionssm.kernels.tuning import launch_overrides
 
     if not torch.cuda.is_available():
         print("# comba suite needs CUDA; skipped")
@@ -135,14 +107,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             rows += measure_impls("comba", shape, tag, impls, ours=OURS, graphed=GRAPHED,
                                   bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd),
                                   copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else (FLA, FLA_GRAPH))
-            if launch_config(D, D, T, B * H, 1 if causal else 2)["chunked"]:
-                with launch_overrides("comba", chunked=False):
-                    rows += measure_impls("comba", shape, tag, {WALK_GRAPH: ours}, ours=(WALK_GRAPH,),
-                                          graphed=(WALK_GRAPH,), copy_gbps=copy_gbps,
-                                          bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd))
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     print_ratios(rows, ((OURS_GRAPH, FLA_GRAPH, f"{FLA}, both CUDA graph"), ("visionssm", FLA, f"{FLA}, both plain")))
     print_ratios(rows, ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"),))
-    print_ratios(rows, ((OURS_GRAPH, WALK_GRAPH, "the walk, both CUDA graph"),))
     return rows

@@ -58,9 +58,7 @@ def comba_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None],
     h0, inv = saved[0], saved[1] if len(saved) > 1 else None
     do = grads[0].contiguous()
     with device_guard(do):
-        # the forward's chunk: that of its saved inverses (64 tokens in the chunk-parallel form), else 16
-        BT = CHUNK if inv is None else inv.shape[-1]
-        plan = bwd_plan(q, v, g, beta, do, causal, BT, inv is not None, h0.dtype)
+        plan = bwd_plan(q, v, g, beta, do, causal, CHUNK, inv is not None, h0.dtype)
         return list(run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, scale))
 
 

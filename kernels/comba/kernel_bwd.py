@@ -7,8 +7,7 @@ state leaving it (``dh``) and its inverse (stored by the forward, or recomputed)
   computing each chunk's gradients on the way (small states: 16–32 wide; 64-wide with few sequences);
 * split: a light walk carries only ``dh`` and stores it per chunk (``comba_bwd_dh_kernel``), then one program per
   chunk computes that chunk's gradients (``comba_bwd_kernel`` with ``SPLIT``; 64-wide and larger states with many
-  sequences, where a walk that keeps everything spills and too few programs hide its latency). The chunk-parallel
-  form (kernel_chunked.py) runs this split at 64-token chunks, with the 64-token inverses its forward stored.
+  sequences, where a walk that keeps everything spills and too few programs hide its latency).
 
 Gradients that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction)
 and reduced afterwards.

@@ -37,15 +37,7 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.con
     rows = tl.arange(0, BT)
     block = rows // 2
     inv = (rows[:, None] == rows[None, :]).to(tl.float32) - tl.where(block[:, None] == block[None, :], A, 0.0)
-    return _merge_inverse(inv, A, BT, 1, LOG2_BT, PREC)
-
-
-@triton.jit
-def _merge_inverse(inv, A, BT: tl.constexpr, FIRST: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr):
-    """(I + A)^{-1} from ``inv``, the inverse of its diagonal blocks of 2^FIRST tokens (zero elsewhere): merges
-    pairs of blocks level by level up to BT, as :func:`_unit_lower_inverse` does from 2-token blocks."""
-    rows = tl.arange(0, BT)
-    for level in tl.static_range(FIRST, LOG2_BT):
+    for level in tl.static_range(1, LOG2_BT):
         half = rows // (1 << level)
         whole = rows // (2 << level)
         between = (whole[:, None] == whole[None, :]) & (half[:, None] != half[None, :])

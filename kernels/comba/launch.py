@@ -19,11 +19,6 @@ bwd_prefetch       the same in the one-pass backward
 wave_slots         training forward walk, ``dir_loop``, one value block: programs the GPU runs at once (None: its SMs ×
                    PROGRAMS_PER_SM; 0: off). When the last wave of both-direction programs would be at most half
                    full, its sequences get one program per direction instead (half as long, twice as many)
-chunked            the chunk-parallel form (kernel_chunked.py: 64-token chunks, only the state walk sequential, then the
-                   split backward at 64 tokens) instead of the walks above; ``value_block``, ``num_warps`` and
-                   ``walk_max_registers`` then apply to its state walk, ``dh_num_warps`` to its state-gradient walk,
-                   ``grad_num_warps`` to its gradient kernel, ``state_lp`` and ``fwd_lp`` as above; the others do not
-                   apply
 split_bwd          backward as a state-gradient walk, then one program per chunk (else one pass per sequence)
 store_inv          the forward keeps each chunk's inverse for the backward (else the backward recomputes it)
 state_lp           bf16 inputs: the states kept for the backward (h0, dh) are stored in bf16 and every backward
@@ -59,25 +54,15 @@ from ..utils import (
     wave_slots,
 )
 from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
-from .kernel_chunked import comba_chunk_out_kernel, comba_chunk_wy_kernel, comba_state_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
 SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
             "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers",
-            "wave_slots", "chunked")
+            "wave_slots")
 #: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
 #: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
 CHUNK = 16
-#: Tokens per chunk of the chunk-parallel form: a state stored per 64 tokens and a walk of T/64 steps, each chunk's
-#: inverse merged from its 16-token blocks' (two merge levels).
-LONG_CHUNK = 64
-#: Sequences from this length on take the chunk-parallel form: below it the walk's steps are few enough that its
-#: lighter total work wins.
-CHUNKED_FROM = 1024
-#: Walk programs the chunk-parallel form splits the value dimension for: about two per SM, since its walks are the
-#: only sequential part.
-CHUNKED_WALKS = 256
 #: One-warp programs of the 16-wide forward walk an SM runs at once, as its GPU time shows (H100, 132 SMs, T196 H10
 #: D16 non-causal, benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log): 136.4 µs at B211 (2,110
 #: sequences, 2.00 waves of 1,056 programs), 170.8 at B212 and 183.9 at B256 (2.42 waves). With the last wave
@@ -93,14 +78,8 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
-    # long sequences: the walk's T/16 steps each carry a whole chunk's work on few programs; the chunk-parallel
-    # form walks T/64 light steps and does everything else with every chunk in parallel
-    chunked = T >= CHUNKED_FROM
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
-        BV //= 2
-    # the chunk-parallel form's walks only carry the state: split further, down to 16 columns
-    while chunked and BV > 16 and BH * ND * cdiv(V, BV) < CHUNKED_WALKS:
         BV //= 2
     NV = cdiv(V, BV)
     programs = BH * ND * NV
@@ -156,11 +135,7 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
            # 1.10x. Capping the gradient kernel instead spilled 1.7 KB and took 1.48x.
            "walk_max_registers": 168 if wide and programs >= 1024 else None,
            "grad_max_registers": None,
-           "wave_slots": None,
-           "chunked": chunked}
-    if chunked:
-        # the gradient kernel's tiles are 64 tokens long: twice the warps to hold them
-        cfg["grad_num_warps"] = 8
+           "wave_slots": None}
     tuning.apply_overrides(OP, cfg, SETTINGS)
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
@@ -207,10 +182,6 @@ def saved_layout(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dty
                  save_state: bool) -> tuple[tuple[int, ...] | None, torch.dtype, tuple[int, ...] | None]:
     """What a forward under ``cfg`` keeps for its backward: (h0's shape, h0's dtype, the fp32 inverses' shape); a
     shape is None for a tensor not kept. The forward plan and the registered op's fake both take it from here."""
-    if cfg["chunked"]:  # the states per 64-token chunk and, always, the chunks' inverses
-        NC = cdiv(T, LONG_CHUNK)
-        return ((ND, B * H, NC, K, V) if save_state else None, _state_dtype(cfg, dtype),
-                (ND, B * H, NC, LONG_CHUNK, LONG_CHUNK) if save_state else None)
     NT = cdiv(T, CHUNK)
     save_inv = save_state and (cfg["store_inv"] or _pre_pass(cfg, T))
     return ((ND, B * H, NT, K, V) if save_state else None, _state_dtype(cfg, dtype),
@@ -249,19 +220,12 @@ class FwdPlan:
                  "w_shape", "u0_shape", "pre", "main", "dummy", "bwd", "cached", "zero_from")
 
 
-class ChunkedFwdPlan:
-    __slots__ = ("BT", "save_state", "h0_shape", "state_dtype", "inv_shape", "inv16_shape", "w_shape", "u_shape",
-                 "inv16", "wy", "state", "out", "dummy", "bwd", "cached")
-
-
 class BwdPlan:
     __slots__ = ("NP", "grid_dirs", "main", "dh_walk", "dh_shape")
 
 
 def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
-              device: torch.device, save_state: bool) -> FwdPlan | ChunkedFwdPlan:
-    if cfg["chunked"]:
-        return _build_chunked_fwd(cfg, B, T, H, K, V, ND, dtype, device, save_state)
+              device: torch.device, save_state: bool) -> FwdPlan:
     BT, BV = CHUNK, cfg["BV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
@@ -306,61 +270,8 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     return plan
 
 
-def _build_chunked_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
-                       device: torch.device, save_state: bool) -> ChunkedFwdPlan:
-    BT, BS, BK = LONG_CHUNK, CHUNK, cfg["BK"]
-    NC, NT16 = cdiv(T, BT), cdiv(T, BS)
-    plan = ChunkedFwdPlan()
-    plan.BT, plan.save_state, plan.bwd, plan.cached = BT, save_state, None, False
-    _, plan.state_dtype, plan.inv_shape = saved_layout(cfg, B, T, H, K, V, ND, dtype, save_state)
-    # the output kernel reads the states whether or not the backward keeps them
-    plan.h0_shape = (ND, B * H, NC, K, V)
-    plan.inv16_shape = (ND, B * H, NT16, BS, BS)
-    plan.w_shape = (ND, B * H, NC, BT, K)
-    plan.u_shape = (ND, B * H, NC, BT, V)  # U0, then u over it
-    plan.dummy = placeholder(device)
-    precision = _precision(dtype, device.type)
-    BVF = max(16, next_pow2(V))
-    shared = {"K": K, "V": V, "BK": BK, "N_DIR": ND, **precision}
-    plan.inv16 = DirectLaunch(comba_inv_kernel, (NT16, B * H), (T, NT16, B, H),
-                              {**shared, "BT": BS, "LOG2_BT": BS.bit_length() - 1, "BVF": BVF, "SAVE_WY": False},
-                              {"num_warps": 1 if BS * BK <= 512 else 2})
-    plan.wy = DirectLaunch(comba_chunk_wy_kernel, (NC, B * H), (T, NT16, NC, B, H),
-                           {**shared, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BS": BS,
-                            "LOG2_BS": BS.bit_length() - 1, "BVF": BVF, "SAVE_INV": save_state},
-                           {"num_warps": 4})
-    lp = plan.state_dtype != torch.float32 and cfg["fwd_lp"]
-    plan.state = DirectLaunch(comba_state_kernel, (cfg["NV"], B * H, ND), (T, NC, B, H),
-                              {**shared, "BT": BT, "BV": cfg["BV"], "LP": lp},
-                              launch_options(cfg["num_warps"], max_registers=cfg["walk_max_registers"]))
-    # chunk-parallel: no need to split the value dimension for parallelism
-    BVO = min(64, BVF)
-    plan.out = DirectLaunch(comba_chunk_out_kernel, (cdiv(V, BVO), NC, B * H), (T, NC, B, H),
-                            {**shared, "BT": BT, "BV": BVO, "LP": lp}, {"num_warps": 4})
-    return plan
-
-
-def _run_chunked_fwd(plan: ChunkedFwdPlan, q, k, v, p, g, beta, scale: float):
-    device = q.device
-    aligned = aligned16(q, k, v, p, g, beta)
-    dummy = plan.dummy
-    inv16 = empty_output(plan.inv16_shape, device=device, dtype=torch.float32)
-    inv = dummy if plan.inv_shape is None else empty_output(plan.inv_shape, device=device, dtype=torch.float32)
-    w = empty_output(plan.w_shape, device=device, dtype=torch.float32)
-    u = empty_output(plan.u_shape, device=device, dtype=torch.float32)
-    h0 = empty_output(plan.h0_shape, device=device, dtype=plan.state_dtype)
-    o = empty_output_like(v)
-    plan.inv16(aligned, k, p, g, beta, inv16, dummy, dummy, v)
-    plan.wy(aligned, k, p, v, g, beta, inv16, inv, w, u)
-    plan.state(aligned, k, g, w, u, h0)
-    plan.out(aligned, q, k, g, h0, u, o, scale)
-    return o, (h0 if plan.save_state else None), (inv if plan.save_state else None)
-
-
-def run_fwd(plan: FwdPlan | ChunkedFwdPlan, q, k, v, p, g, beta, scale: float):
+def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
     """Returns (o, h0, inv): h0 / inv (None unless the plan saves state) are what the backward reads back."""
-    if type(plan) is ChunkedFwdPlan:
-        return _run_chunked_fwd(plan, q, k, v, p, g, beta, scale)
     device = q.device
     aligned = aligned16(q, k, v, p, g, beta)
     # empty_like (the cheapest allocation) where no NaN poisoning is asked for; o has v's shape and dtype then
@@ -384,10 +295,7 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
               device: torch.device, has_inv: bool, state_dtype: torch.dtype,
               gate_dtypes: tuple[torch.dtype, ...]) -> BwdPlan:
     """``has_inv`` and ``state_dtype`` say what the forward stored (its inverses, its states' dtype): the backward
-    follows them, not the settings in force when it runs; so does ``BT``, the forward's chunk (LONG_CHUNK: the
-    chunk-parallel form). ``gate_dtypes``: those of g and β (their gradients')."""
-    if BT == LONG_CHUNK:
-        return _build_chunked_bwd(cfg, B, T, H, K, V, ND, dtype, device, has_inv, state_dtype, gate_dtypes)
+    follows them, not the settings in force when it runs. ``gate_dtypes``: those of g and β (their gradients')."""
     BV, NV = cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
@@ -411,34 +319,6 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
                              {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
                               "ATOMIC_ADD": _atomic_add(device.type, gate_dtypes, dtype),
                               "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
-                             launch_options(cfg["grad_num_warps"], max_registers=cfg["grad_max_registers"]))
-    return plan
-
-
-def _build_chunked_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
-                       device: torch.device, has_inv: bool, state_dtype: torch.dtype,
-                       gate_dtypes: tuple[torch.dtype, ...]) -> BwdPlan:
-    """The split backward at 64-token chunks: the state-gradient walk (value blocks as the forward's walk), then one
-    program per chunk for both directions, from the forward's states and inverses."""
-    if not has_inv:
-        raise ValueError("the chunk-parallel backward reads the forward's 64-token inverses; none were saved")
-    BT = LONG_CHUNK
-    NC = cdiv(T, BT)
-    dims = (T, NC, B, H)
-    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "N_DIR": ND,
-              **_precision(dtype, device.type), "LOAD_INV": True, "TAIL": 0, "STATE_LP": state_dtype != torch.float32}
-    plan = BwdPlan()
-    plan.dh_shape = (ND, B * H, NC, K, V) if NC > 1 else None
-    plan.dh_walk = None if NC == 1 else DirectLaunch(
-        comba_bwd_dh_kernel, (cfg["NV"], B * H, ND), dims, {**common, "BV": cfg["BV"]},
-        launch_options(cfg["dh_num_warps"], max_registers=cfg["walk_max_registers"]))
-    # chunk-parallel: the value dimension is split only to bound the tiles (each block's partials are summed after)
-    BVG = min(64, max(16, next_pow2(V)))
-    NVG = cdiv(V, BVG)
-    plan.NP, plan.grid_dirs = NVG, 1
-    plan.main = DirectLaunch(comba_bwd_kernel, (NC, B * H, NVG), dims,
-                             {**common, "BV": BVG, "NV": NVG, "DIR_LOOP": True, "SPLIT": True, "PREFETCH": False,
-                              "ATOMIC_ADD": _atomic_add(device.type, gate_dtypes, dtype)},
                              launch_options(cfg["grad_num_warps"], max_registers=cfg["grad_max_registers"]))
     return plan
 
