@@ -543,3 +543,56 @@ def test_comba_iplr_feedback_key(monkeypatch):
     torch.testing.assert_close(p, k * (2 * b[:, None] * g.exp()[..., None]))
     q_hat = q + layer.correction.detach()[:, None] * b[:, None] * k
     torch.testing.assert_close(q_hat.norm(dim=-1), torch.ones_like(q[..., 0]), rtol=0, atol=1e-3)
+
+
+class _KeepEverything:
+    """``recompute_saved`` switched off: every save kept."""
+
+    def __init__(self, tensors, recompute):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _saved_and_grads(layer, x, cotangent, dtype):
+    """(output, gradients of x and every parameter, activation bytes kept for the backward)."""
+    from visionssm.benchmark import memory
+
+    autocast_dtype = torch.bfloat16 if dtype == torch.bfloat16 else None
+    kept = memory.summarize(memory.saved_tensors(layer, x.detach().clone().requires_grad_(),
+                                                 autocast_dtype=autocast_dtype))["activation_bytes"]
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_dtype is not None):
+        y = layer(x)
+    (y.float() * cotangent).sum().backward()
+    return y.detach(), {"x": x.grad, **{n: p.grad for n, p in layer.named_parameters()}}, kept
+
+
+@pytest.mark.parametrize("kernels_path", ["interpreter", "reference"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["comba", "gka"])
+def test_kernel_inputs_recomputed_for_the_backward(name, causal, kernels_path, request, poison_outputs, monkeypatch):
+    """The recurrence's inputs (the prologue's outputs) are rebuilt from the projection for the backward instead of
+    kept: the same output and gradients bit for bit (fp32 and bf16 autocast), and, where the kernels keep them (the
+    Triton path; the reference ops keep tensors derived from them), at least q, k and v fewer bytes kept."""
+    request.getfixturevalue("triton_interpreter" if kernels_path == "interpreter" else "reference_path")
+    import visionssm.layers.comba as comba_module
+    import visionssm.layers.gka as gka_module
+
+    layer = LAYERS[name](causal)
+    x, cotangent = _input(seq=13), torch.randn(2, 13, DIM)
+    for dtype in (torch.float32, torch.bfloat16):
+        y, grads, kept = _saved_and_grads(layer, x, cotangent, dtype)
+        with monkeypatch.context() as patch:
+            patch.setattr(comba_module if name == "comba" else gka_module, "recompute_saved", _KeepEverything)
+            y_all, grads_all, kept_all = _saved_and_grads(layer, x, cotangent, dtype)
+        torch.testing.assert_close(y, y_all, rtol=0, atol=0)
+        for key, grad in grads_all.items():
+            torch.testing.assert_close(grads[key], grad, rtol=0, atol=0, msg=key)
+        qkv_bytes = 3 * x.numel() * (0.5 if name == "gka" else 1) * (2 if dtype == torch.bfloat16 else 4)
+        assert kept <= kept_all - (qkv_bytes if kernels_path == "interpreter" else 0), (kept, kept_all, qkv_bytes)

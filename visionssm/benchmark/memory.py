@@ -63,7 +63,8 @@ def _saver(frame, module_names: dict[int, str]) -> tuple[str, str, str]:
     site = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if site is None and not any(part in filename for part in _PLUMBING):
+        relayed = frame.f_code.co_name == "pack" and filename.endswith(f"layers{os.sep}common.py")  # observe_saves
+        if site is None and not relayed and not any(part in filename for part in _PLUMBING):
             site = f"{_short_path(filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
         owner = frame.f_locals.get("self")
         if isinstance(owner, torch.nn.Module) and id(owner) in module_names:
@@ -77,6 +78,8 @@ def saved_tensors(model, images, *, autocast_dtype=None, target=None) -> list[Sa
     return every storage autograd saved for the backward, in the order first saved. ``autocast_dtype``: run under
     autocast of the images' device type in that dtype. Nothing is differentiated."""
     import torch
+
+    from visionssm.layers.common import observe_saves
 
     module_names = {id(m): name for name, m in model.named_modules()}
     own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
@@ -101,7 +104,8 @@ def saved_tensors(model, images, *, autocast_dtype=None, target=None) -> list[Sa
     was_training = model.training
     model.train()
     try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+        # observe_saves: a layer's own saved-tensor hooks (recomputed kernel inputs) hide its other saves from ours
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), observe_saves(pack), \
                 torch.autocast(images.device.type, dtype=autocast_dtype or torch.float32,
                                enabled=autocast_dtype is not None):
             out = model(images)

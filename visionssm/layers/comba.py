@@ -48,6 +48,7 @@ from .common import (
     aligned_projection,
     init_log_decay_,
     is_plain_linear,
+    recompute_saved,
     require_int,
     require_positive,
 )
@@ -140,14 +141,20 @@ class CombaMixer(SequenceMixer):
             self.b_logit.fill_(self.feedback_init)
             self.correction.fill_(self.correction_init)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
-        q, k, v, p, g, beta, _, gate = kernels.mixer_prologue(
-            aligned_projection(x, self.in_proj), self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
+    def _prologue(self, proj: torch.Tensor) -> tuple:
+        return kernels.mixer_prologue(
+            proj, self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
             value_dim=self.head_v_dim, causal=self.causal, beta_col=self._beta_col, decay_col=self._decay_col,
             A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
             transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)
-        o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        proj = aligned_projection(x, self.in_proj)
+        q, k, v, p, g, beta, _, gate = self._prologue(proj)
+        # the recurrence's inputs are rebuilt from proj (which the prologue keeps) for the backward, not kept twice
+        with recompute_saved((q, k, v, p, g, beta), lambda: self._prologue(proj.detach())[:6]):
+            o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
         gate_weight = gate_bias = None
         if self.gate_up is not None:
             if is_plain_linear(self.gate_up):  # the up-projection inside the op: no Linear call, no full gate in memory

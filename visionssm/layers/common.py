@@ -3,6 +3,7 @@ L2 normalisation, the gated per-head RMSNorm, the blocks' LayerNorm, and Mamba2'
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -17,7 +18,8 @@ from visionssm.kernels.layer_norm import add_layer_norm
 from visionssm.kernels.utils import check_int, check_positive, needs_grad
 
 __all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "add_and_norm", "aligned_projection", "init_log_decay_",
-           "is_hooked", "is_plain_linear", "l2_normalize", "require_int", "require_positive"]
+           "is_hooked", "is_plain_linear", "l2_normalize", "observe_saves", "recompute_saved", "require_int",
+           "require_positive"]
 
 
 # the kernels' own argument checks: one rule for the ops and the layers
@@ -25,6 +27,97 @@ require_int = check_int
 
 
 require_positive = check_positive
+
+
+#: Callbacks shown every tensor a :class:`recompute_saved` keeps (its hooks hide them from outer ones).
+_SAVE_OBSERVERS: list = []
+
+
+@contextlib.contextmanager
+def observe_saves(callback):
+    """Within: ``callback(tensor)`` for every tensor that a :class:`recompute_saved` region keeps for the backward.
+    Saved-tensor hooks do not nest (the innermost pair alone sees a save), so a tool that counts saves through its
+    own hooks (with ``callback`` as their pack hook) registers here to see those made inside such a region too
+    (``visionssm.benchmark.memory``); other outer hooks (checkpointing) switch the regions off."""
+    _SAVE_OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _SAVE_OBSERVERS.remove(callback)
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+class recompute_saved:  # noqa: N801 - used as a context manager, like torch's
+    """Context manager: a save for the backward of one of ``tensors`` (or a view with its layout: the same memory)
+    made inside keeps a token instead, and ``recompute()`` rebuilds all of them, once, when the backward first reads
+    one. For a mixer's kernel inputs that a cheap op computes from a tensor autograd keeps anyway (the prologue from
+    the projection it saves): they are not kept twice across the forward. ``recompute`` must give the same values
+    (it runs under the forward's autocast state, without grad). Inside ``torch.compile`` or FX tracing it does
+    nothing (a compiled graph plans its own saves)."""
+
+    def __init__(self, tensors, recompute) -> None:
+        self.active = (not torch.compiler.is_compiling() and not fx_tracing() and torch.is_grad_enabled()
+                       and not _outer_save_hooks())
+        self.keys = {_tensor_key(t): i for i, t in enumerate(tensors) if t is not None} if self.active else {}
+        self.active = bool(self.keys)
+        self.recompute = recompute
+        self.hooks = None
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        device = next(iter(self.keys))[0].type
+        autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        built: list = []
+
+        def pack(t):
+            index = self.keys.get(_tensor_key(t))
+            if index is not None:
+                return _Recomputed(index)
+            for observe in _SAVE_OBSERVERS:
+                observe(t)
+            return t
+
+        def unpack(saved):
+            if not isinstance(saved, _Recomputed):
+                return saved
+            if not built:
+                with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
+                    built.append(self.recompute())
+            return built[0][saved.index]
+
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.hooks is not None:
+            self.hooks.__exit__(*exc)
+            self.hooks = None
+        return False
+
+
+def _outer_save_hooks() -> bool:
+    """Whether saved-tensor hooks other than an observer's (:func:`observe_saves`) are active: gradient
+    checkpointing or offloading decide what is kept there, and hooks of ours inside would keep it all."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # no way to tell: stay out of the way
+        return True
+    try:
+        hooks = top(True)  # ignore_is_tracing
+    except TypeError:
+        hooks = top()
+    return hooks is not None and hooks[0] not in _SAVE_OBSERVERS
+
+
+class _Recomputed:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -43,7 +43,15 @@ from visionssm import kernels
 from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
 
 from .base import SequenceMixer, register_mixer
-from .common import GatedRMSNorm, ShortConv1d, aligned_projection, init_log_decay_, require_int, require_positive
+from .common import (
+    GatedRMSNorm,
+    ShortConv1d,
+    aligned_projection,
+    init_log_decay_,
+    recompute_saved,
+    require_int,
+    require_positive,
+)
 
 __all__ = ["GKAMixer"]
 
@@ -127,20 +135,32 @@ class GKAMixer(SequenceMixer):
         if self.A_log is not None:
             init_log_decay_(self.A_log, self.dt_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
+    def _prologue(self, proj: torch.Tensor) -> tuple:
         H, beta_col = self.num_heads, self._beta_col
-        q, k, v, _, g, beta, alpha, gate = kernels.mixer_prologue(
-            aligned_projection(x, self.in_proj), self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim,
+        return kernels.mixer_prologue(
+            proj, self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim,
             value_dim=self.head_dim, causal=self.causal, beta_col=beta_col, beta_bias=self.beta_bias,
             alpha_col=beta_col + H, alpha_bias=self.alpha_bias,
             decay_col=None if self.A_log is None else beta_col + 2 * H, A_log=self.A_log, dt_bias=self.dt_bias,
             gate_cols=self._gate_cols, eps=L2_EPS)
-        o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters,
-                        solver=self.solver)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        proj = aligned_projection(x, self.in_proj)
+        q, k, v, _, g, beta, alpha, gate = self._prologue(proj)
+        # the solver's inputs are rebuilt from proj (which the prologue keeps) for the backward, not kept twice
+        with recompute_saved((q, k, v, g, beta, alpha), lambda: _kernel_inputs(self._prologue(proj.detach()))):
+            o = kernels.gka(q, k, v, g, beta, alpha, causal=self.causal, ridge=self.ridge, num_iters=self.num_iters,
+                            solver=self.solver)
         return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="silu",
                                                    eps=self.out_norm.eps))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
                 f"ridge={self.ridge}, solver={self.solver}, num_iters={self.num_iters}")
+
+
+def _kernel_inputs(prologue: tuple) -> tuple:
+    """(q, k, v, g, beta, alpha) of the prologue's outputs (it also returns Comba's p and the gate)."""
+    q, k, v, _, g, beta, alpha, _ = prologue
+    return q, k, v, g, beta, alpha
