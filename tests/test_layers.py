@@ -596,3 +596,30 @@ def test_kernel_inputs_recomputed_for_the_backward(name, causal, kernels_path, r
             torch.testing.assert_close(grads[key], grad, rtol=0, atol=0, msg=key)
         qkv_bytes = 3 * x.numel() * (0.5 if name == "gka" else 1) * (2 if dtype == torch.bfloat16 else 4)
         assert kept <= kept_all - (qkv_bytes if kernels_path == "interpreter" else 0), (kept, kept_all, qkv_bytes)
+
+
+@pytest.mark.parametrize("kernels_path", ["interpreter", "reference"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_comba_recompute_state_same_numbers_less_kept(causal, kernels_path, request, poison_outputs):
+    """``recompute_state=True``: the prologue and the recurrence run again in the backward, nothing but the
+    projection kept: the same output and gradients bit for bit, fewer bytes kept, and nothing the recurrence's op
+    keeps (its chunk states on the Triton path) among them."""
+    from visionssm.benchmark import memory
+
+    request.getfixturevalue("triton_interpreter" if kernels_path == "interpreter" else "reference_path")
+    layer = LAYERS["comba"](causal)
+    again = LAYERS["comba"](causal, recompute_state=True)
+    again.load_state_dict(layer.state_dict())
+    assert "recompute_state=True" in repr(again)
+    x, cotangent = _input(seq=37), torch.randn(2, 37, DIM)
+    y, grads, kept = _saved_and_grads(layer, x, cotangent, torch.float32)
+    y_again, grads_again, kept_again = _saved_and_grads(again, x, cotangent, torch.float32)
+    torch.testing.assert_close(y_again, y, rtol=0, atol=0)
+    for key, grad in grads.items():
+        torch.testing.assert_close(grads_again[key], grad, rtol=0, atol=0, msg=key)
+    assert kept_again < kept
+    sites = lambda mixer: {r.site.split(":")[0] for r in memory.saved_tensors(mixer, x.clone().requires_grad_())}
+    assert any(site.startswith("kernels/comba/") for site in sites(layer))
+    assert not any(site.startswith("kernels/comba/") for site in sites(again))
+    with pytest.raises(TypeError, match="recompute_state"):
+        LAYERS["comba"](causal, recompute_state="yes")

@@ -110,3 +110,12 @@ def test_command_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         memory.main(["test_comba_vision", "--dtype", "int8"])
     assert "dtype" in capsys.readouterr().err
+
+
+def test_comba_vision_recompute_state_keeps_less(reference_path):
+    name, kwargs, side = SMALL["comba_vision"]
+    model = timm.create_model(name, **kwargs)
+    lean = timm.create_model(name, recompute_state=True, **kwargs)
+    assert all(block.mixer.recompute_state for block in lean.blocks)
+    lean.load_state_dict(model.state_dict())
+    assert _activation_bytes(lean, side, False) < 0.8 * _activation_bytes(model, side, False)

@@ -37,8 +37,10 @@ from __future__ import annotations
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from visionssm import kernels
+from visionssm.kernels.dispatch import fx_tracing
 from visionssm.kernels.mixer_prologue import TRANSITIONS
 
 from .base import SequenceMixer, register_mixer
@@ -76,6 +78,10 @@ class CombaMixer(SequenceMixer):
         norm_eps: epsilon of the per-head output RMSNorm.
         transition: ``"splr"`` (default, the paper's Comba: α_t − β̃_t k̂ k̂ᵀ) or ``"iplr"`` (Comba-iplr:
             α_t (I − 2 β̃_t k̂ k̂ᵀ)), with β̃ = b·β. Same parameters either way.
+        recompute_state: in training keep only the input projection for the backward, which runs the prologue and
+            the recurrence's forward again (``torch.utils.checkpoint``): the recurrence's chunk states, the largest
+            thing a Comba block keeps at long sequences, are not held from the forward to the backward, for one more
+            forward of the kernel per step. Same numbers; eager only (a compiled graph plans its own saves).
     """
 
     no_weight_decay_names = ("A_log", "dt_bias", "b_logit", "correction")
@@ -84,7 +90,7 @@ class CombaMixer(SequenceMixer):
     def __init__(self, dim: int, *, causal: bool = False, num_heads: int | None = None, expand_v: float = 1.0,
                  conv_size: int = 3, correction_init: float = 0.02, feedback_init: float = 1.0,
                  gate_rank: int | None = 16, norm_eps: float = 1e-5, transition: str = "splr",
-                 device=None, dtype=None) -> None:
+                 recompute_state: bool = False, device=None, dtype=None) -> None:
         super().__init__(dim, causal=causal)
         dd = {"device": device, "dtype": dtype}
         if num_heads is None:
@@ -101,6 +107,9 @@ class CombaMixer(SequenceMixer):
         if transition not in TRANSITIONS:
             raise ValueError(f"transition must be one of {TRANSITIONS}, got {transition!r}")
         self.transition = transition
+        if not isinstance(recompute_state, bool):
+            raise TypeError(f"recompute_state must be a bool, got {type(recompute_state).__name__}")
+        self.recompute_state = recompute_state
         for name, value in (("correction_init", correction_init), ("feedback_init", feedback_init)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -148,13 +157,21 @@ class CombaMixer(SequenceMixer):
             A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
             transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)
 
+    def _recurrence(self, proj: torch.Tensor) -> torch.Tensor:
+        return kernels.comba(*self._prologue(proj)[:6], causal=self.causal)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         proj = aligned_projection(x, self.in_proj)
-        q, k, v, p, g, beta, _, gate = self._prologue(proj)
-        # the recurrence's inputs are rebuilt from proj (which the prologue keeps) for the backward, not kept twice
-        with recompute_saved((q, k, v, p, g, beta), lambda: self._prologue(proj.detach())[:6]):
-            o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
+        if self.recompute_state and torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+                and not fx_tracing():
+            o = checkpoint(self._recurrence, proj, use_reentrant=False, preserve_rng_state=False)
+            gate = proj[..., self._gate_cols[0]:self._gate_cols[0] + self._gate_cols[1]]  # the prologue's gate view
+        else:
+            q, k, v, p, g, beta, _, gate = self._prologue(proj)
+            # the recurrence's inputs are rebuilt from proj (which the prologue keeps) for the backward, not kept twice
+            with recompute_saved((q, k, v, p, g, beta), lambda: self._prologue(proj.detach())[:6]):
+                o = kernels.comba(q, k, v, p, g, beta, causal=self.causal)
         gate_weight = gate_bias = None
         if self.gate_up is not None:
             if is_plain_linear(self.gate_up):  # the up-projection inside the op: no Linear call, no full gate in memory
@@ -166,4 +183,5 @@ class CombaMixer(SequenceMixer):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
-                f"gate_rank={self.gate_rank}, transition={self.transition}")
+                f"gate_rank={self.gate_rank}, transition={self.transition}"
+                + (", recompute_state=True" if self.recompute_state else ""))

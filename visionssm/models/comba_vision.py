@@ -152,6 +152,10 @@ class CombaVision(nn.Module):
         transition: Comba's state transition, ``'splr'`` (the paper's Comba) or ``'iplr'`` (Comba-iplr, the paper's
             best tracker), given to the mixer (``None``: the mixer's default, splr). It has no parameters of its own,
             so checkpoints load into either.
+        recompute_state: given to the mixer (:class:`~visionssm.layers.comba.CombaMixer`; ``None``: its default,
+            off): in training each mixer keeps only its input projection and runs its recurrence's forward again in
+            the backward, instead of keeping the recurrence's chunk states (high resolution: less memory, one more
+            kernel forward per block and step). No parameters of its own.
         fused_norm: ``True``: the blocks' and the final LayerNorm on visionssm's Triton kernels
             (:class:`visionssm.layers.common.LayerNorm`: a third of PyTorch's GPU time forward+backward at these
             widths, the residual adds inside them, but in training a Python autograd node, more host time per norm
@@ -168,7 +172,8 @@ class CombaVision(nn.Module):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 12,
                  num_heads: int = 3, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
-                 mixer_kwargs: dict | None = None, transition: str | None = None, fused_norm: bool | str = True,
+                 mixer_kwargs: dict | None = None, transition: str | None = None,
+                 recompute_state: bool | None = None, fused_norm: bool | str = True,
                  init_values: float | None = None, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer=None, act_layer=None, device=None, dtype=None) -> None:
@@ -185,6 +190,8 @@ class CombaVision(nn.Module):
                           else partial(LayerNorm, eps=1e-6, fused_training=fused_norm is True))
         if transition is not None:
             mixer_kwargs = {**(mixer_kwargs or {}), "transition": transition}
+        if recompute_state is not None:
+            mixer_kwargs = {**(mixer_kwargs or {}), "recompute_state": recompute_state}
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
