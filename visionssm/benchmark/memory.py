@@ -6,13 +6,13 @@ dtype, bytes and the module and source line that saved it, de-duplicated by stor
 
 The saved tensors are what a training step holds between its forward and its backward, so their bytes are the part
 of the peak memory that grows with the batch (the rest is weights, gradients, optimizer state and the backward's
-own temporaries). They are recorded through ``torch.autograd.graph.saved_tensors_hooks``: a view saves its base's
-storage once, and parameters (saved by every linear layer) are counted apart. On a CPU the Triton kernels run in
-Triton's interpreter with ``--kernels triton`` and ``TRITON_INTERPRET=1`` in the environment (what a GPU
-saves; slow at large images) and the PyTorch reference
-otherwise (``--kernels torch``: the reference ops save their own intermediates, not the kernels'). CPU autocast
-keeps PyTorch's LayerNorm where CUDA autocast takes visionssm's kernels, so bf16 on a CPU is close to, not exactly,
-a GPU's layout.
+own temporaries). Per image is measured, not divided: a second forward with one image more, minus the first. They
+are recorded through ``torch.autograd.graph.saved_tensors_hooks``: a view saves its base's storage once, and
+parameters (saved by every linear layer) are counted apart. On a CPU the Triton kernels run in Triton's interpreter
+with ``--kernels triton`` and ``TRITON_INTERPRET=1`` in the environment (what a GPU saves; slow at large images) and
+the PyTorch reference otherwise (``--kernels torch``: the reference ops save their own intermediates, not the
+kernels'). CPU autocast keeps PyTorch's LayerNorm where CUDA autocast takes visionssm's kernels, so bf16 on a CPU is
+close to, not exactly, a GPU's layout.
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", help="timm model names (visionssm's or timm's)")
     p.add_argument("--img-size", type=int, default=224, help="square input resolution (default 224)")
-    p.add_argument("--batch-size", "-b", type=int, default=1, help="images per forward (default 1); bytes are also "
-                   "reported per image")
+    p.add_argument("--batch-size", "-b", type=int, default=1, help="images per forward (default 1); the bytes per "
+                   "image come from a second forward with one more")
     p.add_argument("--dtype", default="float32", help="float32 (default) or bf16/fp16: autocast in that dtype")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--kernels", choices=("triton", "torch"), default=None,
@@ -201,23 +201,29 @@ def _run(args: argparse.Namespace) -> int:
         model = _create(name, args.img_size, args.model_kwargs).to(device)
         if args.grad_checkpointing:
             model.set_grad_checkpointing(True)
-        images = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
-        target = torch.randint(0, max(1, getattr(model, "num_classes", 1)), (args.batch_size,), device=device)
-        with kernels.backend(backend):
-            records = saved_tensors(model, images, autocast_dtype=None if dtype == torch.float32 else dtype,
-                                    target=target if getattr(model, "num_classes", 0) else None)
+        runs = []
+        # a second forward with one image more: the difference is what one image adds, whatever does not grow with
+        # the batch (autocast's weight copies, padded weights) stays out of it
+        for batch in (args.batch_size, args.batch_size + 1):
+            images = torch.randn(batch, 3, args.img_size, args.img_size, device=device)
+            target = torch.randint(0, max(1, getattr(model, "num_classes", 1)), (batch,), device=device)
+            with kernels.backend(backend):
+                runs.append(saved_tensors(model, images, autocast_dtype=None if dtype == torch.float32 else dtype,
+                                          target=target if getattr(model, "num_classes", 0) else None))
+        records = runs[0]
         totals = summarize(records)
-        per_image = totals["activation_bytes"] / args.batch_size
+        per_image = summarize(runs[1])["activation_bytes"] - totals["activation_bytes"]
+        fixed = totals["activation_bytes"] - args.batch_size * per_image
         print(f"# {name} {args.img_size}px batch {args.batch_size} {str(dtype).replace('torch.', '')}"
               f"{' autocast' if dtype != torch.float32 else ''} kernels={backend}"
               f"{' grad-checkpointing' if args.grad_checkpointing else ''}: {_mib(totals['activation_bytes'])} saved "
-              f"({_mib(per_image)} per image) in {totals['activation_tensors']} tensors; parameters saved "
-              f"{_mib(totals['parameter_bytes'])}")
+              f"in {totals['activation_tensors']} tensors: {_mib(per_image)} per image and {_mib(fixed)} that do "
+              f"not grow with the batch; parameters saved {_mib(totals['parameter_bytes'])}")
         for g in group_savers(records)[:args.top]:
             print(f"  {_mib(g['bytes']):>13} {100 * g['bytes'] / max(1, totals['activation_bytes']):5.1f}%  "
                   f"{g['count']:3d} x {str(g['shape']):<22} {g['dtype']:<9} {g['module']} ({g['module_type']})  "
                   f"{g['site']}")
-        report[name] = {**totals, "bytes_per_image": per_image, "groups": group_savers(records)}
+        report[name] = {**totals, "bytes_per_image": per_image, "fixed_bytes": fixed, "groups": group_savers(records)}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         settings = {k: v for k, v in vars(args).items() if k != "json"}
