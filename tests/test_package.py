@@ -64,8 +64,16 @@ README_COMMANDS = {
     "visionssm-benchmark mamba_vision_T gka_vision_T comba_vision_T convnext_tiny resnet50 --batch-size 256 "
     "--img-size 224 --dtype bf16 --channels-last --baseline convnext_tiny": NOT_RUN + "a GPU measurement (bf16, "
                                                                             "batch 256); its CPU twin below runs",
+    "visionssm-benchmark comba_vision_S deit_small_patch16_224 --channels-last --compile": NOT_RUN + "a GPU "
+    "measurement; tests/test_benchmark_cli.py parses --compile, tests/test_compile.py compiles the models",
+    "visionssm-benchmark gka_vision_T mamba_vision_T --img-size 224 512 1024 --model-kwargs global_mixer=True": NOT_RUN
+    + "a GPU measurement; tests/test_benchmark_cli.py runs several --img-size and --model-kwargs on CPU",
     "visionssm-benchmark resnet18 test_vit --device cpu --batch-size 4 --img-size 64": "benchmark-cpu",
     "visionssm-benchmark kernels --ops gka comba selective_scan ska": "benchmark-kernels",
+    "python -m visionssm.benchmark.memory comba_vision_S deit_small_patch16_224 --img-size 1024": NOT_RUN + "minutes "
+    "on a CPU at 1024 px; tests/test_memory.py runs the command on a toy model",
+    "python benchmarks/train_throughput.py --models comba_vision_T --backends pil gpu": NOT_RUN + "a GPU measurement "
+    "(whole training runs at ImageNet size, nvJPEG decoding)",
     "python benchmarks/check_regression.py /tmp/fresh/throughput-<gpu>-<date>.json": "check-regression",
 }
 
