@@ -334,7 +334,7 @@ def test_interpreter_bf16(triton_interpreter, poison_outputs):
 
 def test_benchmark_suite_skips_without_cuda(monkeypatch, capsys):
     """The kernel suite reports one skip line and no rows where CUDA is unavailable, touching no CUDA API."""
-    from visionssm.kernels.selective_scan import benchmark
+    from visionssm.benchmark.suites import selective_scan as benchmark
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert benchmark.run(quick=True, copy_gbps=None) == []
