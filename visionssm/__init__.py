@@ -25,6 +25,7 @@ _SUBMODULES = ("kernels", "layers", "models")
 COMMANDS = {
     "visionssm.train": "visionssm-train",
     "visionssm.benchmark": "visionssm-benchmark",
+    "visionssm.benchmark.memory": None,
     "visionssm.data.synthetic": None,
     "visionssm.tracking.train": None,
     "visionssm.tracking.run": None,

@@ -183,7 +183,7 @@ def _mib(nbytes: float) -> str:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    import visionssm  # noqa: F401 - registers the models
+    import visionssm.models  # noqa: F401 - registers the models (a command's process skips the package's import)
     from visionssm import kernels
     from visionssm.benchmark.config import DTYPES
     from visionssm.kernels.utils import check_int
