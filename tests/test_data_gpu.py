@@ -146,7 +146,7 @@ def test_train_crop_and_resize_equal_pil(jpeg_folder):
         pil = pil.resize((24, 24), {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[draw["interpolation"]])
         if draw["flip"]:
             pil, flips = pil.transpose(Image.FLIP_LEFT_RIGHT), flips + 1
-        expected = torch.from_numpy(np.asarray(pil)).permute(2, 0, 1).float()
+        expected = torch.from_numpy(np.array(pil)).permute(2, 0, 1).float()
         got = (images[k] * std + mean) * 255
         diff = (got - expected).abs()
         assert diff.max() <= 2.01 and diff.mean() < 0.3, (i, draw, diff.max(), diff.mean())

@@ -188,7 +188,8 @@ def test_unreadable_images_are_skipped_and_counted(tiny_data):
         assert train[broken[0]][2] == 1
 
     val = SafeImageFolder(tiny_data / "val", on_error="drop", class_to_idx=train.class_to_idx)
-    items = [val[i] for i in range(len(val))]
+    with pytest.warns(RuntimeWarning, match="skipping unreadable image"):
+        items = [val[i] for i in range(len(val))]
     images, targets, unreadable = collate_skipping(
         [(torch.zeros(1) if img is not None else None, t, n) for img, t, n in items])
     assert int(unreadable) == 1 and len(targets) == len(val) - 1 == 12

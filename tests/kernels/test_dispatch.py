@@ -70,6 +70,7 @@ def test_code_override_beats_environment_and_is_restored(automatic, monkeypatch)
     assert dispatch.get_forced_backend() == "triton"
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")  # the TorchScript path is tested on purpose
 def test_export_tracing_takes_the_reference_path(automatic, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seen = []

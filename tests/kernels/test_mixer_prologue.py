@@ -400,6 +400,7 @@ def test_compiled_equals_eager(mode, causal, transition, view_of, path, tol, req
     _compiled_against_eager(proj, weight, kwargs, tol=tol, view_of=view_of)
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled:UserWarning")  # caches are off on purpose
 def test_inductor_compiled_equals_eager_with_aligned_inputs(triton_interpreter, poison_outputs, monkeypatch):
     """Inductor asserts that a custom op's outputs are 16-byte aligned where it took its inputs as aligned (on CUDA;
     here CPU inputs are taken so too): with 3 heads, a per-head gradient read as a row of the kernels' partial sums
