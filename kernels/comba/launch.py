@@ -1,7 +1,7 @@
 """Launch layout and launch plans of the Comba kernels.
 
-Layout heuristics (:func:`launch_config`), fitted to H100/H200 measurements (``benchmarks/comba_launch_sweep.py``
-prints the variants side by side; its logs are in ``benchmarks/results/``). Every setting can be forced through
+Layout rules (:func:`launch_config`) follow the head widths, the sequence count and whether a backward follows;
+each comment there states a rule and why it holds. Every setting can be forced through
 :mod:`visionssm.kernels.tuning` under the op name ``"comba"``, e.g. ``launch_overrides("comba", split_bwd=False)``:
 
 ================== ====================================================================================================
@@ -60,22 +60,16 @@ OP = "comba"
 SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
             "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers",
             "wave_slots")
-#: Tokens per chunk. (32-token chunks, with the inverse merged one level further, were slower at every measured
-#: shape: H100 fwd+bwd 1.81× at B256 T197 H6 D64 non-causal, 1.15× at B64 T1024 H4 D64 causal.)
+#: Tokens per chunk: 32-token chunks (the inverse merged one level further) cost more in the inverse than they save.
 CHUNK = 16
-#: One-warp programs of the 16-wide forward walk an SM runs at once, as its GPU time shows (H100, 132 SMs, T196 H10
-#: D16 non-causal, benchmarks/results/comba-waves-nvidia-h100-80gb-hbm3-2026-11-24.log): 136.4 µs at B211 (2,110
-#: sequences, 2.00 waves of 1,056 programs), 170.8 at B212 and 183.9 at B256 (2.42 waves). With the last wave
-#: balanced (``wave_slots``) B256 took 161.1 µs, and fwd+bwd 0.504 against 0.520 ms (comba-balance-*-2026-11-24.log).
-#: The one-pass backward steps the same way (239.4 / 303.9 / 339.2 µs), but one program per direction did not pay
-#: there: 333.9 against 339.5 µs, before zeroing its six gradients (10.3 µs; same log).
+#: One-warp programs of the 16-wide forward walk an SM runs at once (the forward's time steps at multiples of this
+#: per SM); only the forward is balanced, the backward's extra gradient zeroing eats what balancing would gain.
 PROGRAMS_PER_SM = 8
 
 
 def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = True) -> dict:
     """The layout of one problem: K, V head dims, T tokens, BH = batch·heads sequences, ND directions; ``training``:
-    a backward follows (the forward keeps its states). The measurements behind each choice are H100
-    ``comba_launch_sweep`` ratios (GPU time, fwd+bwd unless stated)."""
+    a backward follows (the forward keeps its states)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
@@ -83,56 +77,36 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
         BV //= 2
     NV = cdiv(V, BV)
     programs = BH * ND * NV
-    # one warp per 16×16 state block, four from 32×32 up (H200: one warp 0.77× the time of two at 16-wide heads;
-    # eight warps: 1.11–1.23× at B256 T197 H6 D64, 0.94× at B64 T1024 H4 D64 where one pass at four is 0.85×)
+    # warps follow the state tile (one up to 16×16, four from 32×32): more warps split these small tiles too finely
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
-    # 128-wide keys: per-chunk programs (one pass 1.06× at B4 T2048 H8 D128). 64-wide keys and small states: one
-    # pass per sequence. At 64-wide keys it won at every measured size: 0.85× at B64 T1024 H4 D64; at B256 T197 0.86×
-    # causal at H6, and non-causal, since the atomic-add backward, 0.78× at H6 (both directions in one program, 1536
-    # programs; 1.28× before) and 1.00× at H3. Per-chunk 1.07× at B256 T196 H10 D16.
+    # per-chunk backward programs only for 128-wide keys, whose one-pass walk is too long; narrower ones walk once
     split_bwd = wide and BK > 64
-    # the gradient kernel holds 255 registers a thread at 16- and 64-wide heads (2.4 waves of one-warp programs at
-    # B256 T196 H10 D16); caps that would fit more programs per SM spill, and more warps split its small tiles further
-    # (H100 2026-11-24, fwd+bwd: 200 / 184 registers 1.14-1.30x at 16-wide heads, causal and not; eight warps
-    # 1.37-1.40x at B256 T197 H6 / H3 D64 non-causal)
+    # the gradient kernel keeps the walk's warps and no register cap: caps spill and more warps split small tiles
     cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": num_warps,
-           # non-causal: both directions in one program from 768 sequences up (comba_vision_T's mixer, B256 T197 H3
-           # D64: fwd 0.92x, fwd+bwd 0.88x of directions over the grid, whose two fp32 partials are then added; B256
-           # T196 H10 D16 0.92x, T49 H20 D16 0.82x); fewer sequences keep the grid's parallelism
+           # non-causal: both directions in one program once sequences fill the GPU (no fp32 partials to add);
+           # fewer sequences keep a program per direction for the parallelism
            "dir_loop": ND == 2 and BH * NV >= 768,
-           # off the walk's sequential path: wide states where the per-chunk backward follows, non-causal or no
-           # backward at all. At B256 T197 D64 with the one-pass backward: non-causal fwd+bwd 0.78× at H6 (against
-           # the per-chunk backward without it; 0.82× with one pass without it) and 0.95× at H3 (forward alone
-           # 0.85×); causal at H6 the forward alone 0.88×, but fwd+bwd 1.02× (and 1.04× at B64 T1024 H4 D64).
-           # 16-wide 1.30–1.36× slower.
+           # inverses off the walk's sequential path for wide states only (a separate pass costs 16-wide ones more
+           # than it saves); in causal training with one-pass backward the forward's gain is lost in fwd+bwd
            "inv_pass": split_bwd or (wide and (ND == 2 or not training)),
-           # W and U0 stored up front pay off only when the value dimension is split over programs (the walk would
-           # repeat the K-side work per block): B64 T1024 H4 D64 (one block) forward 0.82× without
+           # W and U0 stored up front only when the value dimension is split over programs (the walk would repeat
+           # the K-side work per block); with one block the extra memory traffic costs more than it saves
            "pre_wy": NV > 1 and programs < 1024 and T > 64,
-           # 16-wide non-causal forward 0.93× without (two directions in one program), causal 1.04×
+           # prefetch except in 16-wide two-direction walks, where holding both next chunks costs more than it hides
            "prefetch": wide or ND == 1,
-           # 16-wide one-pass backward: 0.89× causal, 0.90× non-causal (B256 T196 H10 D16); the 64-wide one-pass
-           # backward holds too much already: its kernel takes 1.11× the time with it (B64 T1024 H4 D64 causal)
+           # backward prefetch for 16-wide heads only: the 64-wide one-pass backward has no registers left for it
            "bwd_prefetch": not wide,
            "split_bwd": split_bwd,
-           # 16-wide, and 64-wide in one pass: recomputing the inverse in the backward beats storing and reloading it
-           # (0.92–0.93× at 16-wide heads)
+           # recomputing a chunk's inverse in a one-pass backward is cheaper than storing and reloading it
            "store_inv": split_bwd,
-           # bf16 states and the backward's products with them, fwd+bwd: 0.80x at B256 T197 H6 D64 non-causal, 0.77x at
-           # B64 T1024 H4 D64 causal, 0.55x at B4 T2048 H8 D128 causal, 0.92-0.97x at 16-wide heads; then its other
-           # products: a further 0.81-0.94x. Gradient error against the float64 spec (relative Frobenius): 2.0-3.5e-3
-           # -> 2.6-4.3e-3 on random inputs (SDPA's own bf16 error is about 2e-3), 0.4-1.3e-2 -> 1.3-2.3e-2 on the hard
-           # cases of the tests (nearly parallel keys, iplr gain near 2; allowed 4e-2)
+           # bf16 states and backward products halve the state traffic; the gradient error stays within the tests'
+           # bf16 tolerance, including their hard cases (nearly parallel keys, iplr gain near 2)
            "state_lp": True,
-           # the forward's products too: its time 0.91-0.96x, but the output error on those hard cases goes from
-           # 0.2-0.8e-2 to 1.0-2.0e-2 (2e-2 allowed; 3.3e-2 through the iplr prologue, 3e-2 allowed), so off
+           # off: 16-bit products in the forward push the output error of those hard cases past the tests' tolerance
            "fwd_lp": False,
-           # many walks: three per SM instead of two. At B256 T197 H6 D64 the dh walk (no spills at 168 registers)
-           # takes 0.83x its time. The forward took 0.86x with its state products in bf16; in TF32, as it is now, the
-           # capped forward measured 0.425-0.436 ms there, uncapped 0.443 ms (other runs; no gain shown).
-           # With fewer walks than SM slots (B4 T2048 H8 D128, B64 T1024 H4 D64) the cap only cost: forward 1.22x /
-           # 1.10x. Capping the gradient kernel instead spilled 1.7 KB and took 1.48x.
+           # with more wide walks than SM slots, a cap that fits three walks per SM instead of two (without spills);
+           # with fewer walks the cap only costs, and the gradient kernel spills under any cap
            "walk_max_registers": 168 if wide and programs >= 1024 else None,
            "grad_max_registers": None,
            "wave_slots": None}
@@ -144,9 +118,9 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
 
 def _precision(dtype: torch.dtype, device_type: str) -> dict:
     """PREC, LP_DOT: fp32 inputs get exact fp32 products; fp16/bf16 inputs TF32 tensor cores (well inside their
-    tolerance; three-pass TF32 for the inverse was 1.12–1.81× slower in the forward) and the products of two input
-    tiles on 16-bit tensor cores (with ``state_lp``, bf16 inputs take every backward product but the inverse's there).
-    Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (covered by cuda tests)."""
+    tolerance; three-pass TF32 for the inverse slows the forward for accuracy no test needs) and the products of two
+    input tiles on 16-bit tensor cores (with ``state_lp``, bf16 inputs take every backward product but the inverse's
+    there). Triton's interpreter multiplies 16-bit dots wrongly, so LP_DOT is a GPU-only path (cuda tests cover it)."""
     low = dtype in (torch.float16, torch.bfloat16)
     return {"PREC": "tf32" if low else "ieee", "LP_DOT": low and device_type == "cuda"}
 
@@ -154,11 +128,8 @@ def _precision(dtype: torch.dtype, device_type: str) -> dict:
 def _atomic_add(device_type: str, gate_dtypes: tuple[torch.dtype, ...], dtype: torch.dtype) -> bool:
     """Whether the backward's second direction adds its gradients onto the first's by atomic adds instead of loading
     them first, which stalled the warps on each of its six gradients per chunk: on the GPU, and in Triton's
-    interpreter (which has no 16-bit atomics) when every gradient is fp32, so that CPU tests run this path too.
-    Non-causal fwd+bwd on an H100 (2026-11-24, CUDA graph; the forward's atomic adds onto its output in the same
-    run): B256 T196 H10 D16 0.518 against 0.578 ms, B256 T197 H6 D64 2.296 against 2.393, B256 T197 H3 D64 0.975
-    against 1.054. The forward keeps its load: with atomic adds onto its one output tile per chunk it took 0.163
-    against 0.142 ms at the 16-wide shape."""
+    interpreter (which has no 16-bit atomics) when every gradient is fp32, so that CPU tests run this path too. The
+    forward keeps its load: its one output tile per chunk is cheaper loaded than added atomically."""
     return device_type == "cuda" or all(d == torch.float32 for d in (dtype, *gate_dtypes))
 
 
@@ -253,8 +224,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
         warps = (4 if cfg["BK"] * BVF >= 64 * 64 else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
         plan.pre = DirectLaunch(comba_inv_kernel, (NT - TAIL, B * H), dims,
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
-    # training only: the forward without stored states took 0.1448 ms balanced against 0.1415 at B256 T196 H10 D16
-    # (comba-balance-*-2026-11-24.log)
+    # training only: without stored states the walk is short enough that balancing's extra zeroing does not pay
     sms = sm_count(device, 0)
     pairs = _pairs(cfg, B, H, ND, sms, _atomic_add(device.type, (), dtype)) if save_state else B * H
     # the batch entries whose outputs the one-direction programs add onto (None: every sequence has both directions
