@@ -21,7 +21,7 @@ import torch
 
 from .. import dispatch as _dispatch
 from .. import library
-from ..utils import check_bool, check_dtype, check_same_device, check_shape, needs_grad
+from ..utils import check_bool, check_dtype, check_layout, check_same_device, check_shape, needs_grad
 from .custom_op import comba_op
 from .naive import comba_chunked, comba_recurrent
 
@@ -72,19 +72,13 @@ def _validate(q, k, v, p, g, beta, scale, causal) -> float:
 def _checked(q, k, v, p, g, beta, scale, causal) -> float:
     for name, t in (("q", q), ("k", k), ("v", v), ("p", p), ("g", g), ("beta", beta)):
         check_dtype(name, t, _IO_DTYPES)
-    if q.dim() != 4:
-        raise ValueError(f"q must have shape (B, T, H, K), got {tuple(q.shape)}")
-    B, T, H, K = q.shape
+    B, T, H, K = check_layout("q", q, "(B, T, H, K)", "B, T, H")
     check_shape("k", k, (B, T, H, K), "(B, T, H, K)")
     check_shape("p", p, (B, T, H, K), "(B, T, H, K)")
     check_shape("v", v, (B, T, H, None), "(B, T, H, V)")
     check_shape("g", g, (B, T, H), "(B, T, H)")
     check_shape("beta", beta, (B, T, H), "(B, T, H)")
     V = v.shape[-1]
-    if B < 1 or H < 1:
-        raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
-    if T < 1:
-        raise ValueError(f"q must have at least one token (T >= 1), got shape {tuple(q.shape)}")
     if not 1 <= K <= MAX_HEAD_DIM:
         raise ValueError(f"q: key head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
     if not 1 <= V <= MAX_HEAD_DIM:
