@@ -34,8 +34,8 @@ from .harness import copy_bandwidth_gbps, environment, save_results, settle_host
 __all__ = ["DEFAULT_OUT", "build_parser", "load_suite", "main", "run_suites"]
 
 
-#: Where an op's suite is looked for, in order; the second only until Comba's suite moves out of its kernel package.
-SUITE_MODULES = ("visionssm.benchmark.suites.{op}", "visionssm.kernels.{op}.benchmark")
+#: The module of an op's suite.
+SUITE_MODULE = "visionssm.benchmark.suites.{op}"
 
 
 def load_suite(op: str) -> ModuleType:
@@ -43,16 +43,13 @@ def load_suite(op: str) -> ModuleType:
     ops = mixer_kernel_ops()
     if op not in ops:
         raise ValueError(f"ops: {op!r} is not a kernel op of a registered mixer ({', '.join(ops)})")
-    for pattern in SUITE_MODULES:
-        name = pattern.format(op=op)
-        try:
-            module = importlib.import_module(name)
-            break
-        except ModuleNotFoundError as error:
-            if error.name != name:
-                raise
-    else:
-        raise ValueError(f"ops: kernel op {op!r} has no benchmark suite ({SUITE_MODULES[0].format(op=op)})")
+    name = SUITE_MODULE.format(op=op)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise
+        raise ValueError(f"ops: kernel op {op!r} has no benchmark suite ({name})") from None
     missing = [attr for attr in ("ANCHOR", "run") if not hasattr(module, attr)]
     if missing:
         raise ValueError(f"ops: {name} lacks {' and '.join(missing)}")
