@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, LayerScale, LayerScale2d, Mlp
 from timm.models import checkpoint_seq, register_notrace_function
 
 from visionssm.layers import build_mixer
 
-__all__ = ["Block", "ConvBlock", "Downsample", "LayerScale", "LayerScale2d", "MambaVisionStage", "Stem",
-           "tokens_of_map", "tokens_to_map", "window_partition", "window_reverse"]
+__all__ = ["Block", "ConvBlock", "Downsample", "MambaVisionStage", "Stem", "tokens_of_map", "tokens_to_map",
+           "window_partition", "window_reverse"]
 
 
 def _timm_dd(device, dtype) -> dict:
@@ -52,24 +52,6 @@ def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> t
     if Hp != H or Wp != W:
         x = x[:, :H, :W]
     return x.permute(0, 3, 1, 2)
-
-
-class LayerScale(nn.Module):
-    """Per-channel scale of a (..., C) tensor (the official ``gamma_1``/``gamma_2``)."""
-
-    def __init__(self, dim: int, init_values: float = 1e-5, device=None, dtype=None):
-        super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim, device=device, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
-
-
-class LayerScale2d(LayerScale):
-    """Per-channel scale of a (B, C, H, W) tensor (the official conv-block ``gamma``)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma.view(1, -1, 1, 1)
 
 
 class Stem(nn.Module):
