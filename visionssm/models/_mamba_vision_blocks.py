@@ -101,7 +101,8 @@ class ConvBlock(nn.Module):
         self.act1 = nn.GELU(approximate="tanh")
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, **dd)
         self.norm2 = nn.BatchNorm2d(dim, **dd)
-        self.ls = LayerScale2d(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
+        scale_dd = _timm_dd(device, dtype)
+        self.ls = LayerScale2d(dim, layer_scale, **scale_dd) if layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,11 +131,11 @@ class Block(nn.Module):
         tdd = _timm_dd(device, dtype)
         self.norm1 = nn.LayerNorm(dim, **dd)
         self.mixer = mixer
-        self.ls1 = LayerScale(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
+        self.ls1 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **tdd)
-        self.ls2 = LayerScale(dim, layer_scale, **dd) if layer_scale is not None else nn.Identity()
+        self.ls2 = LayerScale(dim, layer_scale, **tdd) if layer_scale is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
