@@ -146,14 +146,8 @@ def plot_results(rows: list[dict], path: str | Path, *, x: str = "params", env: 
     ax.legend(loc="best", fontsize=8)
     if env is not None:
         bench = env.get("benchmark", {})
-        ax.set_title(f"{env['device']}, batch {bench.get('batch_size')}, {bench.get('img_size')}px, "
-                     f"{numerics(bench)}{', channels_last' if bench.get('channels_last') else ''}"
-                     f"{', compiled' if bench.get('compile') else ''} ({env['date']})", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        ax.set_title(_plot_title(env, f"batch {bench.get('batch_size')}, {bench.get('img_size')}px"), fontsize=9)
+    return _save(fig, path)
 
 
 def plot_resolution(rows: list[dict], path: str | Path, *, env: dict | None = None) -> Path | None:
@@ -191,9 +185,20 @@ def plot_resolution(rows: list[dict], path: str | Path, *, env: dict | None = No
     speed.legend(loc="best", fontsize=6)
     if env is not None:
         bench = env.get("benchmark", {})
-        fig.suptitle(f"{env['device']}, {_sizes_and_batches(bench)}, {numerics(bench)}"
-                     f"{', channels_last' if bench.get('channels_last') else ''}"
-                     f"{', compiled' if bench.get('compile') else ''}{_kwargs(bench)} ({env['date']})", fontsize=8)
+        fig.suptitle(_plot_title(env, _sizes_and_batches(bench), _kwargs(bench)), fontsize=8)
+    return _save(fig, path)
+
+
+def _plot_title(env: dict, setting: str, kwargs: str = "") -> str:
+    """A chart's caption: device, ``setting`` (batch and size), numerics, layout, compile, model kwargs, date."""
+    bench = env.get("benchmark", {})
+    return (f"{env['device']}, {setting}, {numerics(bench)}{', channels_last' if bench.get('channels_last') else ''}"
+            f"{', compiled' if bench.get('compile') else ''}{kwargs} ({env['date']})")
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
