@@ -13,21 +13,25 @@ from .config import BenchmarkConfig
 from .harness import HOST_REPEATS, Timing, time_fn
 
 __all__ = ["HOST_REPEATS", "count_flops", "create_model", "inference_step", "maybe_compile", "measure_model",
-           "release_memory", "training_step"]
+           "release_memory", "timm_model", "training_step"]
+
+
+def timm_model(name: str, img_size: int, **kwargs) -> torch.nn.Module:
+    """``timm.create_model(name, img_size=img_size, **kwargs)``; convolutional models take any resolution and do not
+    accept ``img_size``, so they are built without it."""
+    import timm
+
+    try:
+        return timm.create_model(name, img_size=img_size, **kwargs)
+    except TypeError as error:
+        if "img_size" not in str(error):
+            raise
+        return timm.create_model(name, **kwargs)
 
 
 def create_model(name: str, cfg: BenchmarkConfig, device: torch.device) -> torch.nn.Module:
-    import timm
-
     torch.manual_seed(0)
-    kwargs = {**cfg.model_kwargs, "pretrained": False, "num_classes": cfg.num_classes}
-    try:
-        model = timm.create_model(name, img_size=cfg.img_size, **kwargs)
-    except TypeError as error:
-        # Convolutional models take any resolution and do not accept img_size.
-        if "img_size" not in str(error):
-            raise
-        model = timm.create_model(name, **kwargs)
+    model = timm_model(name, cfg.img_size, **{**cfg.model_kwargs, "pretrained": False, "num_classes": cfg.num_classes})
     if cfg.precision == "pure":
         model = model.to(cfg.torch_dtype)
     model = model.to(device)

@@ -165,17 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _create(name: str, img_size: int, kwargs: dict):
-    import timm
-
-    try:
-        return timm.create_model(name, pretrained=False, img_size=img_size, **kwargs)
-    except TypeError as error:  # convolutional models take any size and no img_size
-        if "img_size" not in str(error):
-            raise
-        return timm.create_model(name, pretrained=False, **kwargs)
-
-
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f} MiB"
 
@@ -186,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     import visionssm.models  # noqa: F401 - registers the models (a command's process skips the package's import)
     from visionssm import kernels
     from visionssm.benchmark.config import DTYPES
+    from visionssm.benchmark.measure import timm_model
     from visionssm.kernels.utils import check_int
 
     check_int("img_size", args.img_size, 1)
@@ -198,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
     report = {}
     for name in args.models:
         torch.manual_seed(0)
-        model = _create(name, args.img_size, args.model_kwargs).to(device)
+        model = timm_model(name, args.img_size, pretrained=False, **args.model_kwargs).to(device)
         if args.grad_checkpointing:
             model.set_grad_checkpointing(True)
         runs = []
