@@ -330,7 +330,10 @@ class TrainStage(_Stage):
         raise RuntimeError(f"no image under {self.dataset.root} could be read")
 
     def process(self, batch: EncodedBatch):
-        decoded = decode_batch(batch.data, self.device)
+        return self.from_decoded(decode_batch(batch.data, self.device), batch)
+
+    def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
+        """The training batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``)."""
         targets = list(batch.targets)
         unreadable = 0
         crops, flips, draws = [], [], []
@@ -378,8 +381,12 @@ class EvalStage(_Stage):
         return image[:, top:top + self.img_size, left:left + self.img_size]
 
     def process(self, batch: EncodedBatch):
+        return self.from_decoded(decode_batch(batch.data, self.device), batch)
+
+    def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
+        """The evaluation batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``)."""
         kept, targets, unreadable = [], [], 0
-        for k, image in enumerate(decode_batch(batch.data, self.device)):
+        for k, image in enumerate(decoded):
             if isinstance(image, Exception):
                 self._warn(batch.indices[k], image)
                 unreadable += 1
