@@ -36,13 +36,13 @@ GEMM_MARKS = ("gemm", "cutlass", "cublas", "xmma", "nvjet", "matmul", "_sgemm", 
 LAYER_OPS = ("mixer_prologue", "gated_rmsnorm")
 
 
-def triton_kernel_names(package: str) -> set[str]:
-    """Names of the Triton kernels defined anywhere in ``visionssm.kernels.<package>``."""
+def triton_kernel_names(op: str) -> set[str]:
+    """Names of the Triton kernels defined anywhere in the package of the op ``visionssm.kernels.<op>`` (a mixer's
+    folder or one under ``layers/``)."""
+    import visionssm.kernels as kernels
+
     names = set()
-    try:
-        pkg = importlib.import_module(f"visionssm.kernels.{package}")
-    except ImportError:
-        return names
+    pkg = importlib.import_module(getattr(kernels, op).__module__)
     modules = [pkg]
     for info in pkgutil.iter_modules(pkg.__path__):
         try:

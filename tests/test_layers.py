@@ -42,7 +42,7 @@ def test_mixer_contract(name):
     own = {n for n, _ in layer.named_parameters(recurse=False)}
     assert layer.no_weight_decay() <= own and set(type(layer).no_weight_decay_names) >= layer.no_weight_decay()
     if spec.kernel is not None:
-        assert spec.kernel in kernels.OPS
+        assert spec.kernel in kernels.MIXER_OPS
     before = {n: p.detach().clone() for n, p in layer.named_parameters()}
     torch.manual_seed(1)
     layer.reset_parameters()

@@ -54,7 +54,7 @@ def test_cuda_direct_launches_and_launch_hooks():
     from triton import knobs
 
     from visionssm import kernels
-    from visionssm.kernels.layer_norm import launch
+    from visionssm.kernels.layers.layer_norm import launch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(37, 192, device="cuda", generator=gen)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from visionssm.kernels import dispatch, gated_rmsnorm
-from visionssm.kernels.gated_rmsnorm import gated_rmsnorm_reference
+from visionssm.kernels.layers.gated_rmsnorm import gated_rmsnorm_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 from visionssm.layers.common import GatedRMSNorm
@@ -278,7 +278,7 @@ def _op_args(variant, L, requires_grad):
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_registered_op_opcheck(variant, requires_grad, path, request, poison_outputs):
-    from visionssm.kernels.gated_rmsnorm.custom_op import gated_rmsnorm_op
+    from visionssm.kernels.layers.gated_rmsnorm.custom_op import gated_rmsnorm_op
 
     request.getfixturevalue(path)
     torch.library.opcheck(gated_rmsnorm_op, _op_args(variant, 3, requires_grad))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from visionssm.kernels import dispatch, layer_norm
-from visionssm.kernels.layer_norm import add_layer_norm, layer_norm_reference
+from visionssm.kernels.layers.layer_norm import add_layer_norm, layer_norm_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 from visionssm.layers.common import LayerNorm, add_and_norm

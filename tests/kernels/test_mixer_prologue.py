@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from visionssm.kernels import comba as comba_op
 from visionssm.kernels import dispatch, mixer_prologue
-from visionssm.kernels.mixer_prologue import mixer_prologue_reference
+from visionssm.kernels.layers.mixer_prologue import mixer_prologue_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 
@@ -187,7 +187,7 @@ def test_triton_interpreter_unused_columns(triton_interpreter, poison_outputs):
 
 
 def test_row_alignment_is_the_common_power_of_two_triton_cannot_see():
-    from visionssm.kernels.mixer_prologue.launch import row_alignment
+    from visionssm.kernels.layers.mixer_prologue.launch import row_alignment
 
     assert row_alignment(117600, 600, 600) == 8  # comba_vision_T's projection at 196 tokens
     assert row_alignment(598) == 2 and row_alignment(601) == 1 and row_alignment(608, 604) == 4
@@ -362,7 +362,7 @@ def _op_args(variant, requires_grad):
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_registered_op_opcheck(variant, requires_grad, path, request, poison_outputs):
-    from visionssm.kernels.mixer_prologue.custom_op import mixer_prologue_op
+    from visionssm.kernels.layers.mixer_prologue.custom_op import mixer_prologue_op
 
     request.getfixturevalue(path)
     torch.library.opcheck(mixer_prologue_op, _op_args(variant, requires_grad))

@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from visionssm import kernels
 from visionssm.kernels.dispatch import fx_tracing
-from visionssm.kernels.mixer_prologue import TRANSITIONS
+from visionssm.kernels.layers.mixer_prologue import TRANSITIONS
 
 from .base import SequenceMixer, register_mixer
 from .common import (

@@ -14,7 +14,7 @@ from torch.nn.modules import module as _module_state
 
 from visionssm import kernels
 from visionssm.kernels.dispatch import fx_tracing
-from visionssm.kernels.layer_norm import add_layer_norm
+from visionssm.kernels.layers.layer_norm import add_layer_norm
 from visionssm.kernels.utils import check_int, check_positive, needs_grad
 
 __all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "add_and_norm", "aligned_projection", "init_log_decay_",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard, needs_grad
+from ...utils import device_guard, needs_grad
 from .launch import get_lowrank_plan, get_plan, low_rank_fits, run_bwd, run_bwd_lowrank, run_fwd, run_fwd_lowrank
 from .naive import up_project_gate
 

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import torch
 
-from .. import dispatch as _dispatch
-from .. import library, tuning
-from ..utils import check_bool, check_dtype, check_int
+from ... import dispatch as _dispatch
+from ... import library, tuning
+from ...utils import check_bool, check_dtype, check_int
 from .custom_op import mixer_prologue_op
 from .naive import mixer_prologue_reference
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import library
-from ..utils import device_guard
+from ... import library
+from ...utils import device_guard
 from .naive import gated_rmsnorm_reference, up_project_gate
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import tuning
-from ..utils import (
+from ... import tuning
+from ...utils import (
     DirectLaunch,
     aligned16,
     cdiv,

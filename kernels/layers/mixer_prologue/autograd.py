@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard, needs_grad
+from ...utils import device_guard, needs_grad
 from .kernel_bwd import PARAM_SLOTS
 from .launch import get_plan, run_bwd, run_fwd
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import library
-from ..utils import device_guard
+from ... import library
+from ...utils import device_guard
 from .naive import mixer_prologue_reference
 
 #: The per-head parameters in the op's argument order (the kernels' order too).

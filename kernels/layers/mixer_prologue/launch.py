@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, heads_per_program, next_pow2, placeholder
+from ... import tuning
+from ...utils import DirectLaunch, aligned16, cdiv, empty_output, heads_per_program, next_pow2, placeholder
 from .kernel_bwd import SLOTS, conv_bwd_kernel, prologue_bwd_kernel
 from .kernel_fwd import prologue_fwd_kernel
 

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from .. import dispatch as _dispatch
-from .. import library, tuning
-from ..utils import check_dtype, check_same_device
+from ... import dispatch as _dispatch
+from ... import library, tuning
+from ...utils import check_dtype, check_same_device
 from .custom_op import add_layer_norm_op, layer_norm_op
 from .naive import add_layer_norm_reference, layer_norm_reference
 

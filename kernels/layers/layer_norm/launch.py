@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import tuning
-from ..utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2, placeholder, sm_count
+from ... import tuning
+from ...utils import DirectLaunch, aligned16, cdiv, empty_output, empty_output_like, next_pow2, placeholder, sm_count
 from .kernel import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 
 OP = "layer_norm"

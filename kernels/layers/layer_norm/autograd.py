@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import device_guard, needs_grad
+from ...utils import device_guard, needs_grad
 from .launch import get_plan, run_bwd, run_fwd
 
 
@@ -72,7 +72,7 @@ def fused_layer_norm(x, weight, bias, *, eps: float, out_dtype: torch.dtype) -> 
 def fused_add_layer_norm(x, residual, weight, bias, *, eps: float,
                          out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton ``(LayerNorm(residual + x), residual + x)`` (validated arguments expected; see
-    :func:`visionssm.kernels.add_layer_norm`); ``out_dtype=None``: the sum's dtype."""
+    :func:`visionssm.kernels.layers.layer_norm.add_layer_norm`); ``out_dtype=None``: the sum's dtype."""
     x = x.contiguous()
     residual = residual.contiguous()
     weight = weight.contiguous()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import library
-from ..utils import device_guard
+from ... import library
+from ...utils import device_guard
 from .naive import add_layer_norm_reference, layer_norm_reference
 
 

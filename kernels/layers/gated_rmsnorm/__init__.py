@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from .. import dispatch as _dispatch
-from .. import library, tuning
-from ..utils import check_dtype, check_same_device
+from ... import dispatch as _dispatch
+from ... import library, tuning
+from ...utils import check_dtype, check_same_device
 from .custom_op import gated_rmsnorm_op
 from .naive import gated_rmsnorm_reference
 
