@@ -2,12 +2,14 @@
 """Whole-run ImageNet training throughput beside the model step's, per data backend, in one call.
 
 1. Writes an ImageNet-like JPEG ImageFolder once (500x375, quality 90, 100 classes, fixed seed; ``--images`` training
-   and ``--val-images`` validation images, drawn in parallel).
-2. Measures the model step alone: the recipe's model, optimizer, batch, amp, channels_last and compile setting on
-   synthetic tensors already on the GPU (forward, loss, backward, optimizer step).
+   and ``--val-images`` validation images, drawn in parallel; kept for the next call when its manifest matches).
+2. Per model, measures the recipe's training step alone (forward, loss, backward, its gradient clipping, optimizer,
+   EMA) on synthetic tensors already on the GPU, with the whole run's model, batch, size, amp, channels_last and
+   compile setting, and, for the gpu backend, the data stage alone (decode, decode + augmentation).
 3. Runs ``visionssm-train`` with each ``--backends`` entry for ``--epochs`` epochs and takes epochs 2..E: the training
-   loop's img/s and the whole run's (training images over the wall time between the first and last epoch's
-   records: evaluation, checkpoints and loader starts included).
+   loop's img/s, the whole run's (training images over the wall time from epoch 1's record to the last: evaluation,
+   checkpoints and loader starts included), the seconds per epoch spent in evaluation and in checkpointing and the
+   rest, and those extrapolated to an ImageNet epoch (1,281,167 training and 50,000 validation images).
 
 Prints a table with the ratios to the model step and writes JSON and CSV (GPU, CPU cores, versions, date):
 
@@ -18,12 +20,8 @@ Prints a table with the ratios to the model step and writes JSON and CSV (GPU, C
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import json
-import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -33,9 +31,11 @@ from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT, QUALITY = 500, 375, 90
+IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000
 
 
 def _draw(job: tuple[Path, int, int, int]) -> None:
@@ -86,45 +86,70 @@ def write_set(root: Path, images: int, val_images: int, classes: int, seed: int,
     return root
 
 
-def model_step(model_name: str, batch: int, amp: str, compile_mode, steps: int, warmup: int, classes: int) -> float:
-    """img/s of the recipe's training step on synthetic tensors already on the GPU."""
+def run_config(model_name: str, args) -> list[str]:
+    """The visionssm-train flags every measurement of ``model_name`` shares (recipe, batch, size, amp, compile and
+    ``--train-args``), so the model step builds the same model and optimizer as the whole run."""
+    flags = ["--config", model_name, "--batch-size", str(args.batch_size), "--img-size", str(args.img_size),
+             "--amp", args.amp]
+    if args.compile:
+        flags += ["--compile"] + ([] if args.compile is True else [args.compile])
+    return flags + shlex.split(args.train_args)
+
+
+def model_step(model_name: str, args, classes: int, device) -> float:
+    """img/s of the recipe's training step (forward, loss, backward, its gradient clipping, optimizer, EMA) on
+    synthetic tensors already on ``device``."""
     import torch
+    from timm.utils import ModelEmaV3
 
     from visionssm.training.setup import build_optimizer, create_model
     from visionssm.training.state import parse_config
+    from visionssm.utils.cli import compile_mode
 
-    cfg = parse_config(["--config", model_name, "--batch-size", str(batch)])
-    device = torch.device("cuda")
-    model = create_model(cfg, classes).to(device).to(memory_format=torch.channels_last)
-    if compile_mode:
-        model.compile(mode=None if compile_mode is True else compile_mode)
+    cfg = parse_config(run_config(model_name, args))
+    model = create_model(cfg, classes).to(device)
+    if cfg["channels_last"]:
+        model.to(memory_format=torch.channels_last)
+    ema = ModelEmaV3(model, decay=cfg["model_ema_decay"]) if cfg["model_ema"] else None
+    mode = compile_mode(cfg["compile"], "--compile")
+    if mode is not None:
+        model.compile(mode=mode)
     optimizer, _, _ = build_optimizer(cfg, model, world=1)
-    images = torch.randn(batch, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
+    batch, size = cfg["batch_size"], cfg["img_size"]
+    images = torch.randn(batch, 3, size, size, device=device)
+    if cfg["channels_last"]:
+        images = images.contiguous(memory_format=torch.channels_last)
     targets = torch.randint(0, classes, (batch,), device=device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def step():
-        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+    def step(k: int):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = torch.nn.functional.cross_entropy(model(images), targets)
         scaler.scale(loss).backward()
+        if cfg["clip_grad"]:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(model, step=k)
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
+    for k in range(args.step_warmup):
+        step(k)
+    sync()
     start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return batch * steps / (time.perf_counter() - start)
+    for k in range(args.step_iters):
+        step(args.step_warmup + k)
+    sync()
+    return batch * args.step_iters / (time.perf_counter() - start)
 
 
-def stage_alone(model_name: str, data: Path, batch: int, workers: int, batches: int) -> dict:
-    """img/s of the gpu data backend alone on the training split (the recipe's augmentation, no model): nvJPEG
-    decode only, and decode + augmentation; what the GPU path can feed at most."""
+def stage_alone(model_name: str, data: Path, args, device, batches: int) -> dict:
+    """img/s of the gpu data backend alone on the training split (the recipe's augmentation, no model): decode
+    only, and decode + augmentation; what the GPU path can feed at most."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -132,11 +157,12 @@ def stage_alone(model_name: str, data: Path, batch: int, workers: int, batches: 
     from visionssm.data.loader import EpochShuffleSampler
     from visionssm.training.state import parse_config
 
-    cfg = parse_config(["--config", model_name])
+    cfg = parse_config(run_config(model_name, args))
     dataset = EncodedImageFolder(data / "train", augment_seed=0)
-    loader = DataLoader(dataset, batch_size=batch, sampler=EpochShuffleSampler(len(dataset), 0, tag_epoch=True),
-                        num_workers=workers, collate_fn=collate_encoded, drop_last=True, persistent_workers=True)
-    stage = TrainStage(dataset, "cuda", 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), seed=0,
+    loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=EpochShuffleSampler(len(dataset), 0,
+                                                                                          tag_epoch=True),
+                        num_workers=args.workers, collate_fn=collate_encoded, drop_last=True)
+    stage = TrainStage(dataset, device, cfg["img_size"], (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), seed=0,
                        scale=cfg["scale"], ratio=cfg["ratio"], hflip=cfg["hflip"],
                        interpolation=cfg["train_interpolation"], auto_augment=cfg["aa"], prefetch=False)
     encoded = []
@@ -144,53 +170,61 @@ def stage_alone(model_name: str, data: Path, batch: int, workers: int, batches: 
         encoded.append(item)
         if k + 1 == batches:
             break
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rates = {}
-    for name, work in (("decode_img_per_s", lambda b: decode_batch(b.data, torch.device("cuda"))),
+    for name, work in (("decode_img_per_s", lambda b: decode_batch(b.data, device)),
                        ("stage_img_per_s", stage.process)):
         work(encoded[0])  # warm-up: nvJPEG handles, kernels
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for item in encoded:
             work(item)
-        torch.cuda.synchronize()
-        rates[name] = batch * len(encoded) / (time.perf_counter() - start)
+        sync()
+        rates[name] = sum(len(item) for item in encoded) / (time.perf_counter() - start)
     return rates
 
 
 def whole_run(model_name: str, backend: str, data: Path, args) -> dict:
-    """``visionssm-train`` for ``args.epochs`` epochs; the figures of epochs 2..E from its metrics."""
+    """``visionssm-train`` for ``args.epochs`` epochs; the figures of epochs 2..E from its metrics, and where the
+    time outside the training loop goes, extrapolated to an ImageNet epoch."""
     with tempfile.TemporaryDirectory(prefix=f"tput-{model_name}-{backend}-") as out:
-        command = [sys.executable, "-m", "visionssm.train", "--config", model_name, "--data-dir", str(data),
-                   "--output", out, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                   "--workers", str(args.workers), "--amp", args.amp, "--data-backend", backend,
-                   "--log-interval", "1000"]
-        if args.compile:
-            command += ["--compile"] + ([] if args.compile is True else [args.compile])
-        command += shlex.split(args.train_args)
+        command = [sys.executable, "-m", "visionssm.train", *run_config(model_name, args), "--data-dir", str(data),
+                   "--output", out, "--epochs", str(args.epochs), "--workers", str(args.workers),
+                   "--data-backend", backend, "--log-interval", "1000"]
         start = time.perf_counter()
         proc = subprocess.run(command, env=dict(os.environ, TQDM_DISABLE="1"), capture_output=True, text=True)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-        config = (Path(out) / "config.yaml").read_text()
+        config = yaml.safe_load((Path(out) / "config.yaml").read_text())
+    return {"model": model_name, "backend": config["data_backend"], "epochs": args.epochs, "run_wall_s": wall,
+            **epoch_costs(records, config["updates_per_epoch"] * config["global_batch"]),
+            "val_top1_last": records[-1]["val_top1"], "skipped_images": sum(r["skipped_images"] for r in records)}
+
+
+def epoch_costs(records: list[dict], per_epoch: int) -> dict:
+    """Throughput and per-epoch fixed cost over epochs 2..E of a run's metrics records (epoch 1 holds the
+    start-up). The span from epoch 1's record to epoch E's covers each later epoch whole: the previous epoch's
+    checkpoint, the loader's start, the training loop, evaluation. Evaluation is measured; checkpointing and the
+    rest is the span less the loops and evaluations. The ImageNet extrapolation scales evaluation with the
+    validation images (50,000 against the run's) and keeps the rest per epoch."""
     later = records[1:]
-    per_epoch = _epoch_images(config)
-    span = later[-1]["wall_time"] - records[0]["wall_time"]  # epoch 1's checkpoint to epoch E's evaluation
-    loop_seconds = sum(per_epoch / r["train_img_per_s"] for r in later)
-    return {"model": model_name, "backend": backend, "epochs": args.epochs,
-            "loop_img_per_s": per_epoch * len(later) / loop_seconds,
+    span = later[-1]["wall_time"] - records[0]["wall_time"]
+    loop = sum(per_epoch / r["train_img_per_s"] for r in later)
+    val = sum(r["val_seconds"] for r in later)
+    val_images = later[-1]["val_images"]
+    rest_per_epoch = (span - loop - val) / len(later)
+    imagenet_loop = IMAGENET_TRAIN / (per_epoch * len(later) / loop)
+    imagenet_val = val / len(later) * IMAGENET_VAL / max(val_images, 1)
+    imagenet_epoch = imagenet_loop + imagenet_val + rest_per_epoch
+    return {"epoch_images": per_epoch, "loop_img_per_s": per_epoch * len(later) / loop,
             "whole_run_img_per_s": per_epoch * len(later) / span,
-            "fixed_seconds_per_epoch": (span - loop_seconds) / len(later),
-            "val_top1_last": records[-1]["val_top1"], "run_wall_s": wall,
-            "skipped_images": sum(r["skipped_images"] for r in records)}
-
-
-def _epoch_images(config_text: str) -> int:
-    import yaml
-
-    config = yaml.safe_load(config_text)
-    return config["updates_per_epoch"] * config["global_batch"]
+            "eval_s_per_epoch": val / len(later), "val_images": val_images,
+            "checkpoint_and_rest_s_per_epoch": rest_per_epoch,
+            "imagenet_epoch_s": imagenet_epoch,
+            "imagenet_fixed_share": (imagenet_val + rest_per_epoch) / imagenet_epoch,
+            "imagenet_whole_run_img_per_s": IMAGENET_TRAIN / imagenet_epoch}
 
 
 def main(argv=None) -> int:
@@ -201,14 +235,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: data/generated/imagenet_like_<N>")
     parser.add_argument("--models", nargs="+", default=["mamba_vision_T", "gka_vision_T", "comba_vision_S"])
-    parser.add_argument("--backends", nargs="+", default=["pil", "gpu"], choices=["pil", "gpu"])
+    parser.add_argument("--backends", nargs="+", default=["gpu"], choices=["pil", "gpu"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--amp", default="bf16", choices=["bf16", "fp16", "no"])
     parser.add_argument("--compile", nargs="?", const=True, default=None, metavar="MODE")
-    parser.add_argument("--train-args", default="", help="more visionssm-train flags for the whole runs, one string")
-    parser.add_argument("--step-iters", type=int, default=30, help="timed model steps (after 10 warm-up steps)")
+    parser.add_argument("--train-args", default="", help="more visionssm-train flags for every measurement, one "
+                                                         "string (the model step builds its model from them too)")
+    parser.add_argument("--step-iters", type=int, default=30, help="timed model steps")
+    parser.add_argument("--step-warmup", type=int, default=10, help="model steps before the timed ones")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script out")
+    parser.add_argument("--name", default="whole-run", help="results file name: NAME-<device>-<date>.{json,csv}")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "train")
     args = parser.parse_args(argv)
     if args.epochs < 2:
@@ -221,50 +260,51 @@ def main(argv=None) -> int:
     import torch
 
     import visionssm.models  # noqa: F401  (registers the models)
+    from visionssm.benchmark.harness import environment, save_results
 
-    if not torch.cuda.is_available():
-        raise SystemExit("train_throughput.py measures on a CUDA GPU")
-    gpu = torch.cuda.get_device_name()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train_throughput.py measures on a CUDA GPU (--device cpu only tries the script out)")
+    env = {**environment(device), "cpu_cores": os.cpu_count(), "timm": timm.__version__,
+           "benchmark": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     rows = []
     for model_name in args.models:
-        step = model_step(model_name, args.batch_size, args.amp, args.compile, args.step_iters, 10, args.classes)
-        alone = stage_alone(model_name, data, args.batch_size, args.workers, batches=8)
-        print(f"{model_name}: model step {step:,.0f} img/s; gpu data stage alone {alone['stage_img_per_s']:,.0f} "
-              f"img/s (nvJPEG decode {alone['decode_img_per_s']:,.0f})", flush=True)
+        step = model_step(model_name, args, args.classes, device)
+        alone = stage_alone(model_name, data, args, device, batches=8) if "gpu" in args.backends else {}
+        print(f"{model_name}: model step {step:,.0f} img/s" + (
+            f"; gpu data stage alone {alone['stage_img_per_s']:,.0f} img/s (decode {alone['decode_img_per_s']:,.0f})"
+            if alone else ""), flush=True)
         for backend in args.backends:
             row = whole_run(model_name, backend, data, args)
-            row.update(model_step_img_per_s=step, **alone, share=row["whole_run_img_per_s"] / step,
-                       loop_share=row["loop_img_per_s"] / step)
+            row.update(model_step_img_per_s=step, **alone, whole_run_share=row["whole_run_img_per_s"] / step,
+                       loop_share=row["loop_img_per_s"] / step,
+                       imagenet_whole_run_share=row["imagenet_whole_run_img_per_s"] / step)
             rows.append(row)
-            print(f"  {backend}: loop {row['loop_img_per_s']:,.0f} img/s, whole run {row['whole_run_img_per_s']:,.0f} "
-                  f"img/s ({row['share']:.0%} of the step), {row['fixed_seconds_per_epoch']:.1f} s/epoch outside "
-                  "the loop", flush=True)
-    date = datetime.date.today().isoformat()
-    header = (f"{gpu}, {os.cpu_count()} CPU cores, {date}; {args.images} images 500x375 q{QUALITY}, batch "
-              f"{args.batch_size}, {args.workers} workers, amp {args.amp}, compile {args.compile}, epochs 2-"
-              f"{args.epochs}")
-    print("\n" + header)
-    print(f"{'model':<16} {'backend':<7} {'step img/s':>10} {'loop img/s':>10} {'run img/s':>10} {'run/step':>8} "
-          f"{'gpu/pil':>7}")
-    for row in rows:
-        pil = next((r for r in rows if r["model"] == row["model"] and r["backend"] == "pil"), None)
-        versus = row["whole_run_img_per_s"] / pil["whole_run_img_per_s"] if pil else math.nan
-        row["versus_pil"] = versus
-        print(f"{row['model']:<16} {row['backend']:<7} {row['model_step_img_per_s']:>10,.0f} "
-              f"{row['loop_img_per_s']:>10,.0f} {row['whole_run_img_per_s']:>10,.0f} {row['share']:>8.2f} "
-              f"{versus:>7.2f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"throughput-{'-'.join(args.models)}-{gpu.lower().replace(' ', '-')}-{date}"
-    meta = {"gpu": gpu, "cpu_cores": os.cpu_count(), "date": date, "torch": torch.__version__,
-            "timm": timm.__version__, "python": platform.python_version(),
-            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {stem}.json and .csv")
+            print(f"  {row['backend']}: loop {row['loop_img_per_s']:,.0f} img/s, whole run "
+                  f"{row['whole_run_img_per_s']:,.0f} img/s ({row['whole_run_share']:.0%} of the step); per epoch "
+                  f"{row['eval_s_per_epoch']:.1f} s evaluation, {row['checkpoint_and_rest_s_per_epoch']:.1f} s "
+                  f"checkpoint and the rest", flush=True)
+    print("\n" + table(rows, env, args))
+    json_path, csv_path = save_results(args.name, rows, out_dir=args.out, env=env)
+    print(f"wrote {json_path} and {csv_path}")
     return 0
+
+
+def table(rows: list[dict], env: dict, args) -> str:
+    """The run's figures, one line per model and backend, under a line saying where and how they were measured."""
+    lines = [f"{env['device']}, {env['cpu_cores']} CPU cores, {env['date']}; {args.images} + "
+             f"{rows[0]['val_images'] if rows else 0} images {WIDTH}x{HEIGHT} q{QUALITY}, batch {args.batch_size}, "
+             f"{args.img_size} px, {args.workers} workers, amp {args.amp}, compile {args.compile}, epochs 2-"
+             f"{args.epochs}; ImageNet epoch: {IMAGENET_TRAIN:,} training, {IMAGENET_VAL:,} validation images",
+             f"{'model':<16} {'backend':<7} {'step img/s':>10} {'loop img/s':>10} {'run img/s':>10} {'run/step':>8} "
+             f"{'eval s/ep':>9} {'ckpt+rest':>9} {'IN fixed':>8} {'IN run/step':>11}"]
+    for row in rows:
+        lines.append(f"{row['model']:<16} {row['backend']:<7} {row['model_step_img_per_s']:>10,.0f} "
+                     f"{row['loop_img_per_s']:>10,.0f} {row['whole_run_img_per_s']:>10,.0f} "
+                     f"{row['whole_run_share']:>8.2f} {row['eval_s_per_epoch']:>9.1f} "
+                     f"{row['checkpoint_and_rest_s_per_epoch']:>9.1f} {row['imagenet_fixed_share']:>8.1%} "
+                     f"{row['imagenet_whole_run_share']:>11.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

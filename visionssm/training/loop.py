@@ -320,7 +320,8 @@ def validate_many(nets: list[torch.nn.Module], loader: DataLoader, accelerator: 
         net.train(training)
         count = max(row[3], 1.0)
         results.append({"top1": 100.0 * row[0] / count, "top5": 100.0 * row[1] / count, "loss": row[2] / count,
-                         "images": int(row[3]), "unreadable": int(row[4]), "img_per_s": row[3] / max(seconds, 1e-9)})
+                         "images": int(row[3]), "unreadable": int(row[4]), "img_per_s": row[3] / max(seconds, 1e-9),
+                         "seconds": seconds})
     return results
 
 
@@ -344,6 +345,7 @@ def _epoch_record(run: Run, epoch: int, trained: dict, val: dict, ema_val: dict 
         "skipped_images": state.skipped_train + val["unreadable"],
         "skipped_train_images": state.skipped_train, "skipped_val_images": val["unreadable"],
         "val_images": val["images"],
+        "val_seconds": val["seconds"],  # evaluation's share of an epoch's fixed cost (train_throughput.py)
     }
 
 
