@@ -284,8 +284,8 @@ def main(argv=None) -> int:
                   f"{row['whole_run_img_per_s']:,.0f} img/s ({row['whole_run_share']:.0%} of the step); per epoch "
                   f"{row['eval_s_per_epoch']:.1f} s evaluation, {row['checkpoint_and_rest_s_per_epoch']:.1f} s "
                   f"checkpoint and the rest", flush=True)
+            json_path, csv_path = save_results(args.name, rows, out_dir=args.out, env=env)  # a cut-short call keeps it
     print("\n" + table(rows, env, args))
-    json_path, csv_path = save_results(args.name, rows, out_dir=args.out, env=env)
     print(f"wrote {json_path} and {csv_path}")
     return 0
 
