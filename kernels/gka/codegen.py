@@ -17,7 +17,9 @@ The forward solves L Lᵀ x_t = q_t (the forward substitution rides along the fa
 and solves for the adjoint y_t = (H_t + λ_t I)⁻¹ α_t dz_t, reading x_t back.
 
 The factorisation and both substitutions are one straight-line block of ~1,100 operations (:func:`cholesky_ops`),
-emitted once as the device function ``_factor_solve`` that both kernels call (Triton inlines it).
+emitted once as the device function ``_factor_solve`` that both kernels call (Triton inlines it); so are the lane
+layout and the building of H_t + λ_t I (``_program_blocks``, ``_ridge_system``), which hand the 136 entries on as
+one tuple.
 On the GPU it is emitted as one inline-PTX statement: as ~1,800 separate Triton operations it made Triton's
 layout pass (whose cost grows with the product of memory operations and connected operations) take minutes per
 kernel. Triton's interpreter cannot run PTX, so the same operation list is also emitted as Triton code, selected by
@@ -203,20 +205,30 @@ def _wrapped(names: list[str], pad: str) -> list[str]:
     return lines + [pad + line.rstrip()]
 
 
+def _entries() -> list[str]:
+    """The lower triangle's names, row by row: the order of the tuple ``a`` the helpers pass on."""
+    return [_a(i, j) for i in range(K) for j in range(i + 1)]
+
+
 def _factor_solve() -> str:
     """The device function both kernels call: factor H + λI and solve for the right-hand side ``v``."""
     inputs, ops, outputs = cholesky_ops("v", "x")
+    # the matrix's entries are read from the tuple by index, not unpacked into names again
+    slot = {name: f"a[{n}]" for n, name in enumerate(_entries())}
+    inputs = [slot.get(name, name) for name in inputs]
+    ops = [(op, dest, *(slot.get(name, name) for name in src)) for op, dest, *src in ops]
     body = (["if USE_PTX:"] + ["    " + line for line in _ptx_call(inputs, ops, outputs)] + ["else:"]
-            + ["    " + line for line in _triton_lines(ops)] + ["return " + ", ".join(outputs)])
-    signature = _lines(4, _wrapped(inputs, "") + ["USE_PTX: tl.constexpr,"])
-    return ("\n\n@triton.jit\ndef _factor_solve(\n" + signature + "):\n"
-            '    """(H + λI)⁻¹ v from the lower triangle a_i_j of H + λI (fp32 Cholesky, then both substitutions)."""\n'
+             + ["    " + line for line in _triton_lines(ops)] + ["return " + ", ".join(outputs)])
+    rhs = [f"v{i}" for i in range(K)]
+    return ("\n\n@triton.jit\ndef _factor_solve(a, " + ", ".join(rhs) + ", USE_PTX: tl.constexpr):\n"
+            '    """(H + λI)⁻¹ v from ``a``, the lower triangle a_i_j of H + λI row by row (fp32 Cholesky, then both\n'
+            '    substitutions)."""\n'
             + _lines(4, body))
 
 
 def _solve(rhs: str, sol: str) -> list[str]:
-    inputs, _, outputs = cholesky_ops(rhs, sol)
-    return [", ".join(outputs) + " = _factor_solve("] + _wrapped(inputs, "    ") + ["    USE_PTX,", ")"]
+    return [", ".join(f"{sol}{i}" for i in range(K)) + " = _factor_solve(",
+            "    a, " + ", ".join(f"{rhs}{i}" for i in range(K)) + ", USE_PTX)"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,14 +240,19 @@ def _lines(indent: int, lines: list[str]) -> str:
     return "".join((pad + line).rstrip() + "\n" for line in lines)
 
 
-def _program_live() -> list[str]:
-    """``n_live``: the instances this program's positions have tokens in (all, or all but the last chunk's)."""
-    return [
+def _program_blocks() -> str:
+    """The device function giving a program its blocks of positions and instances and ``n_live``."""
+    body = [
         "pid_p = tl.program_id(0)",
         "pid_i = tl.program_id(1)",
         "n_bh = n_inst // NT",
         "n_live = n_inst - tl.where(pid_p * P < T - (NT - 1) * BT, 0, n_bh)",
+        "return pid_p, pid_i, n_bh, n_live",
     ]
+    return ("\n\n@triton.jit\ndef _program_blocks(T, NT, n_inst, BT: tl.constexpr, P: tl.constexpr):\n"
+            '    """(position block, instance block, (batch, head) pairs, n_live): n_live counts the instances this\n'
+            "    program's positions have tokens in (all, or all but the last chunk's).\"\"\"\n"
+            + _lines(4, body))
 
 
 def _prologue() -> list[str]:
@@ -256,8 +273,24 @@ def _prologue() -> list[str]:
 
 
 def _kernel_body(body: list[str]) -> str:
-    """The body under the test that this program has a token at all (a skipped program does nothing)."""
-    return _lines(4, _program_live() + ["if pid_i * (BLOCK // P) < n_live:"]) + _lines(8, body)
+    """H_t + λ_t I, then ``body``, under the test that this program has a token at all (a skipped program does
+    nothing)."""
+    head = ["pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)",
+            "if pid_i * (BLOCK // P) < n_live:"]
+    ridge = ["row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,",
+             "                                     BT, P, BLOCK, HAS_BETA)"]
+    return _lines(4, head) + _lines(8, ridge + body)
+
+
+def _ridge_system() -> str:
+    """The device function both kernels call first: a lane's token and its H_t + λ_t I."""
+    body = _prologue() + _build_h() + _shift() + ["return row, tok_ok, fro, ("] + _wrapped(_entries(), "    ")
+    return ("\n\n@triton.jit\n"
+            "def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,\n"
+            "                  BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr):\n"
+            '    """The lane\'s token row, whether it has a token, F_t = ‖H_t‖_F and ``a``, the lower triangle of\n'
+            '    H_t + λ_t I row by row (a tuple of 136 fp32 lanes)."""\n'
+            + _lines(4, body + [")"]))
 
 
 def _quad(name: str, first: int, value: str) -> str:
@@ -330,7 +363,7 @@ def _dot(name: str, a: str, b: str) -> list[str]:
 
 
 def _forward() -> str:
-    body = _prologue() + _build_h() + _shift() + _load_vec("v", "q", "tok_ok")
+    body = _load_vec("v", "q", "tok_ok")
     body += _solve("v", "x") + _store_vec("x_out", "x", "tok_ok")
     return ("\n\n@triton.jit(do_not_specialize=[\"T\", \"H\", \"NT\", \"n_inst\"])\n"
             "def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,\n"
@@ -341,8 +374,7 @@ def _forward() -> str:
 
 
 def _backward() -> str:
-    body = _prologue() + _build_h() + _shift()
-    body += ["if HAS_ALPHA:", "    at = tl.load(alpha + row, mask=tok_ok, other=0.0).to(tl.float32)",
+    body = ["if HAS_ALPHA:", "    at = tl.load(alpha + row, mask=tok_ok, other=0.0).to(tl.float32)",
              "else:", "    at = 1.0"]
     body += _load_vec("v", "dz", "tok_ok") + [f"v{i} = at * v{i}" for i in range(K)]
     body += _solve("v", "y")
@@ -369,7 +401,7 @@ def _backward() -> str:
 
 
 def generate() -> str:
-    return HEADER + _factor_solve() + _forward() + _backward()
+    return HEADER + _program_blocks() + _ridge_system() + _factor_solve() + _forward() + _backward()
 
 
 def main() -> None:
