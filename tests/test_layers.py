@@ -351,7 +351,7 @@ def _old_forward(layer, x):
     proj = layer.in_proj(x)
     if isinstance(layer, CombaMixer):
         H, K, V = layer.num_heads, layer.head_dim, layer.head_v_dim
-        split = [2 * layer.dim + layer.value_dim, H, H, layer._gate_cols[1]]
+        split = [2 * layer.dim + layer.value_dim, H, H, layer._prologue_spec.gate_cols[1]]
         qkv, forget, beta, gate = proj.split(split, dim=-1)
         q, k, v = layer.qkv_conv(qkv, layer.causal).split([layer.dim, layer.dim, layer.value_dim], dim=-1)
         q, k, v = l2_normalize(q.reshape(B, L, H, K)), l2_normalize(k.reshape(B, L, H, K)), v.reshape(B, L, H, V)

@@ -1,6 +1,7 @@
 """Mixer prologue op: the PyTorch composition against a per-token float64 spec, the Triton kernels against the
 composition in float64 (forward and every gradient, odd lengths, NaN-poisoned outputs), the iplr transition through
-the Comba kernel against a direct per-token iplr recurrence, bad input."""
+the Comba kernel against a direct per-token iplr recurrence, the layers' specs, bad input (the spec's when it is
+built, the call's tensors when it runs)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,26 @@ import torch.nn.functional as F
 
 from visionssm.kernels import comba as comba_op
 from visionssm.kernels import dispatch, mixer_prologue
-from visionssm.kernels.layers.mixer_prologue import mixer_prologue_reference
+from visionssm.kernels.layers.mixer_prologue import PrologueSpec, _well_formed, mixer_prologue_reference
 from visionssm.kernels.tuning import launch_overrides
 from visionssm.kernels.utils import assert_close
 
 OUTPUTS = ("q", "k", "v", "p", "g", "beta", "alpha", "gate")
 PARAMS = ("beta_bias", "alpha_bias", "A_log", "dt_bias", "feedback", "correction")
+SPEC_FIELDS = ("num_heads", "key_dim", "value_dim", "causal", "beta_col", "decay_col", "gate_cols", "eps",
+               "alpha_col", "transition")
+
+
+def spec_and_params(kwargs):
+    """A problem's flat description (the reference's keyword arguments) as the op takes it: the layer's spec and the
+    per-head parameters it passes."""
+    spec = PrologueSpec(**{name: kwargs[name] for name in SPEC_FIELDS if name in kwargs})
+    return spec, {name: kwargs[name] for name in PARAMS if kwargs.get(name) is not None}
+
+
+def call(proj, conv_weight, kwargs, fn=None):
+    spec, params = spec_and_params(kwargs)
+    return (fn or mixer_prologue)(proj, conv_weight, spec, **params)
 
 
 def make_problem(mode: str, B=2, L=7, H=2, K=8, V=8, KS=3, gate_width=5, seed=0, dtype=torch.float32,
@@ -71,7 +86,7 @@ def run_with_grads(proj, weight, kwargs, *, seed=1, double=False, view_of=None, 
     for name in PARAMS:
         if kw.get(name) is not None:
             kw[name] = leaves[name] = cast(kw[name]).requires_grad_()
-    outputs = (fn or mixer_prologue)(proj_in, leaves["conv_weight"], **kw)
+    outputs = call(proj_in, leaves["conv_weight"], kw, fn)
     gen = torch.Generator().manual_seed(seed)
     loss = 0.0
     for out in outputs:
@@ -211,19 +226,19 @@ def test_triton_interpreter_launch_variants(overrides, triton_interpreter, poiso
 def test_triton_interpreter_no_grad_and_reference_override(triton_interpreter):
     proj, weight, kwargs = make_problem("comba", L=5, transition="iplr")
     with torch.no_grad():
-        fused = mixer_prologue(proj, weight, **kwargs)
+        fused = call(proj, weight, kwargs)
         with launch_overrides("mixer_prologue", reference=True):
-            composed = mixer_prologue(proj, weight, **kwargs)
+            composed = call(proj, weight, kwargs)
     for name, a, b in zip(OUTPUTS, fused, composed):
         if a is not None:
             assert_close(a, b, tol=1e-5, name=name)
     with pytest.raises(ValueError, match="unknown launch setting"), launch_overrides("mixer_prologue", chunk=4):
-        mixer_prologue(proj, weight, **kwargs)
+        call(proj, weight, kwargs)
 
 
 def test_float64_takes_the_reference_path_under_triton(triton_interpreter):
     proj, weight, kwargs = make_problem("gka", L=5, dtype=torch.float64)
-    out = mixer_prologue(proj, weight, **kwargs)
+    out = call(proj, weight, kwargs)
     assert_close(out.q, mixer_prologue_reference(proj, weight, **kwargs)[0], tol=1e-12)
 
 
@@ -263,7 +278,7 @@ def _iplr_check(device, dtype, causal, aligned, tol, L=40, H=2, K=16):
         assert cosine.amin() > 0.95 and gain.amin() > 1.95
     b = torch.sigmoid(kwargs["feedback"].cpu().double())
     expected = iplr_recurrence(ref[0], ref[1], ref[2], ref[4], ref[5], b, causal=causal)
-    out = mixer_prologue(proj, weight, **kwargs)
+    out = call(proj, weight, kwargs)
     o = comba_op(out.q, out.k, out.v, out.p, out.g, out.beta, causal=causal)
     assert_close(o, expected, tol=tol, name="o")
     # and through the reference composition end to end (float64)
@@ -371,12 +386,10 @@ def test_registered_op_opcheck(variant, requires_grad, path, request, poison_out
 def _compiled_against_eager(proj, weight, kwargs, *, backend="aot_eager", tol=0.0, view_of=None):
     """Outputs (the gate a view of proj, as in eager) and every gradient of the compiled op against eager, and no
     graph break."""
-    def call(proj, conv_weight, **kw):
-        return mixer_prologue(proj, conv_weight, **kw)
-
+    spec, params = spec_and_params(kwargs)
     torch._dynamo.reset()
-    assert torch._dynamo.explain(call)(proj, weight, **kwargs).graph_break_count == 0
-    compiled = torch.compile(call, fullgraph=True, backend=backend)
+    assert torch._dynamo.explain(mixer_prologue)(proj, weight, spec, **params).graph_break_count == 0
+    compiled = torch.compile(mixer_prologue, fullgraph=True, backend=backend)
     want_out, want_grads = run_with_grads(proj, weight, kwargs, view_of=view_of)
     got_out, got_grads = run_with_grads(proj, weight, kwargs, view_of=view_of, fn=compiled)
     for name, got, want in zip(OUTPUTS, got_out, want_out):
@@ -431,36 +444,79 @@ def test_cuda_compiled_equals_eager(mode, transition, poison_outputs):
 
 
 def _bad_cases():
-    def with_(**changes):
-        def build():
-            proj, weight, kwargs = make_problem("comba", L=4)
-            args = {"proj": proj, "conv_weight": weight, **kwargs}
-            args.update(changes)
-            return args
-        return build
-
+    """(the name the message holds, the error, the changes to a Comba problem, whether the spec refuses them when it is
+    built rather than the call)."""
     return [
-        ("proj", ValueError, with_(proj=torch.randn(4, 60))),
-        ("proj", TypeError, with_(proj=torch.zeros(2, 4, 60, dtype=torch.int32))),
-        ("columns", ValueError, with_(proj=torch.randn(2, 4, 20))),
-        ("conv_weight", ValueError, with_(conv_weight=torch.randn(47, 1, 3))),
-        ("num_heads", TypeError, with_(num_heads=2.0)),
-        ("key_dim", ValueError, with_(key_dim=0)),
-        ("causal", TypeError, with_(causal=1)),
-        ("beta_col", ValueError, with_(beta_col=3)),
-        ("decay_col", ValueError, with_(decay_col=1000)),
-        ("gate_cols", TypeError, with_(gate_cols=[52, 5])),
-        ("A_log", ValueError, with_(A_log=None)),
-        ("dt_bias", ValueError, with_(dt_bias=torch.randn(3))),
-        ("correction", ValueError, with_(correction=None)),
-        ("transition", ValueError, with_(transition="dplr")),
-        ("iplr", ValueError, with_(decay_col=None, A_log=None, dt_bias=None, transition="iplr")),
-        ("eps", ValueError, with_(eps=0.0)),
+        ("num_heads", TypeError, {"num_heads": 2.0}, True),
+        ("key_dim", ValueError, {"key_dim": 0}, True),
+        ("causal", TypeError, {"causal": 1}, True),
+        ("beta_col", ValueError, {"beta_col": 3}, True),
+        ("alpha_col", ValueError, {"alpha_col": -1}, True),
+        ("gate_cols", TypeError, {"gate_cols": [52, 5]}, True),
+        ("gate_cols start", ValueError, {"gate_cols": (0, 5)}, True),
+        ("transition", ValueError, {"transition": "dplr"}, True),
+        ("iplr", ValueError, {"decay_col": None, "A_log": None, "dt_bias": None, "transition": "iplr"}, True),
+        ("eps", ValueError, {"eps": 0.0}, True),
+        ("proj", ValueError, {"proj": torch.randn(4, 60)}, False),
+        ("proj", ValueError, {"proj": torch.randn(2, 0, 60)}, False),
+        ("proj", TypeError, {"proj": torch.zeros(2, 4, 60, dtype=torch.int32)}, False),
+        ("columns", ValueError, {"proj": torch.randn(2, 4, 20)}, False),
+        ("decay_col", ValueError, {"decay_col": 1000}, False),
+        ("conv_weight", ValueError, {"conv_weight": torch.randn(47, 1, 3)}, False),
+        ("A_log", ValueError, {"A_log": None}, False),
+        ("dt_bias", ValueError, {"dt_bias": torch.randn(3)}, False),
+        ("correction", ValueError, {"correction": None}, False),
+        ("feedback", ValueError, {"transition": None}, False),
+        ("alpha_bias", ValueError, {"alpha_bias": torch.randn(2)}, False),
+        ("A_log", ValueError, {"decay_col": None}, False),
     ]
 
 
-@pytest.mark.parametrize("name,error,build", _bad_cases(), ids=lambda c: c if isinstance(c, str) else "")
-def test_bad_input_raises_naming_the_argument(name, error, build):
-    args = build()
+@pytest.mark.parametrize("name,error,changes,at_spec", _bad_cases(),
+                         ids=lambda c: c if isinstance(c, str) else "")
+def test_bad_input_raises_naming_the_argument(name, error, changes, at_spec):
+    proj, weight, kwargs = make_problem("comba", L=4)
+    kwargs.update(changes)
+    proj, weight = kwargs.pop("proj", proj), kwargs.pop("conv_weight", weight)
+    if at_spec:
+        with pytest.raises(error, match=name):
+            spec_and_params(kwargs)
+        return
+    spec, params = spec_and_params(kwargs)
+    assert not _well_formed(proj, weight, spec, tuple(params.get(n) for n in PARAMS)), "the fast check let it pass"
     with pytest.raises(error, match=name):
-        mixer_prologue(args.pop("proj"), args.pop("conv_weight"), **args)
+        mixer_prologue(proj, weight, spec, **params)
+
+
+@pytest.mark.parametrize("mode", ["comba", "gka", "gka-noncausal", "plain"])
+def test_good_calls_take_the_fast_check(mode):
+    """A layer's calls are checked by the one-pass check alone (the naming checks run only for bad input)."""
+    proj, weight, kwargs = make_problem(mode, L=4)
+    spec, params = spec_and_params(kwargs)
+    assert _well_formed(proj, weight, spec, tuple(params.get(n) for n in PARAMS))
+    assert _well_formed(proj, weight.reshape(weight.shape[0], -1), spec, tuple(params.get(n) for n in PARAMS))
+
+
+def test_spec_must_be_a_prologue_spec():
+    proj, weight, kwargs = make_problem("comba", L=4)
+    _, params = spec_and_params(kwargs)
+    with pytest.raises(TypeError, match="spec"):
+        mixer_prologue(proj, weight, {name: kwargs[name] for name in SPEC_FIELDS if name in kwargs}, **params)
+
+
+@pytest.mark.parametrize("name,kwargs", [("gka", {"causal": True, "head_dim": 16}),
+                                         ("gka", {"causal": False, "head_dim": 16}),
+                                         ("comba", {"causal": False, "num_heads": 2}),
+                                         ("comba", {"causal": True, "num_heads": 2, "transition": "iplr"})])
+def test_layers_declare_their_parts(name, kwargs):
+    """Each layer builds its spec once: the core columns inside its projection, and only its own part (GKA the
+    second gate α, Comba the key feedback with its transition)."""
+    from visionssm.layers import MIXERS
+
+    layer = MIXERS[name].cls(32, **kwargs)
+    spec = layer._prologue_spec
+    assert isinstance(spec, PrologueSpec) and spec.causal == kwargs["causal"]
+    assert spec.columns[0] <= layer.in_proj.out_features and spec.width == layer.qkv_conv.weight.shape[0]
+    assert (spec.alpha_col is not None) == (name == "gka")
+    assert spec.transition == (kwargs.get("transition", "splr") if name == "comba" else None)
+    assert (spec.decay_col is not None) == (name == "comba" or kwargs["causal"])

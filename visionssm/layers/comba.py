@@ -18,10 +18,11 @@ so the same kernel runs it with ``p_t = 2·b·α_t·k̂_t`` per token; the outpu
 parameters are the same as splr's (a checkpoint loads into either).
 
 Everything between the input projection and the kernel (short conv, SiLU, L2 norms, p, q', the gates) is one op,
-:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`,
-which also up-projects the low-rank gate (``gate_up``'s weight and bias are read by the op, in float32 even under
-autocast; a hooked or replaced ``gate_up`` is called instead): fused Triton kernels on the GPU that read the
-projection's output in place, the plain PyTorch composition on CPU.
+:func:`visionssm.kernels.mixer_prologue` (its core and its key-feedback part, as the layer's ``PrologueSpec`` says),
+and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`, which also up-projects the low-rank
+gate (``gate_up``'s weight and bias are read by the op, in float32 even under autocast; a hooked or replaced
+``gate_up`` is called instead): fused Triton kernels on the GPU that read the projection's output in place, the
+plain PyTorch composition on CPU.
 
 p and q' are built after the L2 normalisation, and the kernel does not normalise again: a re-normalisation
 of p would cancel b (flash-linear-attention's Comba layer normalises p again), and then b_logit
@@ -41,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from visionssm import kernels
 from visionssm.kernels.dispatch import fx_tracing
-from visionssm.kernels.layers.mixer_prologue import TRANSITIONS
+from visionssm.kernels.layers.mixer_prologue import TRANSITIONS, PrologueSpec
 
 from .base import SequenceMixer, register_mixer
 from .common import (
@@ -125,8 +126,12 @@ class CombaMixer(SequenceMixer):
         # gate (its down-projection when low-rank), in that order of columns.
         gate_width = self.value_dim if gate_rank is None else gate_rank
         qkv_width = 2 * dim + self.value_dim
-        self._decay_col, self._beta_col, self._gate_cols = qkv_width, qkv_width + heads, (qkv_width + 2 * heads,
-                                                                                           gate_width)
+        # the prologue's core (q, k, v, β, the forget gate, the output gate's columns) and Comba's part of it, the
+        # key feedback p and the corrected q under the chosen transition
+        self._prologue_spec = PrologueSpec(
+            num_heads=heads, key_dim=self.head_dim, value_dim=self.head_v_dim, causal=causal,
+            beta_col=qkv_width + heads, decay_col=qkv_width, gate_cols=(qkv_width + 2 * heads, gate_width),
+            eps=L2_EPS, transition=transition)
         self.in_proj = nn.Linear(dim, qkv_width + 2 * heads + gate_width, bias=False, **dd)
         self.qkv_conv = ShortConv1d(2 * dim + self.value_dim, conv_size, **dd)
         # The paper's trainable scalars {a, b, c, d}, one per head, kept out of weight decay.
@@ -151,11 +156,8 @@ class CombaMixer(SequenceMixer):
             self.correction.fill_(self.correction_init)
 
     def _prologue(self, proj: torch.Tensor) -> tuple:
-        return kernels.mixer_prologue(
-            proj, self.qkv_conv.weight, num_heads=self.num_heads, key_dim=self.head_dim,
-            value_dim=self.head_v_dim, causal=self.causal, beta_col=self._beta_col, decay_col=self._decay_col,
-            A_log=self.A_log, dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction,
-            transition=self.transition, gate_cols=self._gate_cols, eps=L2_EPS)
+        return kernels.mixer_prologue(proj, self.qkv_conv.weight, self._prologue_spec, A_log=self.A_log,
+                                      dt_bias=self.dt_bias, feedback=self.b_logit, correction=self.correction)
 
     def _recurrence(self, proj: torch.Tensor) -> torch.Tensor:
         return kernels.comba(*self._prologue(proj)[:6], causal=self.causal)
@@ -166,7 +168,8 @@ class CombaMixer(SequenceMixer):
         if self.recompute_state and torch.is_grad_enabled() and not torch.compiler.is_compiling() \
                 and not fx_tracing():
             o = checkpoint(self._recurrence, proj, use_reentrant=False, preserve_rng_state=False)
-            gate = proj[..., self._gate_cols[0]:self._gate_cols[0] + self._gate_cols[1]]  # the prologue's gate view
+            start, width = self._prologue_spec.gate_cols
+            gate = proj[..., start:start + width]  # the prologue's gate view
         else:
             q, k, v, p, g, beta, _, gate = self._prologue(proj)
             # the recurrence's inputs are rebuilt from proj (which the prologue keeps) for the backward, not kept twice

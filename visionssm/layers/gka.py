@@ -27,8 +27,9 @@ forgetting gate (the kernel's non-causal mode is a single ridge regression over 
 parameters fewer per mixer at C=320 / 640.
 
 Everything between the input projection and the kernel (short conv, SiLU, L2 norms, the gates) is one op,
-:func:`visionssm.kernels.mixer_prologue`, and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`:
-fused Triton kernels on the GPU that read the projection's output in place, the plain PyTorch composition on CPU.
+:func:`visionssm.kernels.mixer_prologue` (its core and its second-gate part for α, as the layer's ``PrologueSpec``
+says), and the output norm and gate another, :func:`visionssm.kernels.gated_rmsnorm`: fused Triton kernels on the
+GPU that read the projection's output in place, the plain PyTorch composition on CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torch import nn
 
 from visionssm import kernels
 from visionssm.kernels.gka import SOLVERS as GKA_SOLVERS
+from visionssm.kernels.layers.mixer_prologue import PrologueSpec
 
 from .base import SequenceMixer, register_mixer
 from .common import (
@@ -110,9 +112,15 @@ class GKAMixer(SequenceMixer):
         # and forgetting (causal only) logits, in that order of columns.
         gate_width = self.inner_dim if self.use_output_gate else 0
         num_gates = 3 if causal else 2
-        self._beta_col = 3 * self.inner_dim + gate_width
-        self._gate_cols = (3 * self.inner_dim, gate_width) if self.use_output_gate else None
-        self.in_proj = nn.Linear(dim, self._beta_col + num_gates * heads, bias=False, **dd)
+        beta_col = 3 * self.inner_dim + gate_width
+        # the prologue's core (q, k, v, β, the forgetting gate when causal, the output gate's columns) and GKA's
+        # part of it, the second sigmoid gate α
+        self._prologue_spec = PrologueSpec(
+            num_heads=heads, key_dim=head_dim, value_dim=head_dim, causal=causal, beta_col=beta_col,
+            decay_col=beta_col + 2 * heads if causal else None,
+            gate_cols=(3 * self.inner_dim, gate_width) if self.use_output_gate else None, eps=L2_EPS,
+            alpha_col=beta_col + heads)
+        self.in_proj = nn.Linear(dim, beta_col + num_gates * heads, bias=False, **dd)
         self.qkv_conv = ShortConv1d(3 * self.inner_dim, conv_size, **dd)
         # Standalone parameters (not Linear biases), so a backbone's Linear re-initialisation leaves them alone.
         self.beta_bias = nn.Parameter(torch.empty(heads, **dd))
@@ -136,13 +144,8 @@ class GKAMixer(SequenceMixer):
             init_log_decay_(self.A_log, self.dt_bias)
 
     def _prologue(self, proj: torch.Tensor) -> tuple:
-        H, beta_col = self.num_heads, self._beta_col
-        return kernels.mixer_prologue(
-            proj, self.qkv_conv.weight, num_heads=H, key_dim=self.head_dim,
-            value_dim=self.head_dim, causal=self.causal, beta_col=beta_col, beta_bias=self.beta_bias,
-            alpha_col=beta_col + H, alpha_bias=self.alpha_bias,
-            decay_col=None if self.A_log is None else beta_col + 2 * H, A_log=self.A_log, dt_bias=self.dt_bias,
-            gate_cols=self._gate_cols, eps=L2_EPS)
+        return kernels.mixer_prologue(proj, self.qkv_conv.weight, self._prologue_spec, beta_bias=self.beta_bias,
+                                      alpha_bias=self.alpha_bias, A_log=self.A_log, dt_bias=self.dt_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

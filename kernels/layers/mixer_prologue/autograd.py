@@ -45,16 +45,15 @@ class PrologueFunction(torch.autograd.Function):
 
 # torch.compile runs the kernels as they are (a graph break), as for the mixer ops.
 @torch.compiler.disable
-def fused_mixer_prologue(proj, conv_weight, params: dict, *, num_heads, key_dim, value_dim, causal, beta_col,
-                         alpha_col, decay_col, transition, gate_cols, eps) -> tuple:
-    """Triton prologue (validated arguments expected; see :func:`visionssm.kernels.mixer_prologue`)."""
+def fused_mixer_prologue(proj, conv_weight, params: tuple, spec) -> tuple:
+    """Triton prologue (validated arguments expected; see :func:`visionssm.kernels.mixer_prologue`): ``params`` the
+    six per-head parameters in the kernels' order, ``spec`` the layer's PrologueSpec."""
     if proj.stride(-1) != 1:
         proj = proj.contiguous()
     conv_weight = conv_weight.contiguous()
-    ordered = (params["beta_bias"], params["alpha_bias"], params["A_log"], params["dt_bias"], params["feedback"],
-               params["correction"])
-    plan = get_plan(proj, conv_weight, ordered, num_heads, key_dim, value_dim, causal,
-                    (beta_col, alpha_col, decay_col), gate_cols, transition, eps)
-    if needs_grad(proj, conv_weight, *ordered):
-        return PrologueFunction.apply(proj, conv_weight, *ordered, plan)
-    return (*_run_fwd(plan, proj, conv_weight, ordered), _gate_view(proj, gate_cols))
+    H, K, V, causal, beta_col, alpha_col, decay_col, transition, eps = spec.attrs
+    plan = get_plan(proj, conv_weight, params, H, K, V, causal, (beta_col, alpha_col, decay_col), spec.gate_cols,
+                    transition, eps)
+    if needs_grad(proj, conv_weight, *params):
+        return PrologueFunction.apply(proj, conv_weight, *params, plan)
+    return (*_run_fwd(plan, proj, conv_weight, params), _gate_view(proj, spec.gate_cols))
