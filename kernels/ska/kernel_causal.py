@@ -35,6 +35,7 @@ from .kernel_common import (
     matvec_t_rows,
     power_sigma_rows,
     spd_inverse_rows,
+    store_rows,
     store_stats,
     zero_stats,
 )
@@ -150,8 +151,7 @@ def ska_causal_fwd_kernel(q, k, v, o, g_buf, m_buf, c_buf, n_buf, T, H, NT, ridg
             scores = tl.where(upto, tl.sum(x[:, None, :] * kt[None, :, :], axis=2), 0.0)
             out = tl.sum(x[:, :, None] * CT0[None, :, :], axis=1) + tl.sum(scores[:, :, None] * vt[None, :, :], axis=1)
         out = out * inv_s[:, None]
-        tl.store(o_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], out.to(o.dtype.element_ty),
-                 mask=(rows < T)[:, None])
+        store_rows(o_seq, rows, vv, T, H * V, out)
 
 
 @triton.jit
@@ -197,8 +197,7 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
             trace += tl.sum(g * x, axis=1)
             y = matvec_t_rows(Mn, g) * isig[:, None]
         # after j = 0, g is dq̂ (the adjoint of q̂ = q/s)
-        tl.store(head_seq(dq, pid, T, H, R) + rows[:, None].to(tl.int64) * (H * R) + rr[None, :],
-                 (g * inv_s[:, None]).to(dq.dtype.element_ty), mask=live[:, None])
+        store_rows(head_seq(dq, pid, T, H, R), rows, rr, T, H * R, g * inv_s[:, None])
         tl.store(tok_buf + (pid * T + rows) * 2, isig, mask=live)
         tl.store(tok_buf + (pid * T + rows) * 2 + 1, inv_s, mask=live)
         # the running max moves only the ridge term λ s_t² I: ds_t = 2λ tr(dG_n)/s_t, to the key holding the max

@@ -24,6 +24,14 @@ def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
 
 
 @triton.jit
+def store_rows(ptr, rows, cols, T, stride, x):
+    """Store ``x`` in rows ``rows`` of a (T, ·) sequence with row stride ``stride`` (rows past T untouched), in the
+    sequence's dtype: the counterpart of :func:`load_rows`."""
+    tl.store(ptr + rows[:, None].to(tl.int64) * stride + cols[None, :], x.to(ptr.dtype.element_ty),
+             mask=(rows < T)[:, None])
+
+
+@triton.jit
 def head_seq(ptr, pid, T, H, D):
     """Start of (batch, head) ``pid``'s sequence in a contiguous (B, T, H, D) tensor."""
     return strided_head_seq(ptr, pid, H, T * H * D, D)

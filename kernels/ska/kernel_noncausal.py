@@ -34,6 +34,7 @@ from .kernel_common import (
     load_rows,
     power_sigma_rows,
     spd_inverse_rows,
+    store_rows,
     store_stats,
     strided_head_seq,
     zero_stats,
@@ -143,8 +144,7 @@ def ska_noncausal_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.con
     for t0 in range(0, T, BT):
         rows = t0 + tt
         out = tl.dot(load_rows(q_seq, rows, rr, T, q_row, 0), psi, input_precision=PREC)
-        tl.store(o_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], out.to(o.dtype.element_ty),
-                 mask=(rows < T)[:, None])
+        store_rows(o_seq, rows, vv, T, H * V, out)
 
 
 @triton.jit
@@ -165,8 +165,7 @@ def ska_noncausal_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_r
         dot_ = load_rows(do_seq, rows, vv, T, H * V, 0)
         qdo += tl.dot(tl.trans(qt), dot_, input_precision=PREC)
         dq_t = tl.dot(dot_, psiT, input_precision=PREC)
-        tl.store(dq_seq + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dq_t.to(dq.dtype.element_ty),
-                 mask=(rows < T)[:, None])
+        store_rows(dq_seq, rows, rr, T, H * R, dq_t)
     tl.store(qdo_buf + pid * R * V + rr[:, None] * V + vv[None, :], qdo)
 
 
@@ -246,8 +245,5 @@ def ska_noncausal_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv
         dk_t += tl.dot(kn, dM, input_precision=PREC) + tl.dot(vt, dC, input_precision=PREC)
         dk_t += tl.where(rows == holder, ds, 0.0)[:, None] * kt
         dv_t = tl.dot(kt, dCT, input_precision=PREC)
-        live = (rows < T)[:, None]
-        tl.store(dk_seq + rows[:, None].to(tl.int64) * (H * R) + rr[None, :], dk_t.to(dk.dtype.element_ty),
-                 mask=live)
-        tl.store(dv_seq + rows[:, None].to(tl.int64) * (H * V) + vv[None, :], dv_t.to(dv.dtype.element_ty),
-                 mask=live)
+        store_rows(dk_seq, rows, rr, T, H * R, dk_t)
+        store_rows(dv_seq, rows, vv, T, H * V, dv_t)
