@@ -1,6 +1,8 @@
 """The gpu data backend (visionssm.data.gpu, gpu_augment) on CPU, where torchvision decodes on the CPU with the same
 code path, and its `cuda` twins: backend selection, decoding against PIL, timm's crop draws and RandAugment ops
-against timm's PIL ops, label order, sharding, resume order, unreadable files."""
+against timm's PIL ops, the batched resample against the per-image resize, RandAugment batched against image by
+image, kernel launches per batch independent of the batch size, label order, sharding, resume order, unreadable
+files."""
 
 from __future__ import annotations
 
@@ -13,18 +15,28 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 from visionssm.data.gpu import (
     EncodedImageFolder,
     EvalStage,
     TrainStage,
+    Window,
     collate_encoded,
     decode_batch,
     random_resized_crop_params,
+    resample,
     resolve_data_backend,
 )
-from visionssm.data.gpu_augment import apply_op, level_args, parse_rand_augment
+from visionssm.data.gpu_augment import (
+    apply_op,
+    apply_rand_augment,
+    draw_rand_augment,
+    level_args,
+    parse_rand_augment,
+    plan_rand_augment,
+)
 from visionssm.data.loader import EpochShuffleSampler
 from visionssm.training.state import parse_config
 
@@ -251,6 +263,191 @@ def test_eval_transform_equals_timms(jpeg_folder):
         assert diff.max() <= 2.01 and diff.mean() < 0.3, (i, diff.max(), diff.mean())
 
 
+def _per_image_resize(image: torch.Tensor, window: Window, size: tuple[int, int]) -> torch.Tensor:
+    """The per-image path the batched resample replaces: crop (or, for the eval transform, resize the whole image
+    and crop its centre), torch's antialiased interpolate (nearest-exact for nearest), flip; float, unrounded."""
+    x = image[None].float()
+    if window.shift != (0.0, 0.0):  # eval: the whole image to the resized size, then the centre crop
+        resized = (round(window.h / window.scale[0]), round(window.w / window.scale[1]))
+        top, left = int(window.shift[0]), int(window.shift[1])
+        box = (top, top + size[0], left, left + size[1])
+    else:
+        x, resized, box = x[..., window.top:window.top + window.h, window.left:window.left + window.w], size, None
+    if window.interpolation == "nearest":
+        out = torch.nn.functional.interpolate(x, size=resized, mode="nearest-exact")[0]
+    else:
+        out = torch.nn.functional.interpolate(x, size=resized, mode=window.interpolation, antialias=True,
+                                              align_corners=False)[0]
+    if box is not None:
+        out = out[:, box[0]:box[1], box[2]:box[3]]
+    return out.flip(-1) if window.flip else out
+
+
+# The batched resample applies the same filter weights as torch's per-image interpolate, as matrices: only float32
+# rounding and summation order differ, under 1e-3 grey levels (<= 15 non-zero taps per axis here, each term within
+# 2^-24 of ~330). After rounding to uint8 a pixel within that of .5 may round the other way: at most one level,
+# on far fewer than 0.1% of the pixels.
+RESAMPLE_TOLERANCE = {"float_max": 1e-3, "rounded_max": 1.0, "rounded_mean": 0.01, "rounded_p999": 1.0}
+
+
+def _rounded(x: torch.Tensor) -> torch.Tensor:
+    return torch.floor(x + 0.5).clamp(0, 255)
+
+
+def _random_windows(layout: str) -> tuple[list[torch.Tensor], list[Window]]:
+    """36 random images of the odd sizes above with crops (downscaled, upscaled, some exactly the output size 24 x
+    24) in each interpolation, flipped or not, and eval windows (resize then centre crop); stored in the CPU
+    decoder's (H, W, 3) layout, nvJPEG's (3, H, W), or a mix of both."""
+    gen = torch.Generator().manual_seed(5)
+    rng = random.Random(5)
+    evaluate = EvalStage.__new__(EvalStage)  # only its window arithmetic
+    evaluate.img_size, evaluate.scale_size, evaluate.interpolation = 24, 27, "bicubic"
+    images, windows = [], []
+    for k in range(36):
+        width, height = SIZES[k % len(SIZES)]
+        image = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=gen).permute(2, 0, 1)
+        if layout == "planar" or (layout == "mixed" and k % 2):
+            image = image.contiguous()
+        kind = ("bilinear", "bicubic", "nearest")[k % 3]
+        if k % 6 == 5:
+            window = evaluate.window(height, width)
+        elif k % 6 == 4:  # the output size exactly: the filter is the identity
+            window = Window.crop((rng.randint(0, height - 24), rng.randint(0, width - 24), 24, 24), (24, 24), kind,
+                                 True)
+        else:
+            box = random_resized_crop_params(rng, width, height, (0.02, 1.0), (3 / 4, 4 / 3))
+            window = Window.crop(box, (24, 24), kind, rng.random() < 0.5)
+        images.append(image)
+        windows.append(window)
+    assert {w.h < 24 for w in windows} == {True, False}  # upscaled and downscaled crops both
+    return images, windows
+
+
+@pytest.mark.parametrize("layout", ["decoder", "planar", "mixed"])
+def test_batched_resample_equals_the_per_image_resize(layout):
+    """One batch against the per-image path within RESAMPLE_TOLERANCE (the output-sized crops exactly), and the
+    batch split into chunks against one chunk."""
+    images, windows = _random_windows(layout)
+    size = (24, 24)
+    got = resample(images, windows, size)
+    expected = torch.stack([_per_image_resize(im, w, size) for im, w in zip(images, windows)])
+    assert got.shape == expected.shape == (36, 3, 24, 24)
+    assert (got - expected).abs().max() <= RESAMPLE_TOLERANCE["float_max"]
+    diff = (_rounded(got) - _rounded(expected)).abs().flatten()
+    assert diff.max() <= RESAMPLE_TOLERANCE["rounded_max"] and diff.mean() < RESAMPLE_TOLERANCE["rounded_mean"]
+    assert torch.quantile(diff, 0.999) <= RESAMPLE_TOLERANCE["rounded_p999"]
+    for k, w in enumerate(windows):
+        if w.h == w.w == 24 and w.shift == (0.0, 0.0):
+            assert torch.equal(got[k], images[k][:, w.top:w.top + 24, w.left:w.left + 24].flip(-1).float()), k
+    chunked = resample(images, windows, size, chunk_elements=3 * 6 * 75 * 64)
+    assert not torch.isnan(chunked).any()
+    torch.testing.assert_close(chunked, got, rtol=0, atol=RESAMPLE_TOLERANCE["float_max"])
+
+
+def test_resample_refuses_a_window_outside_its_image():
+    image = torch.zeros(3, 10, 12, dtype=torch.uint8)
+    inside = Window.crop((0, 0, 10, 12), (4, 4), "bilinear")
+    with pytest.raises(ValueError, match=r"windows\[1\] = Window\(top=5.*not inside its 10 x 12 image"):
+        resample([image, image], [inside, Window.crop((5, 0, 6, 12), (4, 4), "bilinear")], (4, 4))
+    with pytest.raises(ValueError, match="one window per image"):
+        resample([image], [inside, inside], (4, 4))
+
+
+def test_stages_match_the_per_image_path_on_the_test_images(jpeg_folder):
+    """The training and evaluation stages against the per-image path on the decoded test JPEGs (the draws are the
+    stages' own): the stated resample tolerance after rounding, then normalised the same way."""
+    dataset = _dataset(jpeg_folder)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    batch = collate_encoded([dataset[(4, i)] for i in readable])
+    decoded = decode_batch(batch.data, torch.device("cpu"))
+    mean, std = torch.tensor(MEAN)[:, None, None], torch.tensor(STD)[:, None, None]
+    train = TrainStage(dataset, "cpu", 20, MEAN, STD, seed=9, interpolation="random")
+    evaluate = EvalStage(dataset, "cpu", 20, MEAN, STD, crop_pct=0.9, interpolation="bilinear")
+    for stage in (train, evaluate):
+        images = stage.from_decoded(decoded, batch)[0]
+        levels = []
+        for k, (i, image) in enumerate(zip(readable, decoded)):
+            if stage is train:
+                draw = stage.draw(4, i, image.shape[-1], image.shape[-2])
+                window = Window.crop(draw["crop"], (20, 20), draw["interpolation"], draw["flip"])
+            else:
+                window = stage.window(*image.shape[-2:])
+            expected = _rounded(_per_image_resize(image, window, (20, 20)))
+            levels.append(((images[k] * std + mean) * 255 - expected).abs().flatten())
+        diff = torch.cat(levels)
+        # normalising and undoing it adds float32 rounding on top of the rounded levels
+        assert diff.max() <= RESAMPLE_TOLERANCE["rounded_max"] + 1e-3, stage
+        assert diff.mean() < RESAMPLE_TOLERANCE["rounded_mean"] and torch.quantile(diff, 0.999) <= 1.001, stage
+
+
+class _AtenCounter(TorchDispatchMode):
+    """Counts the aten calls that do work (views and other aliasing ops are metadata only): on a GPU each is a
+    kernel launch, or a host-side op of the same cost."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _launches(stage, batch, decoded) -> int:
+    with _AtenCounter() as counter:
+        stage.from_decoded(decoded, batch)
+    return counter.count
+
+
+@pytest.mark.parametrize("policy", [None, "rand-m9-mstd0.5-inc1", "eval"])
+def test_aten_calls_per_batch_do_not_grow_with_the_batch_size(jpeg_folder, policy):
+    """The stage's pixel work after decoding is the same number of aten calls for 2, 7 and 26 images (the per-image
+    path made a crop and a resize per image: 11 + 2N calls without RandAugment); the host only draws."""
+    dataset = _dataset(jpeg_folder)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    if policy == "eval":
+        stage = EvalStage(dataset, "cpu", 16, MEAN, STD, crop_pct=0.875)
+    else:
+        stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=0, auto_augment=policy)
+    counts = []
+    for n in (2, 7, 26):
+        items = [dataset[(epoch, i)] for epoch in range(2) for i in readable][:n]
+        batch = collate_encoded(items)
+        decoded = decode_batch(batch.data, torch.device("cpu"))
+        stage.from_decoded(decoded, batch)  # first call: caches, lazy imports
+        counts.append(_launches(stage, batch, decoded))
+    assert counts[0] == counts[1] == counts[2], counts
+    assert counts[0] < 700, counts  # a bound that a launch per image or per drawn op would break at 26 images
+
+
+@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-n3-p1.0-mstd101", "rand-m5-p0.0"])
+def test_batched_rand_augment_equals_each_image_alone(config):
+    """Per-image draws applied to a batch in one pass per layer and op family equal each image's ops applied to it
+    alone, one op at a time (:func:`apply_op`), bit for bit; a layer where a family drew nothing, or where nothing was
+    drawn at all (p0), leaves the batch as it was."""
+    fill = (124, 116, 104)
+    policy = parse_rand_augment(config, fill, None)
+    images = _to_tensor(_ra_images(n=9, size=20))
+    rng = random.Random(config)
+    draws = [draw_rand_augment(policy, rng) for _ in range(len(images))]
+    plan = {k: torch.tensor(v, dtype=torch.float64).view(-1, 3) for k, v in plan_rand_augment(policy, draws).items()}
+    assert len(plan) == policy.num_layers * 4  # lut, blend, affine-bilinear, affine-bicubic per layer
+    got = apply_rand_augment(images.clone(), plan, fill)
+    for k, drawn in enumerate(draws):
+        expected = images[k:k + 1]
+        for op in drawn:
+            if op is not None:
+                expected = apply_op(op[0], expected, [op[1]], op[2], fill)
+        assert torch.equal(got[k:k + 1], expected), (k, drawn)
+    if config.endswith("p0.0"):
+        assert all(op is None for drawn in draws for op in drawn) and torch.equal(got, images)
+    else:
+        assert not torch.equal(got, images)
+    if config == "rand-m9-mstd0.5-inc1":  # the recipe's policy on 9 images leaves a family empty in a layer
+        assert any(len(rows) == 0 for rows in plan.values())
+
+
 # timm's RandAugment ops, each against the Pillow function timm calls, at a few magnitudes and both signs
 _EXACT_OPS = ["AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "Solarize",
               "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
@@ -447,6 +644,43 @@ def test_cuda_stages_equal_the_cpu_stages(jpeg_folder):
             assert len(piped) == len(inline) == len(dataset) // 4
             for (a, ta, ua), (b, tb, ub) in zip(piped, inline):
                 assert torch.equal(a, b) and torch.equal(ta, tb) and int(ua) == int(ub), policy
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["planar", "mixed"])
+def test_cuda_batched_resample_equals_the_cpu_resample(layout):
+    """The batched resample on the GPU (cuBLAS float32 matmuls) against the CPU one: the same float tolerance as
+    against the per-image path; in one batch and in chunks."""
+    images, windows = _random_windows(layout)
+    expected = resample(images, windows, (24, 24))
+    on_cuda = [image.cuda() for image in images]  # .cuda() keeps each image's layout
+    for chunk_elements in (2**28, 3 * 6 * 75 * 64):
+        got = resample(on_cuda, windows, (24, 24), chunk_elements=chunk_elements)
+        assert got.is_cuda and not torch.isnan(got).any()
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=RESAMPLE_TOLERANCE["float_max"])
+
+
+@pytest.mark.cuda
+def test_cuda_stages_queue_their_pixel_work_without_waiting_for_the_gpu(jpeg_folder):
+    """After decoding, the training stage (with the recipe's RandAugment) and the evaluation stage issue their
+    kernels without a single host-device synchronisation (torch's sync debug mode raises on any): the parameters
+    travel in one pinned asynchronous copy, so the host never waits for the stream it feeds."""
+    dataset = _dataset(jpeg_folder)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
+    batch = collate_encoded([dataset[(0, i)] for i in readable])
+    decoded = decode_batch(batch.data, torch.device("cuda"))
+    stages = (TrainStage(dataset, "cuda", 32, MEAN, STD, seed=1, auto_augment="rand-m9-mstd0.5-inc1", prefetch=False),
+              EvalStage(dataset, "cuda", 32, MEAN, STD, crop_pct=0.875, prefetch=False))
+    for stage in stages:
+        stage.from_decoded(decoded, batch)  # warm-up: cuBLAS handles, pinned host blocks
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            images, targets, _ = stage.from_decoded(decoded, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert images.shape == (len(readable), 3, 32, 32) and torch.isfinite(images).all(), stage
+        assert targets.tolist() == [dataset.samples[i][1] for i in readable], stage
 
 
 @pytest.mark.timeout(120, method="thread")  # a regression hangs in join: end it

@@ -6,7 +6,14 @@ or bicubic per image as timm's ``random``), RandAugment (:mod:`visionssm.data.gp
 Random erasing and Mixup/CutMix run on the batch in the training step (timm's own, on the device). Every image's
 draws come from a ``random.Random`` seeded by ``(seed, epoch, index)`` as the PIL path's ``augment_seed``, so they do
 not depend on workers, processes or where a resumed run restarted. Evaluation (:class:`EvalStage`): timm's eval
-transform (shorter side to ``img_size / crop_pct``, centre crop), batched.
+transform (shorter side to ``img_size / crop_pct``, centre crop).
+
+Only the draws are per image, on the host. The pixel work is batched: the whole batch's crops, resizes and flips in
+one gather and two batched matmuls (:func:`resample`), RandAugment as a fixed set of op families per layer, all
+parameters in one host-to-device copy, so the kernel launches per batch do not depend on its size and the host
+never waits for the GPU. Why matmuls: the antialiased filter torch and Pillow use is a separable linear map per
+axis, so a (n, out, window) weight matrix reproduces it exactly for each image's own window and scale, where
+``roi_align`` (a box average of bilinear samples) or ``grid_sample`` (no antialiasing) would only approximate it.
 
 A batch that nvJPEG refuses is decoded image by image; an unreadable file is warned about once (naming it) and
 counted, then replaced by the next readable image in training and dropped in evaluation, as ``SafeImageFolder``
@@ -26,15 +33,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
-from visionssm.data.gpu_augment import RandAugmentPolicy, apply_rand_augment, draw_rand_augment, parse_rand_augment
+from visionssm.data.gpu_augment import (
+    RandAugmentPolicy,
+    apply_rand_augment,
+    draw_rand_augment,
+    parse_rand_augment,
+    plan_rand_augment,
+)
 from visionssm.data.loader import SafeImageFolder, augment_seed_of
 from visionssm.utils.cli import UserValueError
 
-__all__ = ["BACKENDS", "EncodedBatch", "EncodedImageFolder", "EvalStage", "TrainStage", "collate_encoded",
-           "decode_batch", "nvjpeg_problem", "random_resized_crop_params", "resolve_data_backend"]
+__all__ = ["BACKENDS", "EncodedBatch", "EncodedImageFolder", "EvalStage", "TrainStage", "Window", "collate_encoded",
+           "decode_batch", "nvjpeg_problem", "random_resized_crop_params", "resample", "resolve_data_backend"]
 
 BACKENDS = ("auto", "pil", "gpu")
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
@@ -123,7 +135,7 @@ def collate_encoded(items: Sequence[tuple]) -> EncodedBatch:
 
 
 def _is_jpeg(data: torch.Tensor) -> bool:
-    return data.numel() > 3 and int(data[0]) == 0xFF and int(data[1]) == 0xD8
+    return data.numel() > 3 and data[:2].numpy().tobytes() == b"\xff\xd8"  # NumPy: no tensor op per file
 
 
 def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -180,15 +192,200 @@ def random_resized_crop_params(rng: random.Random, width: int, height: int, scal
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _resize(image: torch.Tensor, size: tuple[int, int], interpolation: str) -> torch.Tensor:
-    """(3, h, w) uint8 -> (3, *size) float, antialiased as PIL's resize (torch's filters follow Pillow's); rounded
-    to uint8 by :func:`_to_uint8` once per batch."""
-    x = image[None].float()
-    if tuple(image.shape[-2:]) == tuple(size):
-        return x[0]
-    if interpolation == "nearest":
-        return F.interpolate(x, size=size, mode="nearest-exact")[0]
-    return F.interpolate(x, size=size, mode=interpolation, antialias=True, align_corners=False)[0]
+# A batch's windows are resampled together: each output axis is a matrix product with a (n, out, window) matrix
+# of the same antialiased filter weights torch's interpolate(antialias=True) and Pillow's resize use, so one gather
+# and two batched matmuls replace a resize per image. Windows are padded to the largest in a chunk; chunks bound
+# the padded gather (float32: 4 bytes per element), so a few very large images do not inflate the whole batch.
+_CHUNK_ELEMENTS = 2**28
+_KINDS = {"bilinear": 0, "bicubic": 1, "nearest": 2}
+_WINDOW_COLUMNS = 13  # offset, H*W, W, top, left, h, w, scale_y, scale_x, shift_y, shift_x, kind, flip
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one output image reads: the source rows ``top:top + h`` and columns ``left:left + w`` of the image,
+    resampled with the filter ``interpolation`` at ``scale`` source pixels per output pixel (per axis), the output
+    starting ``shift`` pixels into the resampled grid (per axis); ``flip`` mirrors the output left to right.
+
+    RandomResizedCrop is the crop box with ``scale = box / output`` and no shift; timm's eval transform is the whole
+    image with ``scale = image / resized`` and the centre crop's offset as the shift."""
+
+    top: int
+    left: int
+    h: int
+    w: int
+    scale: tuple[float, float]
+    shift: tuple[float, float] = (0.0, 0.0)
+    interpolation: str = "bilinear"
+    flip: bool = False
+
+    @classmethod
+    def crop(cls, box: tuple[int, int, int, int], size: tuple[int, int], interpolation: str, flip: bool = False):
+        top, left, h, w = box
+        return cls(top, left, h, w, (h / size[0], w / size[1]), (0.0, 0.0), interpolation, flip)
+
+
+def _chunks(windows: Sequence[Window], limit: int) -> list[list[int]]:
+    """Positions grouped so each group's padded window (count x 3 x max h x max w) stays within ``limit`` elements:
+    the whole batch in order when it fits, else largest windows first, greedily."""
+    n = len(windows)
+    if n * 3 * max(w.h for w in windows) * max(w.w for w in windows) <= limit:
+        return [list(range(n))]
+    groups: list[list[int]] = []
+    rows = cols = 0
+    for k in sorted(range(n), key=lambda k: windows[k].h * windows[k].w, reverse=True):
+        rows, cols = max(rows, windows[k].h), max(cols, windows[k].w)
+        if groups and (len(groups[-1]) + 1) * 3 * rows * cols <= limit:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+            rows, cols = windows[k].h, windows[k].w
+    return groups
+
+
+def _taps(window: Window, axis: int) -> int:
+    """How many window pixels one output pixel can read along ``axis``: the filter's support (triangle 2, cubic 4,
+    widened by the downscaling factor) plus the rounding of its ends."""
+    radius = (2.0 if window.interpolation == "bicubic" else 1.0) * max(window.scale[axis], 1.0)
+    return math.ceil(2 * radius) + 2
+
+
+def _axis_weights(params: torch.Tensor, out: int, length: int, axis: int, taps: int) -> torch.Tensor:
+    """(n, out, length) weights along one axis (0: rows, 1: columns) from the windows' parameter rows: output pixel
+    ``i`` reads window pixels ``x`` with torch's antialiased filter (Pillow's: triangle or Keys cubic a = -0.5,
+    widened by the downscaling factor, clipped to the window, normalised), or ``nearest-exact``'s one pixel. The
+    filter is evaluated on its ``taps`` pixels only, then scattered into the dense matrix."""
+    extent = params[:, 5 + axis, None, None].float()
+    scale = params[:, 7 + axis, None, None].float()
+    shift = params[:, 9 + axis, None, None].float()
+    kind = params[:, 11, None, None]
+    i = torch.arange(out, device=params.device, dtype=torch.float32)[None, :, None]
+    if axis == 1:
+        i = torch.where(params[:, 12, None, None] > 0, out - 1 - i, i)  # a flipped output reads mirrored columns
+    center = (i + shift + 0.5) * scale
+    widen = scale.clamp(min=1.0)
+    radius = torch.where(kind == _KINDS["bicubic"], 2.0, 1.0) * widen
+    x = torch.floor(center - radius + 0.5).clamp(min=0.0) + torch.arange(taps, device=params.device)
+    t = ((x - center + 0.5) / widen).abs()
+    a = -0.5
+    cubic = torch.where(t < 1.0, ((a + 2) * t - (a + 3)) * t * t + 1,
+                        torch.where(t < 2.0, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+    inside = x < torch.minimum(torch.floor(center + radius + 0.5), extent)
+    weights = torch.where(inside, torch.where(kind == _KINDS["bicubic"], cubic, (1.0 - t).clamp(min=0.0)), 0.0)
+    total = weights.sum(dim=-1, keepdim=True)
+    weights = weights / torch.where(total != 0, total, 1.0)
+    nearest = (x == torch.minimum(torch.floor(center), extent - 1)).float()
+    weights = torch.where(kind == _KINDS["nearest"], nearest, weights)
+    dense = torch.zeros(params.shape[0], out, length + taps, device=params.device)  # taps past the window: weight 0
+    return dense.scatter_(2, x.long(), weights)[..., :length]
+
+
+def _resample_chunk(flat: torch.Tensor, params: torch.Tensor, extent: tuple[int, int, int, int],
+                    size: tuple[int, int], interleaved: bool) -> torch.Tensor:
+    """(n, 3, *size) float from the windows' parameter rows: their pixels gathered into one (n, rows, 3, cols)
+    tensor (padded with whatever follows each window row, which gets weight 0), then the columns and the rows
+    resampled by two batched matmuls. ``interleaved``: the images are stored (H, W, 3), as torchvision's CPU
+    decoder returns them, else (3, H, W), as nvJPEG does."""
+    n = params.shape[0]
+    rows, cols, row_taps, col_taps = extent
+    offset, plane, width, top, left, h = (params[:, k].long() for k in range(6))
+    y = torch.minimum(torch.arange(rows, device=flat.device)[None], h[:, None] - 1)  # padding repeats a real row
+    if interleaved:
+        starts = (offset + 3 * left)[:, None] + (top[:, None] + y) * (3 * width[:, None])
+        pixels = flat.unfold(0, 3 * cols, 1)[starts].view(n, rows, cols, 3).permute(0, 1, 3, 2)
+        pixels = pixels.to(torch.float32, memory_format=torch.contiguous_format)
+    else:
+        starts = (offset + left)[:, None, None] + ((top[:, None] + y) * width[:, None])[..., None] + \
+            torch.arange(3, device=flat.device) * plane[:, None, None]
+        pixels = flat.unfold(0, cols, 1)[starts].float()  # one gather of whole window rows
+    across = torch.bmm(pixels.view(n, rows * 3, cols),
+                       _axis_weights(params, size[1], cols, 1, col_taps).transpose(1, 2))
+    down = torch.bmm(_axis_weights(params, size[0], rows, 0, row_taps), across.view(n, rows, 3 * size[1]))
+    return down.view(n, size[0], 3, size[1]).permute(0, 2, 1, 3)
+
+
+class _Shipment:
+    """The numbers a batch needs on the device, gathered on the host and copied in one transfer (pinned and
+    asynchronous on CUDA, so the host does not wait for the stream), then handed out as views."""
+
+    def __init__(self):
+        self._values: list[float] = []
+        self._segments: dict[str, tuple[int, int, int]] = {}
+
+    def add(self, name: str, values: Sequence[float], columns: int = 1) -> None:
+        self._segments[name] = (len(self._values), len(values), columns)
+        self._values.extend(values)
+
+    def ship(self, device: torch.device) -> dict[str, torch.Tensor]:
+        host = torch.tensor(self._values, dtype=torch.float64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        moved = host.to(device, non_blocking=True)
+        return {name: moved[start:start + length].view(-1, columns) if columns > 1 else moved[start:start + length]
+                for name, (start, length, columns) in self._segments.items()}
+
+
+class _Resample:
+    """:func:`resample`'s plan for one batch: the host half (parameter rows, chunks) before the shipment, the
+    device half after."""
+
+    def __init__(self, images: Sequence[torch.Tensor], windows: Sequence[Window], size: tuple[int, int],
+                 shipment: _Shipment, chunk_elements: int):
+        unknown = {w.interpolation for w in windows} - set(_KINDS)
+        if unknown:
+            raise ValueError(f"windows' interpolation must be one of {', '.join(_KINDS)}, got {sorted(unknown)}")
+        if len(images) != len(windows) or not windows:
+            raise ValueError(f"resample needs one window per image and at least one image, got {len(images)} images "
+                             f"and {len(windows)} windows")
+        self.size, self.count = size, len(windows)
+        self.chunks = _chunks(windows, chunk_elements)
+        rows, offset = [], 0
+        for k, (image, window) in enumerate(zip(images, windows)):
+            height, width = image.shape[-2:]
+            if not (window.h > 0 and window.w > 0 and window.top >= 0 and window.left >= 0
+                    and window.top + window.h <= height and window.left + window.w <= width):
+                raise ValueError(f"windows[{k}] = {window} is not inside its {height} x {width} image")
+            rows += [offset, height * width, width, window.top, window.left, window.h, window.w, *window.scale,
+                     *window.shift, _KINDS[window.interpolation], float(window.flip)]
+            offset += 3 * height * width
+        shipment.add("windows", rows, _WINDOW_COLUMNS)
+        self.extents = [(max(windows[k].h for k in chunk), max(windows[k].w for k in chunk),
+                         max(_taps(windows[k], 0) for k in chunk), max(_taps(windows[k], 1) for k in chunk))
+                        for chunk in self.chunks]
+        if len(self.chunks) > 1:
+            shipment.add("chunks", [k for chunk in self.chunks for k in chunk])
+
+    def run(self, images: Sequence[torch.Tensor], shipped: dict[str, torch.Tensor]) -> torch.Tensor:
+        # one concatenation in the images' own layout: viewing each image costs no copy
+        interleaved = all(image.stride() == (1, 3 * image.shape[-1], 3) for image in images)
+        if interleaved:
+            parts = [image.permute(1, 2, 0).reshape(-1) for image in images]
+        else:
+            parts = [image.reshape(-1) for image in images]  # copies only an image in neither layout
+        pad = max(extent[1] for extent in self.extents) * 3  # every window row's padded read stays in the buffer
+        flat = torch.cat(parts + [images[0].new_zeros(pad)])
+        params = shipped["windows"]
+        if len(self.chunks) == 1:
+            return _resample_chunk(flat, params, self.extents[0], self.size, interleaved)
+        out = torch.full((self.count, 3, *self.size), math.nan, device=flat.device)  # a missed image shows
+        order, start = shipped["chunks"].long(), 0
+        for chunk, extent in zip(self.chunks, self.extents):
+            index = order[start:start + len(chunk)]
+            out.index_copy_(0, index, _resample_chunk(flat, params.index_select(0, index), extent, self.size,
+                                                      interleaved))
+            start += len(chunk)
+        return out
+
+
+def resample(images: Sequence[torch.Tensor], windows: Sequence[Window], size: tuple[int, int], *,
+             chunk_elements: int = _CHUNK_ELEMENTS) -> torch.Tensor:
+    """Each (3, H, W) uint8 image's window resampled to ``size``, as one (N, 3, *size) float32 batch (unrounded),
+    the kernel launches independent of N (one parameter transfer, one concatenation, per chunk a gather and two
+    matmuls). Equal to torch's per-image ``interpolate(antialias=True)`` (``nearest-exact`` for nearest) of the
+    crop up to float32 summation order."""
+    shipment = _Shipment()
+    plan = _Resample(images, windows, size, shipment, chunk_elements)
+    return plan.run(images, shipment.ship(images[0].device))
 
 
 def _to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -333,34 +530,39 @@ class TrainStage(_Stage):
         return self.from_decoded(decode_batch(batch.data, self.device), batch)
 
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
-        """The training batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``)."""
+        """The training batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``). The
+        host draws each image's parameters; the pixel work is batched (:func:`resample`, then RandAugment's
+        families), with every parameter in one transfer."""
         targets = list(batch.targets)
         unreadable = 0
-        crops, flips, draws = [], [], []
-        for k, image in enumerate(decoded):
+        images, windows, draws = list(decoded), [], []
+        for k, image in enumerate(images):
             index = batch.indices[k]
             if isinstance(image, Exception):
                 self._warn(index, image)
-                image, targets[k], passed = self._replacement(index)
+                images[k], targets[k], passed = self._replacement(index)
                 unreadable += 1 + passed
             # the draw belongs to the position in the epoch (index), whichever file fills it
-            draw = self.draw(batch.epochs[k], index, image.shape[-1], image.shape[-2])
-            top, left, h, w = draw["crop"]
-            crops.append(_resize(image[:, top:top + h, left:left + w], self.size, draw["interpolation"]))
-            flips.append(draw["flip"])
+            draw = self.draw(batch.epochs[k], index, images[k].shape[-1], images[k].shape[-2])
+            windows.append(Window.crop(draw["crop"], self.size, draw["interpolation"], draw["flip"]))
             draws.append(draw["ops"])
-        images = _to_uint8(torch.stack(crops))
-        flip = torch.tensor(flips).to(self.device, non_blocking=True)[:, None, None, None]
-        images = torch.where(flip, images.flip(-1), images)
+        shipment = _Shipment()
+        plan = _Resample(images, windows, self.size, shipment, _CHUNK_ELEMENTS)
+        shipment.add("targets", targets)
         if self.policy is not None:
-            images = apply_rand_augment(images, draws, self.policy.fill)
-        targets = torch.tensor(targets, dtype=torch.int64).to(self.device, non_blocking=True)
-        return _normalize(images, self.mean, self.std), targets, torch.tensor(unreadable, dtype=torch.long)
+            for key, rows in plan_rand_augment(self.policy, draws).items():
+                shipment.add(key, rows, 3)
+        shipped = shipment.ship(self.device)
+        out = _to_uint8(plan.run(images, shipped)).contiguous()
+        if self.policy is not None:
+            out = apply_rand_augment(out, {k: v for k, v in shipped.items() if k[0].isdigit()}, self.policy.fill)
+        targets = shipped["targets"].long()
+        return _normalize(out, self.mean, self.std), targets, torch.tensor(unreadable, dtype=torch.long)
 
 
 class EvalStage(_Stage):
     """Evaluation batches as timm's eval transform makes them (shorter side to ``floor(img_size / crop_pct)``,
-    centre crop); unreadable files are dropped and counted."""
+    centre crop), the batch resampled at once; unreadable files are dropped and counted."""
 
     def __init__(self, dataset: EncodedImageFolder, device, img_size: int, mean, std, *, crop_pct: float,
                  interpolation: str = "bicubic", prefetch: bool | None = None):
@@ -369,16 +571,15 @@ class EvalStage(_Stage):
         self.scale_size = math.floor(img_size / crop_pct)
         self.interpolation = _check_interpolation(interpolation, "--interpolation")
 
-    def transform(self, image: torch.Tensor) -> torch.Tensor:
-        h, w = image.shape[-2:]
-        short, long = (w, h) if w <= h else (h, w)
-        new_short, new_long = self.scale_size, int(self.scale_size * long / short)  # torchvision's Resize(int)
-        size = (new_long, new_short) if w <= h else (new_short, new_long)
-        image = _resize(image, size, self.interpolation)
-        h, w = size
-        top = int(round((h - self.img_size) / 2.0))
-        left = int(round((w - self.img_size) / 2.0))
-        return image[:, top:top + self.img_size, left:left + self.img_size]
+    def window(self, height: int, width: int) -> Window:
+        """The image resized with its shorter side to ``scale_size`` (torchvision's ``Resize(int)``), then the
+        centre ``img_size`` square, as one window."""
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = self.scale_size, int(self.scale_size * long / short)
+        new_h, new_w = (new_long, new_short) if width <= height else (new_short, new_long)
+        top = int(round((new_h - self.img_size) / 2.0))
+        left = int(round((new_w - self.img_size) / 2.0))
+        return Window(0, 0, height, width, (height / new_h, width / new_w), (top, left), self.interpolation)
 
     def process(self, batch: EncodedBatch):
         return self.from_decoded(decode_batch(batch.data, self.device), batch)
@@ -391,10 +592,15 @@ class EvalStage(_Stage):
                 self._warn(batch.indices[k], image)
                 unreadable += 1
                 continue
-            kept.append(self.transform(image))
+            kept.append(image)
             targets.append(batch.targets[k])
         if not kept:
             empty = torch.empty(0, 3, self.img_size, self.img_size, device=self.device)
             return empty, torch.empty(0, dtype=torch.int64, device=self.device), torch.tensor(unreadable)
-        targets = torch.tensor(targets, dtype=torch.int64).to(self.device, non_blocking=True)
-        return _normalize(_to_uint8(torch.stack(kept)), self.mean, self.std), targets, torch.tensor(unreadable)
+        size = (self.img_size, self.img_size)
+        shipment = _Shipment()
+        plan = _Resample(kept, [self.window(*image.shape[-2:]) for image in kept], size, shipment, _CHUNK_ELEMENTS)
+        shipment.add("targets", targets)
+        shipped = shipment.ship(self.device)
+        images = _to_uint8(plan.run(kept, shipped))
+        return _normalize(images, self.mean, self.std), shipped["targets"].long(), torch.tensor(unreadable)

@@ -1,9 +1,14 @@
 """timm's RandAugment (``rand-m9-mstd0.5-inc1`` and the other ``rand-*`` strings) on batches of uint8 tensors.
 
 Each image draws its own ops and magnitudes on the CPU (:func:`draw_rand_augment`, from a ``random.Random`` seeded
-per image), then each op runs once per batch on the subset of images that drew it, with per-image arguments
-(:func:`apply_rand_augment`). The op set, the magnitude noise and clamp, the level-to-argument rules and the random
-signs are timm's (``timm.data.auto_augment``); each op follows the Pillow function timm calls:
+per image); :func:`plan_rand_augment` turns a batch's draws into numbers, and :func:`apply_rand_augment` runs each
+layer as a fixed set of op families, each once on the subset of images that drew one of its ops, with per-image op
+codes and arguments as tensors: the lookup-table ops (one table per image and channel, one gather), the blends (one
+degenerate image per image), and the affine ops (one ``grid_sample`` per interpolation). The kernel launches per
+batch are therefore the same for any batch size.
+
+The op set, the magnitude noise and clamp, the level-to-argument rules and the random signs are timm's
+(``timm.data.auto_augment``); each op follows the Pillow function timm calls:
 
 - exact up to rounding (one grey level): Invert, Posterize, Solarize, SolarizeAdd, AutoContrast, Equalize, Color,
   Contrast, Brightness, Sharpness (Pillow's integer greyscale, its truncating blend, its smoothing kernel);
@@ -23,8 +28,8 @@ import torch.nn.functional as F
 
 from visionssm.utils.cli import UserValueError
 
-__all__ = ["GEOMETRIC_OPS", "RandAugmentPolicy", "apply_op", "apply_rand_augment", "draw_rand_augment",
-           "level_args", "parse_rand_augment"]
+__all__ = ["GEOMETRIC_OPS", "RandAugmentPolicy", "apply_op", "apply_rand_augment", "draw_rand_augment", "families",
+           "level_args", "parse_rand_augment", "plan_rand_augment"]
 
 _LEVEL_DENOM = 10.0
 # timm's _RAND_TRANSFORMS and _RAND_INCREASING_TRANSFORMS (Cutout is random erasing there too)
@@ -128,50 +133,131 @@ def draw_rand_augment(policy: RandAugmentPolicy, rng: random.Random) -> list[tup
     return drawn
 
 
-def apply_rand_augment(images: torch.Tensor, draws: list[list], fill: tuple[int, int, int]) -> torch.Tensor:
-    """Apply each image's drawn ops (:func:`draw_rand_augment`) to a (N, 3, H, W) uint8 batch, layer by layer, each
-    distinct (op, interpolation) once on its subset."""
-    out = images.clone()
-    layers = max((len(d) for d in draws), default=0)
-    for layer in range(layers):
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, drawn in enumerate(draws):
-            if layer < len(drawn) and drawn[layer] is not None:
-                name, _, interpolation = drawn[layer]
-                groups.setdefault((name, interpolation), []).append(i)
-        for (name, interpolation), members in groups.items():
-            args = [draws[i][layer][1] for i in members]
-            index = torch.tensor(members, device=images.device)
-            out[index] = apply_op(name, out[index], args, interpolation, fill)
-    return out
+# The op families a batch runs per layer: each image drew at most one op per layer, so the families' subsets of the
+# batch are disjoint and each runs once on its subset, whatever the batch size and however many ops were drawn.
+_LUT_OPS = {"Invert": 0, "Posterize": 1, "PosterizeIncreasing": 1, "Solarize": 2, "SolarizeIncreasing": 2,
+            "SolarizeAdd": 3, "AutoContrast": 4, "Equalize": 5}
+_BLEND_OPS = {"Color": 0, "ColorIncreasing": 0, "Contrast": 1, "ContrastIncreasing": 1, "Brightness": 2,
+              "BrightnessIncreasing": 2, "Sharpness": 3, "SharpnessIncreasing": 3}
+_AFFINE_OPS = {"Rotate": 0, "ShearX": 1, "ShearY": 2, "TranslateXRel": 3, "TranslateYRel": 4}
+
+
+def families(policy: RandAugmentPolicy) -> tuple[str, ...]:
+    """The op families a batch runs per layer under ``policy``: ``lut``, ``blend`` and one ``affine-<mode>`` per
+    interpolation the geometric ops can draw."""
+    modes = (policy.interpolation,) if policy.interpolation else INTERPOLATIONS
+    return ("lut", "blend", *(f"affine-{mode}" for mode in modes))
+
+
+def _family_and_code(name: str, interpolation: str) -> tuple[str, int]:
+    if name in _LUT_OPS:
+        return "lut", _LUT_OPS[name]
+    if name in _BLEND_OPS:
+        return "blend", _BLEND_OPS[name]
+    if name in _AFFINE_OPS:
+        return f"affine-{interpolation}", _AFFINE_OPS[name]
+    raise ValueError(f"unknown RandAugment op {name!r}")
+
+
+def plan_rand_augment(policy: RandAugmentPolicy, draws: list[list]) -> dict[str, list[float]]:
+    """The batch's draws (:func:`draw_rand_augment`, one list per image) as host numbers: for each layer and family
+    (``"<layer>.<family>"``, every one present, empty or not) the rows ``(position in the batch, op code, argument)``
+    of the images that drew an op of that family in that layer, flattened."""
+    plan: dict[str, list[float]] = {f"{layer}.{family}": [] for layer in range(policy.num_layers)
+                                    for family in families(policy)}
+    for position, drawn in enumerate(draws):
+        for layer, op in enumerate(drawn):
+            if op is not None:
+                name, args, interpolation = op
+                family, code = _family_and_code(name, interpolation)
+                plan[f"{layer}.{family}"] += [position, code, args[0] if args else 0.0]
+    return plan
+
+
+def apply_rand_augment(images: torch.Tensor, plan: dict[str, torch.Tensor], fill: tuple[int, int, int]) -> torch.Tensor:
+    """Apply a planned batch (:func:`plan_rand_augment`'s rows, as ``(m, 3)`` float64 tensors on the images' device) to
+    a (N, 3, H, W) uint8 batch in place: per layer, each family once on its subset, so the number of kernel launches
+    does not depend on the batch size or on the draws."""
+    for key, rows in plan.items():
+        family = key.split(".", 1)[1]
+        index = rows[:, 0].long()
+        images.index_copy_(0, index, _run_family(family, images.index_select(0, index), rows[:, 1].long(), rows[:, 2],
+                                                 fill))
+    return images
 
 
 def apply_op(name: str, images: torch.Tensor, args: list[tuple], interpolation: str,
              fill: tuple[int, int, int]) -> torch.Tensor:
-    """One RandAugment op on a (N, 3, H, W) uint8 batch, image ``i`` with its arguments ``args[i]``."""
-    device = images.device
-    values = torch.tensor([a[0] for a in args], dtype=torch.float32, device=device) if args and args[0] else None
-    if name == "Invert":
-        return 255 - images
-    if name == "AutoContrast":
-        return _auto_contrast(images)
-    if name == "Equalize":
-        return _equalize(images)
-    if name.startswith("Posterize"):
-        bits = values.to(torch.int64).clamp(0, 8)
-        mask = (~((1 << (8 - bits)) - 1) & 0xFF).to(torch.uint8)
-        return images & mask[:, None, None, None]
-    if name.startswith("Solarize") and name != "SolarizeAdd":
-        threshold = values[:, None, None, None]
-        return torch.where(images.float() >= threshold, 255 - images, images)
-    if name == "SolarizeAdd":
-        added = (images.float() + values[:, None, None, None]).clamp(max=255).to(torch.uint8)
-        return torch.where(images < 128, added, images)
-    if name.startswith(("Color", "Contrast", "Brightness", "Sharpness")):
-        return _blend(_degenerate(name, images), images, values)
-    if name in GEOMETRIC_OPS:
-        return _affine(images, _affine_coefficients(name, values, images.shape[-2:]), interpolation, fill)
-    raise ValueError(f"unknown RandAugment op {name!r}")
+    """One RandAugment op on a (N, 3, H, W) uint8 batch, image ``i`` with its arguments ``args[i]`` (through the
+    batched family code that :func:`apply_rand_augment` runs)."""
+    family, code = _family_and_code(name, interpolation)
+    n = images.shape[0]
+    codes = torch.full((n,), code, dtype=torch.int64, device=images.device)
+    values = torch.tensor([a[0] if a else 0.0 for a in args], dtype=torch.float64, device=images.device)
+    return _run_family(family, images, codes, values, fill)
+
+
+def _run_family(family: str, images: torch.Tensor, codes: torch.Tensor, values: torch.Tensor,
+                fill: tuple[int, int, int]) -> torch.Tensor:
+    if family == "lut":
+        return _lookup_family(images, codes, values)
+    if family == "blend":
+        return _blend_family(images, codes, values)
+    return _affine(images, _affine_coefficients(codes, values, images.shape[-2:]), family.split("-", 1)[1], fill)
+
+
+def _lookup_family(images: torch.Tensor, codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Invert, Posterize, Solarize, SolarizeAdd, AutoContrast, Equalize: each a per-channel table of the 256 levels
+    (the Pillow function's own lookup), chosen per image by ``codes``, applied in one gather."""
+    m = images.shape[0]
+    flat = images.reshape(m, 3, images.shape[-2] * images.shape[-1]).long()
+    levels = torch.arange(256, device=images.device)
+    value = values[:, None, None]
+    bits = values.long().clamp(0, 8)
+    mask = (~((1 << (8 - bits)) - 1) & 0xFF)[:, None, None]
+    tables = [(255 - levels).expand(m, 3, 256),
+              (levels & mask).expand(m, 3, 256),
+              torch.where(levels >= value, 255 - levels, levels).expand(m, 3, 256),
+              torch.where(levels < 128, (levels + value).clamp(max=255).long(), levels).expand(m, 3, 256),
+              _auto_contrast_table(flat, levels),
+              _equalize_table(flat, levels)]
+    chosen = torch.stack(tables, dim=1).gather(1, codes.view(m, 1, 1, 1).expand(m, 1, 3, 256))[:, 0]
+    return chosen.gather(2, flat).to(torch.uint8).view_as(images)
+
+
+def _auto_contrast_table(flat: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """``ImageOps.autocontrast``'s table per channel: [min, max] stretched to [0, 255] (``int(x * scale - lo *
+    scale)``); a flat channel is kept."""
+    lo = flat.amin(dim=2, keepdim=True).double()
+    hi = flat.amax(dim=2, keepdim=True).double()
+    constant = hi <= lo
+    scale = 255.0 / torch.where(constant, torch.ones_like(hi), hi - lo)
+    table = torch.trunc(levels * scale - lo * scale).clamp(0, 255).long()
+    return torch.where(constant, levels, table)
+
+
+def _equalize_table(flat: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """``ImageOps.equalize``'s table per channel: ``(step // 2 + pixels below) // step`` with ``step = (pixels -
+    count of the top level present) // 255``; a channel whose step is 0 is kept."""
+    m, c, pixels = flat.shape
+    hist = torch.zeros(m * c, 256, dtype=torch.int64, device=flat.device)
+    hist.scatter_add_(1, flat.reshape(m * c, pixels), torch.ones_like(flat).reshape(m * c, pixels))
+    top = torch.where(hist > 0, levels, -1).amax(dim=1, keepdim=True)
+    step = (pixels - hist.gather(1, top)) // 255
+    below = hist.cumsum(dim=1) - hist
+    table = ((step // 2 + below) // step.clamp(min=1)).clamp(max=255)
+    return torch.where(step > 0, table, levels).view(m, c, 256)
+
+
+def _blend_family(images: torch.Tensor, codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Color, Contrast, Brightness, Sharpness: ``Image.blend(degenerate, image, factor)`` with each image's
+    degenerate picked by ``codes`` (:func:`_degenerate`)."""
+    code = codes.view(-1, 1, 1, 1)
+    grey = _grey(images).float()
+    mean = torch.floor(grey.double().mean(dim=(1, 2, 3), keepdim=True) + 0.5).float()
+    degenerate = torch.where(code == 0, grey, torch.where(code == 1, mean, torch.where(
+        code == 2, torch.zeros_like(mean), _smooth(images))))
+    return _blend(degenerate, images, values.float())
 
 
 def _grey(images: torch.Tensor) -> torch.Tensor:
@@ -180,20 +266,12 @@ def _grey(images: torch.Tensor) -> torch.Tensor:
     return ((r * 19595 + g * 38470 + b * 7471 + 32768) >> 16)[:, None]
 
 
-def _degenerate(name: str, images: torch.Tensor) -> torch.Tensor:
-    """The image ``ImageEnhance`` blends with: greyscale (Color), its mean grey (Contrast), black (Brightness),
-    Pillow's SMOOTH filter with the border kept (Sharpness)."""
-    if name.startswith("Color"):
-        return _grey(images).expand_as(images).float()
-    if name.startswith("Contrast"):
-        mean = _grey(images).double().mean(dim=(1, 2, 3))
-        return torch.floor(mean + 0.5).float()[:, None, None, None].expand(images.shape)
-    if name.startswith("Brightness"):
-        return torch.zeros_like(images, dtype=torch.float32)
+def _smooth(images: torch.Tensor) -> torch.Tensor:
+    """Sharpness's degenerate: Pillow's SMOOTH filter with the border kept, as float."""
     kernel = torch.ones(3, 1, 3, 3, device=images.device)
     kernel[:, :, 1, 1] = 5.0
     smooth = F.conv2d(images.float(), kernel / 13.0, groups=3)
-    out = images.float().clone()
+    out = images.float()
     out[..., 1:-1, 1:-1] = torch.floor(smooth + 0.5).clamp(0, 255)
     return out
 
@@ -204,54 +282,23 @@ def _blend(degenerate: torch.Tensor, images: torch.Tensor, factor: torch.Tensor)
     return out.clamp(0, 255).floor().to(torch.uint8)
 
 
-def _auto_contrast(images: torch.Tensor) -> torch.Tensor:
-    """``ImageOps.autocontrast``: each channel stretched from its [min, max] to [0, 255] (lookup ``int(x * scale -
-    lo * scale)``); a flat channel is kept."""
-    x = images.double()
-    lo = x.amin(dim=(2, 3), keepdim=True)
-    hi = x.amax(dim=(2, 3), keepdim=True)
-    flat = hi <= lo
-    scale = 255.0 / torch.where(flat, torch.ones_like(hi), hi - lo)
-    out = torch.trunc(x * scale - lo * scale).clamp(0, 255)
-    return torch.where(flat, x, out).to(torch.uint8)
-
-
-def _equalize(images: torch.Tensor) -> torch.Tensor:
-    """``ImageOps.equalize`` per channel: lookup ``(step // 2 + pixels below) // step`` with ``step = (pixels -
-    count of the top level present) // 255``; a channel whose step is 0 is kept."""
-    n, c, h, w = images.shape
-    flat = images.reshape(n * c, h * w).to(torch.int64)
-    hist = torch.zeros(n * c, 256, dtype=torch.int64, device=images.device)
-    hist.scatter_add_(1, flat, torch.ones_like(flat))
-    levels = torch.arange(256, device=images.device)
-    top = torch.where(hist > 0, levels, -1).amax(dim=1, keepdim=True)
-    step = (h * w - hist.gather(1, top)) // 255
-    below = hist.cumsum(dim=1) - hist
-    lut = ((step // 2 + below) // step.clamp(min=1)).clamp(max=255)
-    lut = torch.where(step > 0, lut, levels)
-    return lut.gather(1, flat).to(torch.uint8).reshape(n, c, h, w)
-
-
-def _affine_coefficients(name: str, values: torch.Tensor, size) -> torch.Tensor:
-    """Pillow's AFFINE data (a, b, c, d, e, f) per image: output pixel centre (x, y) reads (ax + by + c, dx + ey +
-    f)."""
+def _affine_coefficients(codes: torch.Tensor, values: torch.Tensor, size) -> torch.Tensor:
+    """Pillow's AFFINE data (a, b, c, d, e, f) per image, for the op ``codes`` picks (Rotate, ShearX, ShearY,
+    TranslateXRel, TranslateYRel): output pixel centre (x, y) reads (ax + by + c, dx + ey + f)."""
     h, w = size
-    one, zero = torch.ones_like(values), torch.zeros_like(values)
-    if name == "ShearX":
-        return torch.stack([one, values, zero, zero, one, zero], dim=1)
-    if name == "ShearY":
-        return torch.stack([one, zero, zero, values, one, zero], dim=1)
-    if name == "TranslateXRel":
-        return torch.stack([one, zero, values * w, zero, one, zero], dim=1)
-    if name == "TranslateYRel":
-        return torch.stack([one, zero, zero, zero, one, values * h], dim=1)
+    value = values.float()  # the arguments' float32 rounding, as the per-op code had it
+    one, zero = torch.ones_like(value), torch.zeros_like(value)
     # Image.rotate(degrees) about the centre, no expansion: the inverse rotation, moved to the centre
-    angle = -torch.deg2rad(values.double())
+    angle = -torch.deg2rad(value.double())
     cos, sin = torch.cos(angle), torch.sin(angle)
     cx, cy = w / 2.0, h / 2.0
-    c = cos * -cx + sin * -cy + cx
-    f = -sin * -cx + cos * -cy + cy
-    return torch.stack([cos, sin, c, -sin, cos, f], dim=1).float()
+    rotate = torch.stack([cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy], dim=1)
+    options = torch.stack([rotate.float(),
+                           torch.stack([one, value, zero, zero, one, zero], dim=1),
+                           torch.stack([one, zero, zero, value, one, zero], dim=1),
+                           torch.stack([one, zero, value * w, zero, one, zero], dim=1),
+                           torch.stack([one, zero, zero, zero, one, value * h], dim=1)], dim=1)
+    return options.gather(1, codes.view(-1, 1, 1).expand(-1, 1, 6))[:, 0]
 
 
 def _affine(images: torch.Tensor, coefficients: torch.Tensor, interpolation: str,
