@@ -30,6 +30,7 @@ from visionssm.data.gpu import (
     resolve_data_backend,
 )
 from visionssm.data.gpu_augment import (
+    PLAN_COLUMNS,
     apply_op,
     apply_rand_augment,
     draw_rand_augment,
@@ -431,7 +432,8 @@ def test_batched_rand_augment_equals_each_image_alone(config):
     images = _to_tensor(_ra_images(n=9, size=20))
     rng = random.Random(config)
     draws = [draw_rand_augment(policy, rng) for _ in range(len(images))]
-    plan = {k: torch.tensor(v, dtype=torch.float64).view(-1, 3) for k, v in plan_rand_augment(policy, draws).items()}
+    plan = {k: torch.tensor(v, dtype=torch.float64).view(-1, PLAN_COLUMNS)
+            for k, v in plan_rand_augment(policy, draws, (20, 20)).items()}
     assert len(plan) == policy.num_layers * 4  # lut, blend, affine-bilinear, affine-bicubic per layer
     got = apply_rand_augment(images.clone(), plan, fill)
     for k, drawn in enumerate(draws):

@@ -36,6 +36,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
 from visionssm.data.gpu_augment import (
+    PLAN_COLUMNS,
     RandAugmentPolicy,
     apply_rand_augment,
     draw_rand_augment,
@@ -550,8 +551,8 @@ class TrainStage(_Stage):
         plan = _Resample(images, windows, self.size, shipment, _CHUNK_ELEMENTS)
         shipment.add("targets", targets)
         if self.policy is not None:
-            for key, rows in plan_rand_augment(self.policy, draws).items():
-                shipment.add(key, rows, 3)
+            for key, rows in plan_rand_augment(self.policy, draws, self.size).items():
+                shipment.add(key, rows, PLAN_COLUMNS)
         shipped = shipment.ship(self.device)
         out = _to_uint8(plan.run(images, shipped)).contiguous()
         if self.policy is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 
 from visionssm.utils.cli import UserValueError
 
-__all__ = ["GEOMETRIC_OPS", "RandAugmentPolicy", "apply_op", "apply_rand_augment", "draw_rand_augment", "families",
-           "level_args", "parse_rand_augment", "plan_rand_augment"]
+__all__ = ["GEOMETRIC_OPS", "PLAN_COLUMNS", "RandAugmentPolicy", "affine_coefficients", "apply_op",
+           "apply_rand_augment", "draw_rand_augment", "families", "level_args", "parse_rand_augment",
+           "plan_rand_augment"]
 
 _LEVEL_DENOM = 10.0
 # timm's _RAND_TRANSFORMS and _RAND_INCREASING_TRANSFORMS (Cutout is random erasing there too)
@@ -159,30 +161,38 @@ def _family_and_code(name: str, interpolation: str) -> tuple[str, int]:
     raise ValueError(f"unknown RandAugment op {name!r}")
 
 
-def plan_rand_augment(policy: RandAugmentPolicy, draws: list[list]) -> dict[str, list[float]]:
-    """The batch's draws (:func:`draw_rand_augment`, one list per image) as host numbers: for each layer and family
-    (``"<layer>.<family>"``, every one present, empty or not) the rows ``(position in the batch, op code, argument)``
-    of the images that drew an op of that family in that layer, flattened."""
+PLAN_COLUMNS = 9  # position in the batch, op code, argument, affine coefficients a..f
+
+
+def _plan_row(position: int, name: str, args: tuple, interpolation: str, size: tuple[int, int]) -> list[float]:
+    family, code = _family_and_code(name, interpolation)
+    value = args[0] if args else 0.0
+    coefficients = affine_coefficients(name, value, size) if family.startswith("affine") else (0.0,) * 6
+    return [position, code, value, *coefficients]
+
+
+def plan_rand_augment(policy: RandAugmentPolicy, draws: list[list], size: tuple[int, int]) -> dict[str, list[float]]:
+    """The batch's draws (:func:`draw_rand_augment`, one list per image, for images of ``size``) as host numbers:
+    for each layer and family (``"<layer>.<family>"``, every one present, empty or not) the rows of the images
+    that drew an op of that family in that layer, flattened, :data:`PLAN_COLUMNS` numbers each."""
     plan: dict[str, list[float]] = {f"{layer}.{family}": [] for layer in range(policy.num_layers)
                                     for family in families(policy)}
     for position, drawn in enumerate(draws):
         for layer, op in enumerate(drawn):
             if op is not None:
                 name, args, interpolation = op
-                family, code = _family_and_code(name, interpolation)
-                plan[f"{layer}.{family}"] += [position, code, args[0] if args else 0.0]
+                plan[f"{layer}.{_family_and_code(name, interpolation)[0]}"] += _plan_row(position, name, args,
+                                                                                         interpolation, size)
     return plan
 
 
 def apply_rand_augment(images: torch.Tensor, plan: dict[str, torch.Tensor], fill: tuple[int, int, int]) -> torch.Tensor:
-    """Apply a planned batch (:func:`plan_rand_augment`'s rows, as ``(m, 3)`` float64 tensors on the images' device) to
-    a (N, 3, H, W) uint8 batch in place: per layer, each family once on its subset, so the number of kernel launches
-    does not depend on the batch size or on the draws."""
+    """Apply a planned batch (:func:`plan_rand_augment`'s rows, as ``(m, PLAN_COLUMNS)`` float64 tensors on the
+    images' device) to a (N, 3, H, W) uint8 batch in place: per layer, each family once on its subset, so the number
+    of kernel launches does not depend on the batch size or on the draws."""
     for key, rows in plan.items():
-        family = key.split(".", 1)[1]
         index = rows[:, 0].long()
-        images.index_copy_(0, index, _run_family(family, images.index_select(0, index), rows[:, 1].long(), rows[:, 2],
-                                                 fill))
+        images.index_copy_(0, index, _run_family(key.split(".", 1)[1], images.index_select(0, index), rows, fill))
     return images
 
 
@@ -190,20 +200,19 @@ def apply_op(name: str, images: torch.Tensor, args: list[tuple], interpolation: 
              fill: tuple[int, int, int]) -> torch.Tensor:
     """One RandAugment op on a (N, 3, H, W) uint8 batch, image ``i`` with its arguments ``args[i]`` (through the
     batched family code that :func:`apply_rand_augment` runs)."""
-    family, code = _family_and_code(name, interpolation)
-    n = images.shape[0]
-    codes = torch.full((n,), code, dtype=torch.int64, device=images.device)
-    values = torch.tensor([a[0] if a else 0.0 for a in args], dtype=torch.float64, device=images.device)
-    return _run_family(family, images, codes, values, fill)
+    size = tuple(images.shape[-2:])
+    rows = torch.tensor([_plan_row(i, name, a, interpolation, size) for i, a in enumerate(args)],
+                        dtype=torch.float64, device=images.device).view(-1, PLAN_COLUMNS)
+    return _run_family(_family_and_code(name, interpolation)[0], images, rows, fill)
 
 
-def _run_family(family: str, images: torch.Tensor, codes: torch.Tensor, values: torch.Tensor,
-                fill: tuple[int, int, int]) -> torch.Tensor:
+def _run_family(family: str, images: torch.Tensor, rows: torch.Tensor, fill: tuple[int, int, int]) -> torch.Tensor:
+    """One family on ``images`` (its subset of the batch), image ``i`` with ``rows[i]``."""
     if family == "lut":
-        return _lookup_family(images, codes, values)
+        return _lookup_family(images, rows[:, 1].long(), rows[:, 2])
     if family == "blend":
-        return _blend_family(images, codes, values)
-    return _affine(images, _affine_coefficients(codes, values, images.shape[-2:]), family.split("-", 1)[1], fill)
+        return _blend_family(images, rows[:, 1].long(), rows[:, 2])
+    return _affine(images, rows[:, 3:].float(), family.split("-", 1)[1], fill)
 
 
 def _lookup_family(images: torch.Tensor, codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -282,23 +291,26 @@ def _blend(degenerate: torch.Tensor, images: torch.Tensor, factor: torch.Tensor)
     return out.clamp(0, 255).floor().to(torch.uint8)
 
 
-def _affine_coefficients(codes: torch.Tensor, values: torch.Tensor, size) -> torch.Tensor:
-    """Pillow's AFFINE data (a, b, c, d, e, f) per image, for the op ``codes`` picks (Rotate, ShearX, ShearY,
-    TranslateXRel, TranslateYRel): output pixel centre (x, y) reads (ax + by + c, dx + ey + f)."""
+def affine_coefficients(name: str, value: float, size: tuple[int, int]) -> tuple[float, ...]:
+    """Pillow's AFFINE data (a, b, c, d, e, f) for a geometric op with argument ``value`` on an image of ``size``:
+    output pixel centre (x, y) reads (ax + by + c, dx + ey + f); computed from the argument's float32 value."""
     h, w = size
-    value = values.float()  # the arguments' float32 rounding, as the per-op code had it
-    one, zero = torch.ones_like(value), torch.zeros_like(value)
+    v = struct.unpack("f", struct.pack("f", value))[0]
+    if name == "ShearX":
+        return (1.0, v, 0.0, 0.0, 1.0, 0.0)
+    if name == "ShearY":
+        return (1.0, 0.0, 0.0, v, 1.0, 0.0)
+    if name == "TranslateXRel":
+        return (1.0, 0.0, v * w, 0.0, 1.0, 0.0)
+    if name == "TranslateYRel":
+        return (1.0, 0.0, 0.0, 0.0, 1.0, v * h)
+    if name != "Rotate":
+        raise ValueError(f"{name!r} is not a geometric RandAugment op")
     # Image.rotate(degrees) about the centre, no expansion: the inverse rotation, moved to the centre
-    angle = -torch.deg2rad(value.double())
-    cos, sin = torch.cos(angle), torch.sin(angle)
+    angle = -math.radians(v)
+    cos, sin = math.cos(angle), math.sin(angle)
     cx, cy = w / 2.0, h / 2.0
-    rotate = torch.stack([cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy], dim=1)
-    options = torch.stack([rotate.float(),
-                           torch.stack([one, value, zero, zero, one, zero], dim=1),
-                           torch.stack([one, zero, zero, value, one, zero], dim=1),
-                           torch.stack([one, zero, value * w, zero, one, zero], dim=1),
-                           torch.stack([one, zero, zero, zero, one, value * h], dim=1)], dim=1)
-    return options.gather(1, codes.view(-1, 1, 1).expand(-1, 1, 6))[:, 0]
+    return (cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy)
 
 
 def _affine(images: torch.Tensor, coefficients: torch.Tensor, interpolation: str,
