@@ -301,8 +301,7 @@ def _random_windows(layout: str) -> tuple[list[torch.Tensor], list[Window]]:
     decoder's (H, W, 3) layout, nvJPEG's (3, H, W), or a mix of both."""
     gen = torch.Generator().manual_seed(5)
     rng = random.Random(5)
-    evaluate = EvalStage.__new__(EvalStage)  # only its window arithmetic
-    evaluate.img_size, evaluate.scale_size, evaluate.interpolation = 24, 27, "bicubic"
+    evaluate = EvalStage(None, "cpu", 24, MEAN, STD, crop_pct=0.875)  # only its window: resize to 27, crop 24
     images, windows = [], []
     for k in range(36):
         width, height = SIZES[k % len(SIZES)]
@@ -366,6 +365,7 @@ def test_stages_match_the_per_image_path_on_the_test_images(jpeg_folder):
     evaluate = EvalStage(dataset, "cpu", 20, MEAN, STD, crop_pct=0.9, interpolation="bilinear")
     for stage in (train, evaluate):
         images = stage.from_decoded(decoded, batch)[0]
+        assert images.is_contiguous() and images.shape == (len(readable), 3, 20, 20), stage
         levels = []
         for k, (i, image) in enumerate(zip(readable, decoded)):
             if stage is train:

@@ -554,7 +554,7 @@ class TrainStage(_Stage):
             for key, rows in plan_rand_augment(self.policy, draws, self.size).items():
                 shipment.add(key, rows, PLAN_COLUMNS)
         shipped = shipment.ship(self.device)
-        out = _to_uint8(plan.run(images, shipped)).contiguous()
+        out = _to_uint8(plan.run(images, shipped)).contiguous()  # the matmuls leave (n, h, 3, w) order
         if self.policy is not None:
             out = apply_rand_augment(out, {k: v for k, v in shipped.items() if k[0].isdigit()}, self.policy.fill)
         targets = shipped["targets"].long()
@@ -603,5 +603,5 @@ class EvalStage(_Stage):
         plan = _Resample(kept, [self.window(*image.shape[-2:]) for image in kept], size, shipment, _CHUNK_ELEMENTS)
         shipment.add("targets", targets)
         shipped = shipment.ship(self.device)
-        images = _to_uint8(plan.run(kept, shipped))
+        images = _to_uint8(plan.run(kept, shipped)).contiguous()  # the matmuls leave (n, h, 3, w) order
         return _normalize(images, self.mean, self.std), shipped["targets"].long(), torch.tensor(unreadable)
