@@ -322,7 +322,8 @@ def _affine(images: torch.Tensor, coefficients: torch.Tensor, interpolation: str
     x_in = a * xs + b * ys + c
     y_in = d * xs + e * ys + f
     grid = torch.stack([2 * x_in / w - 1, 2 * y_in / h - 1], dim=-1)  # align_corners=False: pixel edges at +-1
-    fill_value = torch.tensor(fill, dtype=torch.float32, device=images.device)[None, :, None, None]
+    # filled on the device: a tensor built from the host's tuple would be a synchronising copy
+    fill_value = torch.stack([torch.full((), float(v), device=images.device) for v in fill])[None, :, None, None]
     # sampled relative to the fill colour so that zero padding outside the image is the fill
     out = F.grid_sample(images.float() - fill_value, grid, mode=interpolation, padding_mode="zeros",
                         align_corners=False) + fill_value
