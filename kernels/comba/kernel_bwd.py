@@ -232,17 +232,18 @@ def comba_bwd_kernel(q, k, v, p, g, beta, h0, inv, dh, do, dq, dk, dv, dp, dg, d
     """The backward's gradients (grid: chunk with ``SPLIT`` else 1, batch·head, value block × directions on the
     grid). ``DIR_LOOP``: this program runs both directions, the reversed one adding onto the forward one's gradients
     (``ATOMIC_ADD``: by atomic adds); otherwise each direction writes its own partial gradients (summed afterwards)."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     i_c, i_bh, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_v = i_z % NV
     i_b, i_h = i_bh // H, i_bh % H
     BTH = B * T * H
     for d in tl.static_range(N_DIR):
         i_slot = 0 if DIR_LOOP else d
-        i_part = (i_slot * NV + i_v).to(tl.int64) * BTH
-        seq = (d * B * H + i_bh).to(tl.int64) * NT
+        i_part = tl.cast(i_slot * NV + i_v, tl.int64) * BTH
+        seq = tl.cast(d * B * H + i_bh, tl.int64) * NT
         if (i_z // NV == d) | (DIR_LOOP or N_DIR == 1):
             _bwd_gradients(q, k, v, p, g, beta, do, h0 + seq * K * V, inv + seq * BT * BT, dh + seq * K * V,
-                           dq + i_part * K, dk + i_part * K, dp + i_part * K, dv + (i_slot * BTH).to(tl.int64) * V,
+                           dq + i_part * K, dk + i_part * K, dp + i_part * K, dv + tl.cast(i_slot * BTH, tl.int64) * V,
                            dg + i_part, dbeta + i_part, scale, i_b, i_h, i_v, i_c, T, NT, H, K, V, BT, LOG2_BT, BK,
                            BV, d == 1, (1 + ATOMIC_ADD) * (DIR_LOOP and d == 1), SPLIT, PREC, LP_DOT, LOAD_INV,
                            PREFETCH, TAIL, STATE_LP)
@@ -321,10 +322,11 @@ def comba_bwd_dh_kernel(q, k, p, g, beta, inv, do, dh, scale, T, NT, B, H, K: tl
                         N_DIR: tl.constexpr, PREC: tl.constexpr, LP_DOT: tl.constexpr,
                         LOAD_INV: tl.constexpr, TAIL: tl.constexpr, STATE_LP: tl.constexpr):
     """The state-gradient walks of the split backward (grid: value block, batch·head, direction)."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     for d in tl.static_range(N_DIR):
-        seq = (d * B * H + i_bh).to(tl.int64) * NT
+        seq = tl.cast(d * B * H + i_bh, tl.int64) * NT
         if (tl.program_id(2) == d) | (N_DIR == 1):
             _dh_walk(q, k, p, g, beta, inv + seq * BT * BT, do, dh + seq * K * V, scale, i_b, i_h, i_v, T, NT, H, K, V,
                      BT, LOG2_BT, BK, BV, d == 1, PREC, LP_DOT, LOAD_INV, TAIL, STATE_LP)

@@ -80,7 +80,7 @@ def _gate_grad(b_dGi, b_dGe, b_dGl, REV: tl.constexpr):
 def _chunk_rows(i_b, i_h, c, T, H, BT: tl.constexpr):
     """Token rows of chunk ``c`` and their mask (none outside [0, T): padded rows, chunks past either end)."""
     t = c * BT + tl.arange(0, BT)
-    return (i_b.to(tl.int64) * T + t) * H + i_h, (t >= 0) & (t < T)
+    return (tl.cast(i_b, tl.int64) * T + t) * H + i_h, (t >= 0) & (t < T)
 
 
 @triton.jit
@@ -100,7 +100,7 @@ def _load_raw(q, k, p, v, g, beta, row, m_t, o_k, o_v, K: tl.constexpr, V: tl.co
 @triton.jit
 def _load_token(q, k, p, v, g, beta, i_b, i_h, t, o_k, o_v, T, H, K: tl.constexpr, V: tl.constexpr):
     """Token ``t`` as fp32 vectors (q, k, p over K; v over the value block) and scalars, and its row."""
-    row = (i_b.to(tl.int64) * T + t) * H + i_h
+    row = (tl.cast(i_b, tl.int64) * T + t) * H + i_h
     m_k = o_k < K
     m_v = o_v < V
     t_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)

@@ -52,7 +52,7 @@ def comba_inv_kernel(k, p, g, beta, inv, w, u0, v, T, NT, B, H, K: tl.constexpr,
         b_Gi, b_Ge, b_Gl, b_pk, b_E, b_A, b_pw = _chunk_wy(b_k, b_p, b_g, b_beta, k.dtype.element_ty, d == 1, BT,
                                                            PREC, LP_DOT)
         b_inv = _unit_lower_inverse(b_A, BT, LOG2_BT, PREC)
-        base = (d * B * H + i_bh).to(tl.int64) * NT + i_c
+        base = tl.cast(d * B * H + i_bh, tl.int64) * NT + i_c
         tl.store(inv + base * BT * BT + o_t[:, None] * BT + o_t[None, :], b_inv)
         if SAVE_WY:
             all_t = o_t[:, None] < BT
@@ -171,8 +171,8 @@ def _fwd_directions(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, i_b, i_h, i_v
         if DIR_LOOP:
             o_base = o
         else:
-            o_base = o + (d * B * T * H).to(tl.int64) * V
-        state = (d * B * H + i_bh).to(tl.int64) * NT
+            o_base = o + tl.cast(d * B * T * H, tl.int64) * V
+        state = tl.cast(d * B * H + i_bh, tl.int64) * NT
         # directions on the grid: program_id(2) picks one (runtime test; always true for DIR_LOOP)
         if (tl.program_id(2) == d) | (DIR_LOOP or N_DIR == 1):
             _fwd_walk(q, k, v, p, g, beta, o_base, h0 + state * K * V, inv + state * BT * BT, w + state * BT * K,
@@ -197,6 +197,7 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
     later sequence gets two programs along grid axis 1, one per direction, which add onto an output the launch
     zeroed (atomic adds). The programs of one direction are half as long, so a last wave of the grid that would hold
     a few both-direction programs holds twice as many one-direction ones instead."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     i_v, i_p = tl.program_id(0), tl.program_id(1)
     i_bh = i_p
     both = True  # without BALANCE a compile-time True: the one-direction branch below is not compiled
@@ -211,7 +212,7 @@ def comba_fwd_kernel(q, k, v, p, g, beta, o, h0, inv, w, u0, scale, T, NT, B, H,
     else:
         for d in tl.static_range(N_DIR):
             if (i_p - n_pair) % 2 == d:
-                state = (d * B * H + i_bh).to(tl.int64) * NT
+                state = tl.cast(d * B * H + i_bh, tl.int64) * NT
                 _fwd_walk(q, k, v, p, g, beta, o, h0 + state * K * V, inv + state * BT * BT, w + state * BT * K,
                           u0 + state * BT * V, scale, i_b, i_h, i_v, T, NT, H, K, V, BT, LOG2_BT, BK, BV, d == 1, 2,
                           SAVE_H, SAVE_INV, INV_IN, LOAD_WY, PREC, LP_DOT, PREFETCH, TAIL, STATE_LP)

@@ -264,7 +264,7 @@ def _prologue() -> list[str]:
         "inst = tl.where(live, inst, 0)",
         "chunk = inst // n_bh",
         "bh = inst - chunk * n_bh",
-        "b64 = (bh // H).to(tl.int64)",
+        "b64 = tl.cast(bh // H, tl.int64)",
         "hh = bh % H",
         "t = chunk * BT + pos",
         "tok_ok = live & (t < T)",
@@ -324,7 +324,7 @@ def _build_h() -> list[str]:
     body += [f"m{i} = w * k{i}" for i in range(K)]
     body += [f"{_a(i, j)} += m{i} * k{j}" for i in range(K) for j in range(i + 1)]
     out += ["        " + line for line in body]
-    out += ["decay = tl.exp(acc)", "hp = h0 + (bh * NT + chunk).to(tl.int64) * 256"]
+    out += ["decay = tl.exp(acc)", "hp = h0 + tl.cast(bh * NT + chunk, tl.int64) * 256"]
     for i in range(K):
         for m in range(i // 4 + 1):
             out.append(_quad("e", 4 * m, f"_ld4(hp + {i * K + 4 * m}, live)"))
@@ -362,6 +362,10 @@ def _dot(name: str, a: str, b: str) -> list[str]:
     return _sum(name, [f"{a}{i} * {b}{i}" for i in range(K)])
 
 
+#: The kernels' float arguments in fp32 whatever the launcher passes (Inductor passes Python floats as fp64).
+_FLOAT_ARGS = "    ridge = tl.cast(ridge, tl.float32)\n    eps = tl.cast(eps, tl.float32)\n"
+
+
 def _forward() -> str:
     body = _load_vec("v", "q", "tok_ok")
     body += _solve("v", "x") + _store_vec("x_out", "x", "tok_ok")
@@ -370,7 +374,7 @@ def _forward() -> str:
             "                      BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr,\n"
             "                      USE_PTX: tl.constexpr):\n"
             '    """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""\n'
-            + _kernel_body(body))
+            + _FLOAT_ARGS + _kernel_body(body))
 
 
 def _backward() -> str:
@@ -397,7 +401,7 @@ def _backward() -> str:
             "                      USE_PTX: tl.constexpr):\n"
             '    """Adjoint solve y_t = (H_t + λ_t I)⁻¹ α_t dz_t (re-factored), dq, dα, c_t = −ridge x·y / F_t and\n'
             '    dgp_t = ⟨dH_t, H_t⟩ + ⟨dU_t, U_t⟩, the token part of the log-decay gradient."""\n'
-            + _kernel_body(body))
+            + _FLOAT_ARGS + _kernel_body(body))
 
 
 def generate() -> str:

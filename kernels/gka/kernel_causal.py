@@ -75,7 +75,7 @@ def chunk_rows(i_b, i_h, i_c, T, H: tl.constexpr, BT: tl.constexpr):
     o_t = tl.arange(0, BT)
     t = i_c * BT + o_t
     m_t = t < T
-    row = (i_b.to(tl.int64) * T + t) * H + i_h
+    row = (tl.cast(i_b, tl.int64) * T + t) * H + i_h
     return o_t, m_t, row
 
 
@@ -86,7 +86,7 @@ def chunk_program(T, NT, H: tl.constexpr, BT: tl.constexpr):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
-    base = (i_bh * NT + i_c).to(tl.int64)
+    base = tl.cast(i_bh * NT + i_c, tl.int64)
     return i_b, i_h, i_c, o_t, m_t, row, base
 
 
@@ -138,7 +138,7 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
     Ss = tl.zeros([BKR, V], tl.float32)
     # the last chunk's own share would go into no stored state: the loop stops before it
     for i_c in range(NT - 1):
-        base = (i_bh * NT + i_c).to(tl.int64)
+        base = tl.cast(i_bh * NT + i_c, tl.int64)
         tl.store(h0 + base * K * K + (i_r * BKR + o_r)[:, None] * K + o_k[None, :], Hs)
         tl.store(s0 + base * K * V + (i_r * BKR + o_r)[:, None] * V + o_v[None, :], Ss)
         o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
@@ -150,7 +150,7 @@ def state_fwd_kernel(k, v, g, beta, h0, s0, T, NT, H: tl.constexpr, K: tl.conste
         decay = tl.exp(g_end)
         Hs = Hs * decay + mm(kw, kc, PREC, False, IN_EXACT)
         Ss = Ss * decay + mm(kw, vc, PREC, False, IN_EXACT)
-    base = (i_bh * NT + NT - 1).to(tl.int64)
+    base = tl.cast(i_bh * NT + NT - 1, tl.int64)
     tl.store(h0 + base * K * K + (i_r * BKR + o_r)[:, None] * K + o_k[None, :], Hs)
     tl.store(s0 + base * K * V + (i_r * BKR + o_r)[:, None] * V + o_v[None, :], Ss)
 
@@ -243,7 +243,7 @@ def adjoint_scan_kernel(q, k, g, beta, alpha, do, x, y, c, h0, s0, dend, eend, o
     Sn = tl.zeros([BKR, V], tl.float32)
     for j in range(NT):
         i_c = NT - 1 - j
-        base = (i_bh * NT + i_c).to(tl.int64)
+        base = tl.cast(i_bh * NT + i_c, tl.int64)
         tl.store(dend + base * K * K + o_r[:, None] * K + o_k[None, :], Ds)
         tl.store(eend + base * K * V + o_r[:, None] * V + o_v[None, :], Es)
         tl.store(offs + base * NKR + i_r, 0.5 * tl.sum(tl.sum(Ds * Hn, 1), 0) + tl.sum(tl.sum(Es * Sn, 1), 0))
@@ -354,7 +354,7 @@ def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H
         Z = a[:, None] * X + (1.0 - a[:, None]) * load_tile(q, row, m_t, K, 0, K).to(tl.float32)
     else:
         Z = X
-    Hc = tl.load(h0 + (i_bh * NT + i_c).to(tl.int64) * K * K + tl.arange(0, K)[:, None] * K
+    Hc = tl.load(h0 + tl.cast(i_bh * NT + i_c, tl.int64) * K * K + tl.arange(0, K)[:, None] * K
                  + tl.arange(0, K)[None, :])
     e = tl.exp(G)
     a_c = tl.sum(Ad * (ct * e)[:, None], 0)
@@ -385,7 +385,7 @@ def _tail_step(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg,
     and its shares of D and E to 2 c e² H0 − e (y xᵀ + x yᵀ) + 2 β c e k kᵀ and e z doᵀ (e = e^{g_s}). Stores the
     token's gradients where ``STORE`` (not for a program that walks only the chunks before it); returns (D, E, dG)."""
     i_b, i_h = i_bh // H, i_bh % H
-    row = (i_b.to(tl.int64) * T + T - 1) * H + i_h
+    row = (tl.cast(i_b, tl.int64) * T + T - 1) * H + i_h
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
     gs = tl.load(g + row).to(tl.float32)
@@ -405,7 +405,7 @@ def _tail_step(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dk, dv, dbeta, dg,
         zv = a * xv + (1.0 - a) * tl.load(q + row * K + o_k).to(tl.float32)
     else:
         zv = xv
-    Hc = tl.load(h0 + (i_bh * NT + NT - 1).to(tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
+    Hc = tl.load(h0 + tl.cast(i_bh * NT + NT - 1, tl.int64) * K * K + o_k[:, None] * K + o_k[None, :])
     e = tl.exp(gs)
     P = tl.sum(zv * kv, 0) * dov
     R = (2.0 * cs * e) * tl.sum(Hc * kv[None, :], 1) + (2.0 * cs * bs * tl.sum(kv * kv, 0)) * kv
@@ -467,7 +467,7 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                         q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA,
                         False)
                     Ds, Es = _through_chunk(Ds, Es, g_end, b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
-                base = (i_bh * NT + NT - n_late).to(tl.int64)
+                base = tl.cast(i_bh * NT + NT - n_late, tl.int64)
                 Hn = tl.load(h0 + base * K * K + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
                 Sn = tl.load(s0 + base * K * V + tl.arange(0, K)[:, None] * V + tl.arange(0, V)[None, :])
                 later = 0.5 * tl.sum(tl.sum(Ds * Hn, 1), 0) + tl.sum(tl.sum(Es * Sn, 1), 0)

@@ -148,6 +148,8 @@ def chebyshev_fwd_kernel(q, k, g, beta, h0, x_out, fro_out, x_prev, ridge, eps, 
                          STAGE: tl.constexpr):
     """x_t by ``num_iters`` Chebyshev steps and ‖H_t‖_F for one chunk (``STAGE``: see the module; stage 2 reads the
     norm stage 1 stored, ``x_prev`` is the iterate buffer between them)."""
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
+    eps = tl.cast(eps, tl.float32)
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(
@@ -177,6 +179,8 @@ def chebyshev_bwd_kernel(q, k, g, beta, alpha, h0, x_in, fro_in, dz, dq, dalpha,
     """Adjoint solve y = CH(H_t + λ_t I, α_t dz_t) with the forward's ‖H_t‖_F, then dq, dα, c_t = −ridge x·y / F_t
     and dgp_t = z·dz − y·H_t x + c_t F_t² (the token part of the log-decay gradient). ``STAGE`` 1 only runs the
     coarse steps (iterates to ``y_out`` / ``y_prev``); the rest happens in stage 2 (or 0)."""
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
+    eps = tl.cast(eps, tl.float32)
     i_b, i_h, i_c, o_t, m_t, row, base = chunk_program(T, NT, H, BT)
     o_k = tl.arange(0, K)
     kc, kT, Hm, Hm_hi, Hm_lo, kc_hi, kc_lo, kT_hi, kT_lo, A, eG = _chunk_system(

@@ -62,7 +62,7 @@ def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_li
     inst = tl.where(live, inst, 0)
     chunk = inst // n_bh
     bh = inst - chunk * n_bh
-    b64 = (bh // H).to(tl.int64)
+    b64 = tl.cast(bh // H, tl.int64)
     hh = bh % H
     t = chunk * BT + pos
     tok_ok = live & (t < T)
@@ -376,7 +376,7 @@ def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_li
             a15_14 += m15 * k14
             a15_15 += m15 * k15
     decay = tl.exp(acc)
-    hp = h0 + (bh * NT + chunk).to(tl.int64) * 256
+    hp = h0 + tl.cast(bh * NT + chunk, tl.int64) * 256
     e0, e1, e2, e3 = _ld4(hp + 0, live)
     a0_0 += decay * e0
     e0, e1, e2, e3 = _ld4(hp + 16, live)
@@ -2308,6 +2308,8 @@ def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,
                       BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr,
                       USE_PTX: tl.constexpr):
     """x_t = (H_t + λ_t I)⁻¹ q_t for every token (fp32, one token per lane)."""
+    ridge = tl.cast(ridge, tl.float32)
+    eps = tl.cast(eps, tl.float32)
     pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)
     if pid_i * (BLOCK // P) < n_live:
         row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
@@ -2331,6 +2333,8 @@ def direct_bwd_kernel(q, k, g, beta, alpha, h0, x_in, dz, dq, dalpha, y_out, c_o
                       USE_PTX: tl.constexpr):
     """Adjoint solve y_t = (H_t + λ_t I)⁻¹ α_t dz_t (re-factored), dq, dα, c_t = −ridge x·y / F_t and
     dgp_t = ⟨dH_t, H_t⟩ + ⟨dU_t, U_t⟩, the token part of the log-decay gradient."""
+    ridge = tl.cast(ridge, tl.float32)
+    eps = tl.cast(eps, tl.float32)
     pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)
     if pid_i * (BLOCK // P) < n_live:
         row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,

@@ -278,7 +278,8 @@ def gka_noncausal_fwd_kernel(q, k, v, beta, alpha, o, states, ridge, T, H, K: tl
     The state block R is D (with α) or P (without); it is stored only with RELOAD (wide heads), where the read-out's
     K×V operands are re-read per token tile instead of held through the loop (registers / shared memory): otherwise
     the backward recomputes it from M and Uᵀ (one K×K by K×V product against K·V·4 bytes written and read)."""
-    i_bh = tl.program_id(0).to(tl.int64)
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
+    i_bh = tl.cast(tl.program_id(0), tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     q_base = q + off_k
     a_base = alpha + off_g
@@ -316,7 +317,8 @@ def gka_noncausal_solve_kernel(states, ridge, K: tl.constexpr, V: tl.constexpr, 
                                F64: tl.constexpr, EPS: tl.constexpr, BLOCK_INVERSE: tl.constexpr):
     """M from the saved H for one (batch, head): the middle launch of the split forward (``PHASE``). The block
     inverse (BLOCK_INVERSE) reads and writes its top-level blocks in place in the state instead of holding K×K tiles."""
-    p_h, p_m, p_u, p_r = _state_blocks(states, tl.program_id(0).to(tl.int64), K, V, RELOAD)
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
+    p_h, p_m, p_u, p_r = _state_blocks(states, tl.cast(tl.program_id(0), tl.int64), K, V, RELOAD)
     if SOLVER == 0 and not F64 and BLOCK_INVERSE:
         _inverse_in_memory(p_h, p_m, ridge, K, SPREC, EMU, EPS)
     else:
@@ -451,7 +453,8 @@ def gka_noncausal_bwd_kernel(q, k, v, beta, alpha, do, states, scratch, dq, dk, 
     """One (batch, head): the query-side pass (dq, dα, token sums), the state gradients, the key-side pass.
     RELOAD: S and dU go through ``scratch`` (K×K + V×K per (batch, head)) between the last two. PREFETCH: the passes
     load one tile ahead; their first tiles are read before the work that precedes them (R; the state gradients)."""
-    i_bh = tl.program_id(0).to(tl.int64)
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
+    i_bh = tl.cast(tl.program_id(0), tl.int64)
     off_k, off_v, off_g = _sequence(i_bh, T, H, K, V)
     p_s = scratch + i_bh * (K * K + V * K)
     p_du = p_s + K * K

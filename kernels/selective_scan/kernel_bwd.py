@@ -236,7 +236,7 @@ def _bwd_scratch(scratch_ptr, program, CHUNK: tl.constexpr, BLOCK_D: tl.constexp
     SD = CHUNK * BLOCK_D
     SN = CHUNK * BLOCK_N
     SDN = CHUNK * BLOCK_D * BLOCK_N
-    scr = scratch_ptr + program.to(tl.int64) * (6 * SD + 2 * SN + 2 * SDN)
+    scr = scratch_ptr + tl.cast(program, tl.int64) * (6 * SD + 2 * SN + 2 * SDN)
     v_dt = scr
     v_dtu = scr + SD
     v_g = scr + 2 * SD
@@ -300,7 +300,7 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     pid_d, pid_bg, seg, nseg, i_b, offs_dl, d, mask_d, offs_n, mask_n, mask_dn, row_off, bc_off = program_block(
         dim, L, G, DG, N, BLOCK_D, BLOCK_N)
     offs_s = tl.arange(0, CHUNK)
-    part_off = (pid_bg * NDBLK + pid_d).to(tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
+    part_off = tl.cast(pid_bg * NDBLK + pid_d, tl.int64) * 2 * N * L  # dB's row; dC's follows at + N * L
     program = (seg * tl.num_programs(1) + pid_bg) * NDBLK + pid_d
     v_dt, v_dtu, v_g, v_hB, v_hxA, v_y, v_B, v_C, v_x, v_h = _bwd_scratch(scratch_ptr, program, CHUNK, BLOCK_D,
                                                                           BLOCK_N)
@@ -311,14 +311,14 @@ def selective_scan_bwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
 
     A, A2, bias, Dv = load_channel_params(A_ptr, bias_ptr, D_ptr, d, offs_n, mask_d, mask_dn, N, HAS_BIAS, HAS_D,
                                           BLOCK_D)
-    state_off = ((i_b * NDIR + DIR) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-    vec_off = (i_b * dim + d).to(tl.int64)
+    state_off = tl.cast((i_b * NDIR + DIR) * dim + d, tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+    vec_off = tl.cast(i_b * dim + d, tl.int64)
     mat_off = vec_off[:, None] * N + offs_n[None, :]
     # partial sums, one row of NCOL per (batch, segment): dA (dim x N), then d delta_bias (dim), then dD (dim)
-    col_row = (i_b * nseg + seg).to(tl.int64) * NCOL
+    col_row = tl.cast(i_b * nseg + seg, tl.int64) * NCOL
     cmat_off = col_row + d[:, None] * N + offs_n[None, :]
     cvec_off = col_row + dim * N + d
-    seg_row = ((i_b * NDIR + DIR) * nseg).to(tl.int64)
+    seg_row = tl.cast((i_b * NDIR + DIR) * nseg, tl.int64)
     seg_dn = d[:, None] * N + offs_n[None, :]
     c_lo = seg * SEG_CHUNKS
     seg_chunks = tl.minimum(NCHUNK, c_lo + SEG_CHUNKS) - c_lo
@@ -349,7 +349,7 @@ def selective_scan_finish_kernel(col_ptr, bc_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr
     # batch; each writes the final gradient in its input's dtype. Fixed summation order: deterministic.
     pid = tl.program_id(0)
     if pid < NPROG_BC:
-        offs = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        offs = tl.cast(pid, tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         mask = offs < NBC * 2 * NL
         row = offs // (2 * NL)  # (batch, group) row
         rem = offs % (2 * NL)  # dB's (N, L) block, then dC's
@@ -369,7 +369,7 @@ def selective_scan_finish_kernel(col_ptr, bc_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr
         for r0 in range(0, batch, BLOCK_R):
             rows = r0 + offs_r
             m = (rows < batch)[:, None] & mask_c[None, :]
-            tile = tl.load(col_ptr + rows.to(tl.int64)[:, None] * NCOL + cols[None, :], mask=m, other=0.0)
+            tile = tl.load(col_ptr + tl.cast(rows, tl.int64)[:, None] * NCOL + cols[None, :], mask=m, other=0.0)
             acc_col += tl.sum(tile, axis=0)
         tl.store(dA_ptr + cols, acc_col.to(dA_ptr.dtype.element_ty), mask=cols < DN)
         if HAS_BIAS:

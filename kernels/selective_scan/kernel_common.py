@@ -30,8 +30,8 @@ def program_block(dim, L, G, DG, N, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
-    row_off = (i_b * dim + d).to(tl.int64) * L
-    bc_off = pid_bg.to(tl.int64) * N * L
+    row_off = tl.cast(i_b * dim + d, tl.int64) * L
+    bc_off = tl.cast(pid_bg, tl.int64) * N * L
     return pid_d, pid_bg, seg, nseg, i_b, offs_dl, d, mask_d, offs_n, mask_n, mask_dn, row_off, bc_off
 
 

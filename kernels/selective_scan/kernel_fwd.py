@@ -162,13 +162,13 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     pid_d, pid_bg, seg, nseg, i_b, _, d, mask_d, offs_n, mask_n, mask_dn, row_off, bc_off = program_block(
         dim, L, G, DG, N, BLOCK_D, BLOCK_N)
     program = (seg * tl.num_programs(1) + pid_bg) * tl.num_programs(0) + pid_d
-    scr = scratch_ptr + program.to(tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
+    scr = scratch_ptr + tl.cast(program, tl.int64) * (CHUNK * (3 * BLOCK_D + 2 * BLOCK_N))
     _, A2, bias, Dv = load_channel_params(A_ptr, bias_ptr, D_ptr, d, offs_n, mask_d, mask_dn, N, HAS_BIAS, HAS_D,
                                           BLOCK_D)
-    last_off = (i_b * dim + d).to(tl.int64)[:, None] * N + offs_n[None, :]
+    last_off = tl.cast(i_b * dim + d, tl.int64)[:, None] * N + offs_n[None, :]
     if BIDIR:
-        state_off = ((i_b * 2) * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
-        seg_row = (i_b * 2 * nseg).to(tl.int64)
+        state_off = tl.cast((i_b * 2) * dim + d, tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+        seg_row = tl.cast(i_b * 2 * nseg, tl.int64)
         if DIRECTION != 1:
             _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
                       seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, seg_row, A2, bias, Dv, d, mask_d,
@@ -185,9 +185,10 @@ def selective_scan_fwd_kernel(u_ptr, dl_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                       True, 2, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, False, CHUNK, BLOCK_D,
                       BLOCK_N)
     else:
-        state_off = (i_b * dim + d).to(tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+        state_off = tl.cast(i_b * dim + d, tl.int64)[:, None] * NCHUNK * N + offs_n[None, :]
+        seg_base = tl.cast(i_b * nseg, tl.int64)
         _fwd_pass(u_ptr, dl_ptr, B_ptr, C_ptr, z_ptr, out_ptr, ybuf_ptr, state_ptr, last_ptr, seg_state_ptr,
-                  seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, (i_b * nseg).to(tl.int64), A2, bias, Dv, d,
+                  seg_sum_ptr, scr, row_off, bc_off, state_off, last_off, seg_base, A2, bias, Dv, d,
                   mask_d, offs_n, mask_n, dim, L, N, NCHUNK, seg, SEG_CHUNKS,
                   False, 0, SEG_PASS, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, SAVE_STATES, RETURN_LAST, CHUNK,
                   BLOCK_D, BLOCK_N)

@@ -44,7 +44,7 @@ from .kernel_common import (
 @triton.jit
 def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,
                             R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
     k_seq = head_seq(k, pid, T, H, R)
     v_seq = head_seq(v, pid, T, H, V)
     G, M, CT, best, arg = zero_stats(R, V)
@@ -132,8 +132,9 @@ def ska_causal_fwd_kernel(q, k, v, o, g_buf, m_buf, c_buf, n_buf, T, H, NT, ridg
                           R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                           POWER: tl.constexpr, NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr,
                           PREC: tl.constexpr, EPS: tl.constexpr):
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     c = tl.program_id(0)
-    pid = tl.program_id(1).to(tl.int64)
+    pid = tl.cast(tl.program_id(1), tl.int64)
     vv = tl.arange(0, V)
     o_seq = head_seq(o, pid, T, H, V)
     k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf,
@@ -160,9 +161,10 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
                                 R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                                 POWER: tl.constexpr, NUM_ITERS: tl.constexpr, NORMALIZE: tl.constexpr,
                                 PREC: tl.constexpr, EPS: tl.constexpr):
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     c = tl.program_id(0)
-    pid = tl.program_id(1).to(tl.int64)
-    BH = tl.num_programs(1).to(tl.int64)
+    pid = tl.cast(tl.program_id(1), tl.int64)
+    BH = tl.cast(tl.num_programs(1), tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
@@ -184,7 +186,7 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
             y = tl.sum(dos[:, None, :] * CT0[None, :, :], axis=2) + tl.sum(scores[:, :, None] * kt[None, :, :], axis=1)
         y = y * inv_s[:, None]
         inv_s2 = (inv_s * inv_s)[:, None]
-        factor = rows[:, None].to(tl.int64) * R + rr[None, :]
+        factor = tl.cast(rows[:, None], tl.int64) * R + rr[None, :]
         trace = tl.zeros([BS], dtype=tl.float32)                     # −tr(dG_n) = Σ_j g_j·x_j
         g = tl.zeros([BS, R], dtype=tl.float32)
         for i in range(POWER + 1):
@@ -212,8 +214,8 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
 def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf, T, H, NT,
                                R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, POWER: tl.constexpr,
                                PREC: tl.constexpr, EPS: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    BH = tl.num_programs(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
+    BH = tl.cast(tl.num_programs(0), tl.int64)
     b = pid // H
     h = pid % H
     rr = tl.arange(0, R)
@@ -241,7 +243,7 @@ def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf,
         dk_t = tl.dot(kt, SG + tl.trans(SG), input_precision=PREC) + tl.dot(kp, tl.trans(SM), input_precision=PREC)
         dk_t += tl.dot(kn, SM, input_precision=PREC) + tl.dot(vt, tl.trans(SCT), input_precision=PREC)
         dv_t = tl.dot(kt, SCT, input_precision=PREC)
-        factor = rows[:, None].to(tl.int64) * R + rr[None, :]
+        factor = tl.cast(rows[:, None], tl.int64) * R + rr[None, :]
         for j in range(POWER + 1):                                   # dG_t = −Σ_j GA_j,t X_j,tᵀ
             slot = (j * BH + pid) * T * R
             Xj = tl.load(x_buf + slot + factor, mask=live[:, None], other=0.0)
@@ -270,7 +272,7 @@ def ska_causal_bwd_walk_kernel(k, v, do, dk, dv, x_buf, ga_buf, tok_buf, ds_buf,
         ds = tl.load(ds_buf + pid * T + rows, mask=live, other=0.0)
         norm = tl.maximum(tl.sqrt(tl.sum(kt * kt, axis=1)), EPS)
         dk_t += (ds / norm)[:, None] * kt
-        kq_rows = b * T * H * R + h * R + rows[:, None].to(tl.int64) * (H * R) + rr[None, :]
+        kq_rows = b * T * H * R + h * R + tl.cast(rows[:, None], tl.int64) * (H * R) + rr[None, :]
         tl.store(dk + kq_rows, dk_t.to(dk.dtype.element_ty), mask=live[:, None])
-        tl.store(dv + b * T * H * V + h * V + rows[:, None].to(tl.int64) * (H * V) + vv[None, :],
+        tl.store(dv + b * T * H * V + h * V + tl.cast(rows[:, None], tl.int64) * (H * V) + vv[None, :],
                  dv_t.to(dv.dtype.element_ty), mask=live[:, None])

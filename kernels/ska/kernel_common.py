@@ -19,7 +19,7 @@ def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
     16-bit inputs are exact in TF32, so the tensor-core products of input tiles lose nothing."""
     r = rows + shift
     live = (r >= 0) & (r < T)
-    x = tl.load(ptr + r[:, None].to(tl.int64) * stride + cols[None, :], mask=live[:, None], other=0.0)
+    x = tl.load(ptr + tl.cast(r[:, None], tl.int64) * stride + cols[None, :], mask=live[:, None], other=0.0)
     return x.to(tl.float32)
 
 
@@ -27,7 +27,7 @@ def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
 def store_rows(ptr, rows, cols, T, stride, x):
     """Store ``x`` in rows ``rows`` of a (T, ·) sequence with row stride ``stride`` (rows past T untouched), in the
     sequence's dtype: the counterpart of :func:`load_rows`."""
-    tl.store(ptr + rows[:, None].to(tl.int64) * stride + cols[None, :], x.to(ptr.dtype.element_ty),
+    tl.store(ptr + tl.cast(rows[:, None], tl.int64) * stride + cols[None, :], x.to(ptr.dtype.element_ty),
              mask=(rows < T)[:, None])
 
 

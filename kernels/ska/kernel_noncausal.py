@@ -44,7 +44,7 @@ from .kernel_common import (
 @triton.jit
 def ska_noncausal_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_stride, k_row, v_seq_stride, v_row,
                                R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
     k_seq = strided_head_seq(k, pid, H, k_seq_stride, R)
     v_seq = strided_head_seq(v, pid, H, v_seq_stride, V)
     G, M, CT, best, arg = zero_stats(R, V)
@@ -57,7 +57,7 @@ def ska_noncausal_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_str
 @triton.jit
 def _problems(n_buf, BH, NB: tl.constexpr, EPS: tl.constexpr):
     """This program's NB operators: (problem index, live, ‖k‖ max², 1/s), [NB] each."""
-    prob = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
+    prob = tl.cast(tl.program_id(0), tl.int64) * NB + tl.arange(0, NB)
     live = prob < BH
     best = tl.load(n_buf + prob * 2, mask=live, other=0.0)
     return prob, live, best, 1.0 / tl.maximum(tl.sqrt(best), EPS)
@@ -120,6 +120,7 @@ def ska_noncausal_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, n
                                   SAVE: tl.constexpr):
     """Ψ/s per operator; SAVE (a backward follows): also G_n⁻¹, N, W₀ and 1/σ̂, which the backward would otherwise
     rebuild (the inverse and the power iteration are most of this kernel's latency)."""
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
     Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, prob, live, inv_s, ridge, R, V, NB, NUM_ITERS,
                                           NORMALIZE, EPS)
@@ -134,7 +135,7 @@ def ska_noncausal_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, n
 @triton.jit
 def ska_noncausal_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
                              BT: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
@@ -150,7 +151,7 @@ def ska_noncausal_out_kernel(q, psi_buf, o, T, H, q_seq_stride, q_row, R: tl.con
 @triton.jit
 def ska_noncausal_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_row, R: tl.constexpr, V: tl.constexpr,
                             BT: tl.constexpr, PREC: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
@@ -173,6 +174,7 @@ def ska_noncausal_dq_kernel(q, do, psi_buf, dq, qdo_buf, T, H, q_seq_stride, q_r
 def ska_noncausal_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_buf, isig_buf, qdo_buf, sg_buf, dm_buf,
                                       dc_buf, ds_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
                                       POWER: tl.constexpr, EPS: tl.constexpr):
+    ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
     prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
     Mn = _load_blocks(m_buf, prob, live, R, R) * (inv_s * inv_s)[:, None, None]
     CTn = _load_blocks(c_buf, prob, live, R, V) * inv_s[:, None, None]
@@ -219,7 +221,7 @@ def ska_noncausal_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_bu
 def ska_noncausal_dkv_kernel(k, v, n_buf, sg_buf, dm_buf, dc_buf, ds_buf, dk, dv, T, H, k_seq_stride, k_row,
                              v_seq_stride, v_row, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                              PREC: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.cast(tl.program_id(0), tl.int64)
     rr = tl.arange(0, R)
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)

@@ -27,8 +27,8 @@ def _tile(pid_r, pid_h, R, L, gstride_b, gstride_t, H: tl.constexpr, D: tl.const
     h2 = (pid_h * HB + tl.arange(0, HB))[None, :]
     d3 = tl.arange(0, BD)[None, None, :]
     mask = ((r2 < R) & (h2 < H))[:, :, None] & (d3 < D)
-    off = (r2.to(tl.int64) * H + h2)[:, :, None] * D + d3
-    rows = r2.to(tl.int64)
+    off = (tl.cast(r2, tl.int64) * H + h2)[:, :, None] * D + d3
+    rows = tl.cast(r2, tl.int64)
     goff = (rows // L * gstride_b + rows % L * gstride_t)[:, :, None] + h2[:, :, None] * D + d3
     return off, goff, mask
 
@@ -128,7 +128,7 @@ def _load_gate_low(gate, tile, NR, L, gstride_b, gstride_t, BR: tl.constexpr, RA
                    RP: tl.constexpr):
     """The [BR, RP] float32 tile of gate_low (zero beyond the rows and the rank), and its row indices."""
     rows = tile * BR + tl.arange(0, BR)
-    rows64 = rows.to(tl.int64)
+    rows64 = tl.cast(rows, tl.int64)
     r1 = tl.arange(0, RP)
     goff = (rows64 // L * gstride_b + rows64 % L * gstride_t)[:, None] + r1[None, :]
     gmask = (rows < NR)[:, None] & (r1 < RANK)[None, :]

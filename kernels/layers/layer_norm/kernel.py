@@ -32,7 +32,7 @@ def layer_norm_fwd_kernel(x, residual, summed, weight, bias, y, N, C: tl.constex
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BC)
     mask = (rows < N)[:, None] & (cols < C)[None, :]
-    offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    offs = tl.cast(rows, tl.int64)[:, None] * C + cols[None, :]
     xv = tl.load(x + offs, mask=mask, other=0.0)
     if ADD_RESIDUAL:
         # the sum is rounded to its stored dtype before it is normalised, as ``residual + x`` then the norm would be
@@ -65,7 +65,7 @@ def layer_norm_bwd_kernel(x, weight, dy, dsummed, dx, dx_other, dw_partial, db_p
     for r0 in range(start, end, BR):
         rows = r0 + tl.arange(0, BR)
         mask = (rows < end)[:, None] & (cols < C)[None, :]
-        offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
+        offs = tl.cast(rows, tl.int64)[:, None] * C + cols[None, :]
         xhat, rstd = _normalize(tl.load(x + offs, mask=mask, other=0.0).to(tl.float32), mask, C, EPS)
         g = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
         gw = g * w

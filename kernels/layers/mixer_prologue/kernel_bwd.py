@@ -67,12 +67,12 @@ def prologue_bwd_kernel(
     dstride_b, dstride_t = dstride_b_units * ROW_ALIGN, dstride_t_units * ROW_ALIGN
     pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
-    drow0 = dproj + pid_b.to(tl.int64) * dstride_b
+    drow0 = dproj + tl.cast(pid_b, tl.int64) * dstride_b
     dtok = drow0 + t2 * dstride_t
-    out2 = (pid_b.to(tl.int64) * L + t2) * H + h2
+    out2 = (tl.cast(pid_b, tl.int64) * L + t2) * H + h2
     out_k = out2[:, :, None] * K + dk_
     C = 2 * H * K + H * V
-    conv_row = (pid_b.to(tl.int64) * L + t3) * C  # [BT, 1, 1] start of each token's row of dconv
+    conv_row = (tl.cast(pid_b, tl.int64) * L + t3) * C  # [BT, 1, 1] start of each token's row of dconv
     prow = pid_t + pid_b * tl.num_programs(0)  # this program's row of the partial sums
 
     d_q = tl.load(dq + out_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -145,8 +145,8 @@ def conv_bwd_kernel(
     taps = tl.arange(0, BKS)[:, None]
     t = pid_t * BT + tl.arange(0, BT)[:, None]
     mask = (t < L) & mask_c
-    dc_row0 = dconv + pid_b.to(tl.int64) * L * C
-    x_row0 = proj + pid_b.to(tl.int64) * stride_b
+    dc_row0 = dconv + tl.cast(pid_b, tl.int64) * L * C
+    x_row0 = proj + tl.cast(pid_b, tl.int64) * stride_b
     dc = tl.load(dc_row0 + t * C + c2, mask=mask, other=0.0).to(tl.float32)
     dx = tl.zeros([BT, BC], dtype=tl.float32)
     dw = tl.zeros([BKS, BC], dtype=tl.float32)
@@ -157,6 +157,6 @@ def conv_bwd_kernel(
         tx = t + (j - LEFT)
         x = tl.load(x_row0 + tx * stride_t + c2, mask=mask & (tx >= 0) & (tx < L), other=0.0).to(tl.float32)
         dw += tl.where(taps == j, tl.sum(dc * x, axis=0)[None, :], 0.0)
-    tl.store(dproj + pid_b.to(tl.int64) * dstride_b + t * dstride_t + c2, dx, mask=mask)
+    tl.store(dproj + tl.cast(pid_b, tl.int64) * dstride_b + t * dstride_t + c2, dx, mask=mask)
     row = pid_b * tl.num_programs(0) + pid_t
-    tl.store(dw_partial + (row.to(tl.int64) * KS + taps) * C + c2, dw, mask=(taps < KS) & mask_c)
+    tl.store(dw_partial + (tl.cast(row, tl.int64) * KS + taps) * C + c2, dw, mask=(taps < KS) & mask_c)

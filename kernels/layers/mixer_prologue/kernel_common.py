@@ -27,7 +27,7 @@ def _program_tile(proj, L, stride_b, stride_t, H: tl.constexpr, K: tl.constexpr,
     dv = tl.arange(0, BV)[None, None, :]
     mask_k = mask2[:, :, None] & (dk < K)
     mask_v = mask2[:, :, None] & (dv < V)
-    row0 = proj + pid_b.to(tl.int64) * stride_b
+    row0 = proj + tl.cast(pid_b, tl.int64) * stride_b
     tok = row0 + t2 * stride_t
     return pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok
 

@@ -28,7 +28,7 @@ def prologue_fwd_kernel(
     stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
     _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
         proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
-    out2 = (pid_b.to(tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)
+    out2 = (tl.cast(pid_b, tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)
 
     if HAS_DECAY:
         z = tl.load(tok + decay_col + h2, mask=mask2, other=0.0).to(tl.float32) + _head_param(dt_bias, h2, mask_h, 0.0)
