@@ -550,13 +550,13 @@ class TrainStage(_Stage):
         shipment = _Shipment()
         plan = _Resample(images, windows, self.size, shipment, _CHUNK_ELEMENTS)
         shipment.add("targets", targets)
-        if self.policy is not None:
-            for key, rows in plan_rand_augment(self.policy, draws, self.size).items():
-                shipment.add(key, rows, PLAN_COLUMNS)
+        augment = plan_rand_augment(self.policy, draws, self.size) if self.policy is not None else {}
+        for key, rows in augment.items():
+            shipment.add(key, rows, PLAN_COLUMNS)
         shipped = shipment.ship(self.device)
         out = _to_uint8(plan.run(images, shipped)).contiguous()  # the matmuls leave (n, h, 3, w) order
-        if self.policy is not None:
-            out = apply_rand_augment(out, {k: v for k, v in shipped.items() if k[0].isdigit()}, self.policy.fill)
+        if augment:
+            out = apply_rand_augment(out, {key: shipped[key] for key in augment}, self.policy.fill)
         targets = shipped["targets"].long()
         return _normalize(out, self.mean, self.std), targets, torch.tensor(unreadable, dtype=torch.long)
 
