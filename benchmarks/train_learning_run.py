@@ -225,9 +225,9 @@ def _to_jpeg(job: tuple[Path, Path, int]) -> None:
 def jpeg_copy(data: Path, quality: int) -> Path:
     """``data``'s ImageFolder as JPEGs (same folders and names, ``.jpg``) beside it; made once, kept when complete."""
     target = data.with_name(f"{data.name}_jpeg_q{quality}")
-    sources = sorted(p for p in data.rglob("*") if p.is_file() and p.parent != data)
     if (target / "complete").is_file():
         return target
+    sources = sorted(p for p in data.rglob("*") if p.is_file() and p.parent != data)
     jobs = []
     for source in sources:
         dest = target / source.relative_to(data).with_suffix(".jpg")
