@@ -123,6 +123,8 @@ def model_step(model_name: str, args, classes: int, device) -> float:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # the recipe's clipping, as the training loop applies it
+    clip = torch.nn.utils.clip_grad_value_ if cfg["clip_mode"] == "value" else torch.nn.utils.clip_grad_norm_
 
     def step(k: int):
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -130,7 +132,7 @@ def model_step(model_name: str, args, classes: int, device) -> float:
         scaler.scale(loss).backward()
         if cfg["clip_grad"]:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
+            clip(model.parameters(), cfg["clip_grad"])
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
