@@ -55,11 +55,10 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.con
 def _diagonal_block_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
     """The inverses of the 16×16 diagonal blocks of I + A, as the block-diagonal [BT, BT] tile: the first four levels
     of :func:`_unit_lower_inverse`, batched over the blocks."""
-    NB: tl.constexpr = BT // 16
-    blocks = tl.arange(0, NB)
+    blocks = tl.arange(0, BT // 16)
     same = blocks[:, None, None, None] == blocks[None, None, :, None]
     # A4[i, a, j, b] = A[16i + a, 16j + b]; the diagonal blocks Ad[i] = A4[i, :, i, :]
-    Ad = tl.sum(tl.where(same, tl.reshape(A, [NB, 16, NB, 16]), 0.0), axis=2)
+    Ad = tl.sum(tl.where(same, tl.reshape(A, [BT // 16, 16, BT // 16, 16]), 0.0), axis=2)
     rows = tl.arange(0, 16)
     pair = rows // 2
     inv = ((rows[:, None] == rows[None, :]).to(tl.float32)[None, :, :]

@@ -68,11 +68,14 @@ SETTINGS = ("chunk", "value_block", "num_warps", "dh_num_warps", "grad_num_warps
 CHUNK = 16
 #: Chunk sizes the kernels take (the inverse's blocks are powers of two).
 CHUNKS = (16, 32, 64)
-#: From this many tokens on, the long-sequence form (64-token chunks): the sequential walks are 4× shorter and the
+#: From this many tokens on, the long-sequence form (32-token chunks): the sequential walks are 2× shorter and the
 #: per-chunk work, larger, runs chunk-parallel.
 LONG_T = 1024
-#: Long-form walk programs wanted on the GPU (two per SM of an H100/H200).
-WALK_PROGRAMS = 264
+#: From this many tokens on, 64-token chunks: the walks dominate, and halving them is worth the per-chunk kernels'
+#: larger tiles (which spill and fit one program per SM, where 32-token ones fit two).
+LONGER_T = 8192
+#: SMs of the GPUs the long form's walks are laid out for (H100, H200).
+WALK_SMS = 132
 #: One-warp programs of the 16-wide forward walk an SM runs at once (the forward's time steps at multiples of this
 #: per SM); only the forward is balanced, the backward's extra gradient zeroing eats what balancing would gain.
 PROGRAMS_PER_SM = 8
@@ -83,7 +86,7 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     a backward follows (the forward keeps its states)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
-    chunk = tuning.overrides(OP).get("chunk", 64 if T >= LONG_T else CHUNK)
+    chunk = tuning.overrides(OP).get("chunk", 64 if T >= LONGER_T else 32 if T >= LONG_T else CHUNK)
     if chunk not in CHUNKS:
         raise ValueError(f"chunk must be one of {CHUNKS} (launch_overrides('comba', chunk=...)), got {chunk!r}")
     if chunk > CHUNK:
@@ -136,12 +139,16 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
 def _long_config(BK: int, BV: int, V: int, BH: int, ND: int, chunk: int) -> dict:
     """The long-sequence form: the only sequential work is the state recurrence (forward) and its gradient's
     (backward), each walk carrying one state per program; everything else per chunk runs chunk-parallel."""
-    # the walks are the critical path: split the value dimension until they fill the GPU's SMs twice over
-    while BV > 16 and (BH * ND * cdiv(V, BV) < WALK_PROGRAMS or BK * BV > 64 * 64):
+    # 32-token walks fit four warps without spilling (two walks per SM by registers); 64-token ones need eight (one)
+    num_warps = 4 if chunk <= 32 else 8
+    slots = WALK_SMS * 8 // num_warps
+    # the walks are the critical path: split the value dimension while the walks still fit one wave (a split that
+    # needs a second wave makes the walks shorter but runs two of them one after the other)
+    while BV > 16 and (BH * ND * cdiv(V, BV // 2) <= slots or BK * BV > 64 * 64):
         BV //= 2
-    return {"chunk": chunk, "value_block": BV,
-            # eight warps where four spill the chunk's tiles (the forward walk, the per-chunk gradients)
-            "num_warps": 8, "dh_num_warps": 4, "grad_num_warps": 8,
+    return {"chunk": chunk, "value_block": BV, "num_warps": num_warps, "dh_num_warps": 4,
+            # eight warps: four spill the per-chunk gradients' tiles
+            "grad_num_warps": 8,
             # one walk per direction (both in one program would double the sequential path)
             "dir_loop": False,
             # every chunk's inverse, W and U0 in the chunk-parallel pass; the walk only does W h and kᵀu

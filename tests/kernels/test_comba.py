@@ -456,13 +456,14 @@ def test_triton_interpreter_long_form_wide_keys(triton_interpreter, poison_outpu
         check_against_reference(comba_op, make_inputs(B=1, T=70, H=1, K=128, V=64), causal=False, scale=0.5)
 
 
+@pytest.mark.parametrize("chunk", [32, 64])
 @pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_long_form_hard_chunks(make, causal, triton_interpreter, poison_outputs):
-    """Nearly parallel keys over 64-token chunks, fp32: the 64×64 inverse (diagonal blocks batched, then merged)
+def test_triton_interpreter_long_form_hard_chunks(chunk, make, causal, triton_interpreter, poison_outputs):
+    """Nearly parallel keys over 32- and 64-token chunks, fp32: the inverse (diagonal blocks batched, then merged)
     stays accurate as A's entries approach 1 (splr) or 2 (iplr)."""
     x = make(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
-    with launch_overrides("comba", chunk=64):
+    with launch_overrides("comba", chunk=chunk):
         check_against_reference(comba_op, x, causal=causal)
 
 
@@ -471,14 +472,14 @@ def test_triton_interpreter_long_form_bf16(causal, triton_interpreter, poison_ou
     """bf16 inputs: bf16 states and state gradients, 16-bit products (the rounding alone here), atomic adds of the
     second direction's gradients (fp32 gates) or loads and stores (bf16 ones)."""
     x = make_inputs(B=1, T=65, H=2, K=16, V=32, dtype=torch.bfloat16)
-    with launch_overrides("comba", chunk=64):
+    with launch_overrides("comba", chunk=32):
         check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
         check_against_reference(comba_op, [t.to(torch.bfloat16) for t in x], causal=causal, fwd_tol=2e-2,
                                 grad_tol=4e-2)
 
 
-@pytest.mark.parametrize("T,BH,ND,chunk", [(197, 1536, 2, 16), (1023, 96, 2, 16), (1024, 96, 2, 64),
-                                           (4096, 96, 1, 64), (16384, 24, 2, 64)])
+@pytest.mark.parametrize("T,BH,ND,chunk", [(197, 1536, 2, 16), (1023, 96, 2, 16), (1024, 96, 2, 32),
+                                           (4096, 96, 1, 32), (8191, 96, 2, 32), (16384, 24, 2, 64)])
 def test_long_form_is_chosen_by_length(T, BH, ND, chunk):
     from visionssm.kernels.comba import launch
 
@@ -495,14 +496,14 @@ def test_long_form_plans():
     B, T, H, D = 16, 4096, 6, 64
     cfg = launch.launch_config(D, D, T, B * H, 2)
     fwd = launch.build_fwd(cfg, B, T, H, D, D, 2, torch.bfloat16, torch.device("cpu"), True)
-    assert fwd.BT == 64 and fwd.pre.grid[:2] == (64, 96) and fwd.main.grid == (cfg["NV"], 96, 2)
-    assert fwd.inv_shape == (2, 96, 64, 64, 64) and fwd.save_inv and fwd.h0_shape == (2, 96, 64, 64, 64)
+    assert fwd.BT == 32 and fwd.pre.grid[:2] == (128, 96) and fwd.main.grid == (cfg["NV"], 96, 2)
+    assert fwd.inv_shape == (2, 96, 128, 32, 32) and fwd.save_inv and fwd.h0_shape == (2, 96, 128, 64, 64)
     # where the output takes atomic adds (on the GPU; fp32 in the interpreter) both walks of a sequence add onto it
     apart = launch.build_fwd(cfg, B, T, H, D, D, 2, torch.float32, torch.device("cpu"), True)
     assert apart.main.grid == (cfg["NV"], 192, 1) and apart.zero_from == 0 and not apart.partial
-    bwd = launch.build_bwd(cfg, B, T, H, D, D, 2, 64, torch.bfloat16, torch.device("cpu"), True, torch.bfloat16,
+    bwd = launch.build_bwd(cfg, B, T, H, D, D, 2, 32, torch.bfloat16, torch.device("cpu"), True, torch.bfloat16,
                            (torch.float32, torch.float32))
-    assert bwd.dh_walk.grid == (cfg["NV"], 96, 2) and bwd.main.grid == (64, 96, 1) and bwd.NP == 1
+    assert bwd.dh_walk.grid == (cfg["NV"], 96, 2) and bwd.main.grid == (128, 96, 1) and bwd.NP == 1
 
 
 def test_saved_chunk_is_read_from_the_saved_tensors():
@@ -515,13 +516,14 @@ def test_saved_chunk_is_read_from_the_saved_tensors():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("T", [1, 63, 65, 197, 4096])
+@pytest.mark.parametrize("chunk", [32, 64])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_long_form(T, causal, dtype, poison_outputs):
-    """The long-sequence form (chosen at T = 4096, forced below) in bf16 and fp32, against the float64 spec."""
+def test_cuda_long_form(T, chunk, causal, dtype, poison_outputs):
+    """The long-sequence form (chosen from T = 1024, forced below) in bf16 and fp32, against the float64 spec."""
     x = make_inputs(B=2, T=T, H=2, K=64, V=64, dtype=dtype, device="cuda", seed=T)
     tols = (1e-3, 1e-2) if dtype == torch.float32 else (2e-2, 4e-2)
-    with launch_overrides("comba", chunk=64):
+    with launch_overrides("comba", chunk=chunk):
         check_against_reference(comba_op, x, causal=causal, fwd_tol=tols[0], grad_tol=tols[1])
 
 
