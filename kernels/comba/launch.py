@@ -7,9 +7,9 @@ each comment there states a rule and why it holds. Every setting can be forced t
 ================== ====================================================================================================
 setting            meaning
 ================== ====================================================================================================
-chunk              tokens per chunk (16, 32 or 64). Above 16 the long-sequence form: every chunk's inverse, W and U0
-                   from the chunk-parallel pass, walks that only carry the state (one program per direction), the
-                   split backward with one program per chunk for both directions
+chunk              tokens per chunk (16, 32 or 64). Above 16 the long-sequence form: every chunk's inverse from the
+                   chunk-parallel pass, walks that only carry the state (one program per direction), the split
+                   backward with one program per chunk for both directions
 value_block        value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
 num_warps          warps of every kernel but the chunk-parallel inverse pass (one, two, four; eight in the long form)
 dh_num_warps       warps of the split backward's state-gradient walk
@@ -151,8 +151,9 @@ def _long_config(BK: int, BV: int, V: int, BH: int, ND: int, chunk: int) -> dict
             "grad_num_warps": 8,
             # one walk per direction (both in one program would double the sequential path)
             "dir_loop": False,
-            # every chunk's inverse, W and U0 in the chunk-parallel pass; the walk only does W h and kᵀu
-            "inv_pass": True, "pre_wy": True,
+            # every chunk's inverse from the chunk-parallel pass; W and U0 are not stored: their round trip through
+            # memory (and every value block's reads) costs more than the walk's one more product with the inverse
+            "inv_pass": True, "pre_wy": False,
             "prefetch": True, "bwd_prefetch": False,
             # the state-gradient walk, then the gradients chunk-parallel from the stored inverses
             "split_bwd": True, "store_inv": True,

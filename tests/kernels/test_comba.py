@@ -436,11 +436,11 @@ def test_triton_interpreter_long_form(chunk, T, causal, triton_interpreter, pois
 
 
 @pytest.mark.parametrize("overrides", [{"value_block": 16}, {"value_block": 16, "dir_loop": True, "prefetch": False},
-                                       {"split_bwd": False}],
-                         ids=["walks-split-V", "directions-in-program", "one-pass-backward"])
+                                       {"split_bwd": False}, {"pre_wy": True, "value_block": 16}],
+                         ids=["walks-split-V", "directions-in-program", "one-pass-backward", "stored-wy-split-V"])
 def test_triton_interpreter_long_form_variants(overrides, triton_interpreter, poison_outputs):
     """The long form's walks with the value dimension split over programs (the gradient kernel keeps it whole), both
-    directions in one program, and its chunks under the one-pass backward."""
+    directions in one program, its chunks under the one-pass backward, and walks from stored W and U0."""
     x = make_inputs(B=1, T=80, H=2, K=16, V=32, seed=5)
     with launch_overrides("comba", chunk=64, **overrides):
         check_against_reference(comba_op, x, causal=False)
@@ -485,7 +485,7 @@ def test_long_form_is_chosen_by_length(T, BH, ND, chunk):
 
     cfg = launch.launch_config(64, 64, T, BH, ND)
     assert cfg["chunk"] == chunk
-    assert (cfg["split_bwd"] and cfg["pre_wy"] and not cfg["dir_loop"]) == (chunk > 16)
+    assert (cfg["split_bwd"] and cfg["store_inv"] and not cfg["dir_loop"]) == (chunk > 16)
 
 
 def test_long_form_plans():
