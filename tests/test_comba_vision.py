@@ -470,3 +470,52 @@ def test_cuda_block_norms_in_autocast_dtype():
         assert_close(grads[0][name], grads[1][name], tol=2e-2, name=f"{name}.grad")
     for h in hooks:
         h.remove()
+
+
+class _KeepEverything:
+    """``recompute_saved`` switched off: every save kept."""
+
+    def __init__(self, tensors, recompute):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["reference-ops", "interpreter"])
+def test_block_activations_rebuilt_for_the_backward(kernels, request, monkeypatch):
+    """In training a block keeps neither its norms' outputs (the mixer's and the MLP's first linear inputs) nor GELU's
+    output (the MLP's second linear input): the backward rebuilds them from what the norms and GELU keep. Exactly those
+    bytes fewer are kept (fp32; under CPU autocast PyTorch's norms write float32 that the linear layers cast, so GELU's
+    alone), for the outputs and gradients of keeping everything (to the last bits of CPU matrix products, whose sums
+    depend on their inputs' addresses)."""
+    import visionssm.models.comba_vision as comba_vision_module
+    from visionssm.benchmark import memory
+
+    request.getfixturevalue("triton_interpreter" if kernels else "reference_path")
+    torch.manual_seed(0)
+    depth, batch, side = 2, 2, 64
+    model = timm.create_model(TINY, img_size=side, depth=depth, num_classes=5)
+    x = torch.randn(batch, 3, side, side)
+    tokens, width, hidden = (side // 16) ** 2, model.embed_dim, model.blocks[0].mlp.fc1.out_features
+
+    def run(dtype):
+        autocast = dtype if dtype != torch.float32 else None
+        kept = memory.summarize(memory.saved_tensors(model, x, autocast_dtype=autocast))["activation_bytes"]
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
+            out = model(x)
+        out.float().square().sum().backward()
+        return [out.detach(), *(p.grad for p in model.parameters())], kept
+
+    for dtype, rebuilt in ((torch.float32, (2 * width + hidden) * 4), (torch.bfloat16, hidden * 2)):
+        got, kept = run(dtype)
+        with monkeypatch.context() as patch:
+            patch.setattr(comba_vision_module, "recompute_saved", _KeepEverything)
+            want, kept_all = run(dtype)
+        assert kept_all - kept == depth * batch * tokens * rebuilt, (dtype, kept_all, kept)
+        for name, a, b in zip(["out", *(n for n, _ in model.named_parameters())], got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"{dtype} {name}")
