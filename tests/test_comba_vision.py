@@ -519,3 +519,39 @@ def test_block_activations_rebuilt_for_the_backward(kernels, request, monkeypatc
         assert kept_all - kept == depth * batch * tokens * rebuilt, (dtype, kept_all, kept)
         for name, a, b in zip(["out", *(n for n, _ in model.named_parameters())], got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"{dtype} {name}")
+
+
+@pytest.mark.cuda
+def test_cuda_block_activations_rebuilt_for_the_backward(monkeypatch):
+    """On the GPU kernels, bf16 autocast, comba_vision_S's width at 512² (1024 tokens): the rebuilt norm, GELU and
+    gated-norm outputs are exactly the bytes fewer held from the forward to the backward (two norm outputs and GELU's
+    output per block from the blocks, the gated norm's output from the mixer), for the output and gradients of keeping
+    everything (to the run-to-run noise of the Comba kernels' atomic adds)."""
+    import visionssm.layers.comba as comba_module
+    import visionssm.models.comba_vision as comba_vision_module
+    from visionssm.kernels.utils import relative_error
+
+    torch.manual_seed(0)
+    depth, batch, side = 2, 2, 512
+    model = timm.create_model("comba_vision_S", img_size=side, depth=depth).cuda()
+    x = torch.randn(batch, 3, side, side, device="cuda")
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+        kept = torch.cuda.memory_allocated() - start
+        out.float().square().mean().backward()
+        return [out.detach().float(), *(p.grad for p in model.parameters())], kept
+
+    got, kept = run()
+    with monkeypatch.context() as patch:
+        for module in (comba_vision_module, comba_module):
+            patch.setattr(module, "recompute_saved", _KeepEverything)
+        want, kept_all = run()
+    tokens, width, hidden = (side // 16) ** 2, model.embed_dim, model.blocks[0].mlp.fc1.out_features
+    assert kept_all - kept >= depth * batch * tokens * (3 * width + hidden) * 2, (kept_all, kept)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert relative_error(a, b) < 1e-3, f"tensor {i}: {relative_error(a, b):.3g}"
