@@ -18,8 +18,8 @@ and solves for the adjoint y_t = (H_t + λ_t I)⁻¹ α_t dz_t, reading x_t back
 
 The factorisation and both substitutions are one straight-line block of ~1,100 operations (:func:`cholesky_ops`),
 emitted once as the device function ``_factor_solve`` that both kernels call (Triton inlines it); so are the lane
-layout and the building of H_t + λ_t I (``_program_blocks``, ``_ridge_system``), which hand the 136 entries on as
-one tuple.
+layout and the building of H_t + λ_t I (``_program_blocks``, ``_lanes``, ``_ridge_system``), which hand the 136
+entries on as one tuple.
 On the GPU it is emitted as one inline-PTX statement: as ~1,800 separate Triton operations it made Triton's
 layout pass (whose cost grows with the product of memory operations and connected operations) take minutes per
 kernel. Triton's interpreter cannot run PTX, so the same operation list is also emitted as Triton code, selected by
@@ -255,8 +255,11 @@ def _program_blocks() -> str:
             + _lines(4, body))
 
 
-def _prologue() -> list[str]:
-    return [
+def _lanes() -> str:
+    """The device function giving each lane its token. It takes no pointer: torch's mutation analysis of a
+    ``wrap_triton`` launch counts every pointer argument of a helper whose result addresses a store as written, so
+    the kernels take a token's row from here, not from :func:`_ridge_system` (Triton's CSE merges the two calls)."""
+    body = [
         "lane = tl.arange(0, BLOCK)",
         "inst = pid_i * (BLOCK // P) + lane // P",
         "pos = pid_p * P + lane % P",
@@ -269,7 +272,17 @@ def _prologue() -> list[str]:
         "t = chunk * BT + pos",
         "tok_ok = live & (t < T)",
         "row = (b64 * T + t) * H + hh",
+        "return live, pos, chunk, bh, b64, hh, tok_ok, row",
     ]
+    return ("\n\n@triton.jit\ndef _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT: tl.constexpr, P: tl.constexpr,\n"
+            "           BLOCK: tl.constexpr):\n"
+            '    """Per lane: whether its instance is live, its position, chunk, (batch, head) pair, batch (int64)\n'
+            '    and head, whether it has a token and the token\'s row."""\n'
+            + _lines(4, body))
+
+
+def _prologue() -> list[str]:
+    return ["live, pos, chunk, bh, b64, hh, tok_ok, row = _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT, P, BLOCK)"]
 
 
 def _kernel_body(body: list[str]) -> str:
@@ -277,19 +290,20 @@ def _kernel_body(body: list[str]) -> str:
     nothing)."""
     head = ["pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)",
             "if pid_i * (BLOCK // P) < n_live:"]
-    ridge = ["row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,",
-             "                                     BT, P, BLOCK, HAS_BETA)"]
+    ridge = ["_, _, _, _, _, _, tok_ok, row = _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT, P, BLOCK)",
+             "fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,",
+             "                       BT, P, BLOCK, HAS_BETA)"]
     return _lines(4, head) + _lines(8, ridge + body)
 
 
 def _ridge_system() -> str:
     """The device function both kernels call first: a lane's token and its H_t + λ_t I."""
-    body = _prologue() + _build_h() + _shift() + ["return row, tok_ok, fro, ("] + _wrapped(_entries(), "    ")
+    body = _prologue() + _build_h() + _shift() + ["return fro, ("] + _wrapped(_entries(), "    ")
     return ("\n\n@triton.jit\n"
             "def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,\n"
             "                  BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr):\n"
-            '    """The lane\'s token row, whether it has a token, F_t = ‖H_t‖_F and ``a``, the lower triangle of\n'
-            '    H_t + λ_t I row by row (a tuple of 136 fp32 lanes)."""\n'
+            '    """F_t = ‖H_t‖_F and ``a``, the lower triangle of H_t + λ_t I row by row (a tuple of 136 fp32\n'
+            '    lanes), for each lane\'s token (:func:`_lanes`)."""\n'
             + _lines(4, body + [")"]))
 
 
@@ -405,7 +419,7 @@ def _backward() -> str:
 
 
 def generate() -> str:
-    return HEADER + _program_blocks() + _ridge_system() + _factor_solve() + _forward() + _backward()
+    return HEADER + _program_blocks() + _lanes() + _ridge_system() + _factor_solve() + _forward() + _backward()
 
 
 def main() -> None:

@@ -329,14 +329,13 @@ def grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, dend, eend, offs,
 
 
 @triton.jit
-def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, row, m_t, i_bh, i_c, NT, K: tl.constexpr,
                  V: tl.constexpr, BT: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ALPHA: tl.constexpr,
                  WITH_DGP: tl.constexpr):
-    """What :func:`adjoint_grad_kernel` reads of chunk ``i_c`` of sequence ``i_bh``, all loads issued together: rows,
-    validity, β, G, G_end, Ã, c, dgp (``WITH_DGP``; else unread zeros), k, dO, x, y, z, H0, e^G and
-    a = Σ_t Ã[t, ·] c_t e^{G_t}."""
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, m_t, row = chunk_rows(i_b, i_h, i_c, T, H, BT)
+    """What :func:`adjoint_grad_kernel` reads of chunk ``i_c`` of sequence ``i_bh`` (its rows and their validity
+    from :func:`chunk_rows`), all loads issued together: β, G, G_end, Ã, c, dgp (``WITH_DGP``; else unread zeros), k,
+    dO, x, y, z, H0, e^G and a = Σ_t Ã[t, ·] c_t e^{G_t}. The rows come from the caller: torch's mutation analysis of
+    a ``wrap_triton`` launch counts every pointer argument of a helper whose result addresses a store as written."""
     b, G, g_end, Ad = chunk_gates(g, beta, row, m_t, BT, HAS_BETA)
     ct = tl.load(c + row, mask=m_t, other=0.0)
     # read with the chunk's other inputs: where it is used, after the chunk's stores (which the compiler cannot
@@ -358,7 +357,7 @@ def _fused_chunk(q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H
                  + tl.arange(0, K)[None, :])
     e = tl.exp(G)
     a_c = tl.sum(Ad * (ct * e)[:, None], 0)
-    return row, m_t, b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c
+    return b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c
 
 
 @triton.jit
@@ -463,9 +462,10 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                                                  i_bh, T, NT, H, K, V, HAS_BETA, HAS_ALPHA, False)
                 for j in range(j_first, n_late):
                     i_c = NT - 1 - j
-                    _, _, b, _, g_end, _, ct, _, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
-                        q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA,
-                        False)
+                    _, m_t, row = chunk_rows(i_bh // H, i_bh % H, i_c, T, H, BT)
+                    b, _, g_end, _, ct, _, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
+                        q, k, g, beta, alpha, do, x, y, c, dgp, h0, row, m_t, i_bh, i_c, NT, K, V, BT, HAS_BETA,
+                        HAS_ALPHA, False)
                     Ds, Es = _through_chunk(Ds, Es, g_end, b, ct, kc, dO, X, Y, Z, Hc, e, a_c, PREC, IN_EXACT)
                 base = tl.cast(i_bh * NT + NT - n_late, tl.int64)
                 Hn = tl.load(h0 + base * K * K + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
@@ -479,8 +479,9 @@ def adjoint_grad_kernel(q, k, v, g, beta, alpha, do, x, y, c, dgp, h0, s0, dk, d
                                        H, K, V, HAS_BETA, HAS_ALPHA, True)
     for j in range(j_lo, j_hi):
         i_c = NT - 1 - j
-        row, m_t, b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
-            q, k, g, beta, alpha, do, x, y, c, dgp, h0, i_bh, i_c, T, NT, H, K, V, BT, HAS_BETA, HAS_ALPHA, True)
+        _, m_t, row = chunk_rows(i_bh // H, i_bh % H, i_c, T, H, BT)
+        b, G, g_end, Ad, ct, dgpt, kc, dO, X, Y, Z, Hc, e, a_c = _fused_chunk(
+            q, k, g, beta, alpha, do, x, y, c, dgp, h0, row, m_t, i_bh, i_c, NT, K, V, BT, HAS_BETA, HAS_ALPHA, True)
         dG = _chunk_grads(v, dgpt, dk, dv, dbeta, row, m_t, b, G, g_end, Ad, ct, kc, dO, X, Y, Z, Hc, a_c, Ds, Es, K,
                           V, PREC, IN_EXACT, HAS_BETA)
         tl.store(dg + row, (tl.cumsum(dG, 0, reverse=True) + later).to(dg.dtype.element_ty), mask=m_t)

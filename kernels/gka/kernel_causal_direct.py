@@ -51,10 +51,10 @@ def _program_blocks(T, NT, n_inst, BT: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
-                  BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr):
-    """The lane's token row, whether it has a token, F_t = ‖H_t‖_F and ``a``, the lower triangle of
-    H_t + λ_t I row by row (a tuple of 136 fp32 lanes)."""
+def _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT: tl.constexpr, P: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """Per lane: whether its instance is live, its position, chunk, (batch, head) pair, batch (int64)
+    and head, whether it has a token and the token's row."""
     lane = tl.arange(0, BLOCK)
     inst = pid_i * (BLOCK // P) + lane // P
     pos = pid_p * P + lane % P
@@ -67,6 +67,15 @@ def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_li
     t = chunk * BT + pos
     tok_ok = live & (t < T)
     row = (b64 * T + t) * H + hh
+    return live, pos, chunk, bh, b64, hh, tok_ok, row
+
+
+@triton.jit
+def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
+                  BT: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, HAS_BETA: tl.constexpr):
+    """F_t = ‖H_t‖_F and ``a``, the lower triangle of H_t + λ_t I row by row (a tuple of 136 fp32
+    lanes), for each lane's token (:func:`_lanes`)."""
+    live, pos, chunk, bh, b64, hh, tok_ok, row = _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT, P, BLOCK)
     s_end = (pid_p + 1) * P
     acc = tl.zeros([BLOCK], tl.float32)
     a0_0 = tl.zeros([BLOCK], tl.float32)
@@ -594,7 +603,7 @@ def _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_li
     a13_13 += lam
     a14_14 += lam
     a15_15 += lam
-    return row, tok_ok, fro, (
+    return fro, (
         a0_0, a1_0, a1_1, a2_0, a2_1, a2_2, a3_0, a3_1, a3_2, a3_3, a4_0, a4_1, a4_2, a4_3, a4_4, a5_0,
         a5_1, a5_2, a5_3, a5_4, a5_5, a6_0, a6_1, a6_2, a6_3, a6_4, a6_5, a6_6, a7_0, a7_1, a7_2, a7_3,
         a7_4, a7_5, a7_6, a7_7, a8_0, a8_1, a8_2, a8_3, a8_4, a8_5, a8_6, a8_7, a8_8, a9_0, a9_1, a9_2,
@@ -2312,8 +2321,9 @@ def direct_fwd_kernel(q, k, g, beta, h0, x_out, ridge, eps, T, H, NT, n_inst,
     eps = tl.cast(eps, tl.float32)
     pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)
     if pid_i * (BLOCK // P) < n_live:
-        row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
-                                             BT, P, BLOCK, HAS_BETA)
+        _, _, _, _, _, _, tok_ok, row = _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT, P, BLOCK)
+        fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
+                               BT, P, BLOCK, HAS_BETA)
         v0, v1, v2, v3 = _ld4(q + row * 16 + 0, tok_ok)
         v4, v5, v6, v7 = _ld4(q + row * 16 + 4, tok_ok)
         v8, v9, v10, v11 = _ld4(q + row * 16 + 8, tok_ok)
@@ -2337,8 +2347,9 @@ def direct_bwd_kernel(q, k, g, beta, alpha, h0, x_in, dz, dq, dalpha, y_out, c_o
     eps = tl.cast(eps, tl.float32)
     pid_p, pid_i, n_bh, n_live = _program_blocks(T, NT, n_inst, BT, P)
     if pid_i * (BLOCK // P) < n_live:
-        row, tok_ok, fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
-                                             BT, P, BLOCK, HAS_BETA)
+        _, _, _, _, _, _, tok_ok, row = _lanes(T, H, pid_p, pid_i, n_bh, n_live, BT, P, BLOCK)
+        fro, a = _ridge_system(k, g, beta, h0, ridge, eps, T, H, NT, pid_p, pid_i, n_bh, n_live,
+                               BT, P, BLOCK, HAS_BETA)
         if HAS_ALPHA:
             at = tl.load(alpha + row, mask=tok_ok, other=0.0).to(tl.float32)
         else:
