@@ -55,12 +55,18 @@ def ska_noncausal_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_str
 
 
 @triton.jit
-def _problems(n_buf, BH, NB: tl.constexpr, EPS: tl.constexpr):
-    """This program's NB operators: (problem index, live, ‖k‖ max², 1/s), [NB] each."""
+def _problems(BH, NB: tl.constexpr):
+    """This program's NB operators: (problem index, live), [NB] each. No pointer goes in: torch's mutation analysis
+    of a ``wrap_triton`` launch counts every pointer argument of a helper whose result addresses a store as written."""
     prob = tl.cast(tl.program_id(0), tl.int64) * NB + tl.arange(0, NB)
-    live = prob < BH
+    return prob, prob < BH
+
+
+@triton.jit
+def _scales(n_buf, prob, live, EPS: tl.constexpr):
+    """(‖k‖ max², 1/s) of operators ``prob``, [NB] each."""
     best = tl.load(n_buf + prob * 2, mask=live, other=0.0)
-    return prob, live, best, 1.0 / tl.maximum(tl.sqrt(best), EPS)
+    return best, 1.0 / tl.maximum(tl.sqrt(best), EPS)
 
 
 @triton.jit
@@ -121,7 +127,8 @@ def ska_noncausal_operator_kernel(g_buf, m_buf, c_buf, n_buf, psi_buf, gi_buf, n
     """Ψ/s per operator; SAVE (a backward follows): also G_n⁻¹, N, W₀ and 1/σ̂, which the backward would otherwise
     rebuild (the inverse and the power iteration are most of this kernel's latency)."""
     ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
-    prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
+    prob, live = _problems(BH, NB)
+    best, inv_s = _scales(n_buf, prob, live, EPS)
     Gi, Mn, CTn, isig, N, W0 = _operators(g_buf, m_buf, c_buf, prob, live, inv_s, ridge, R, V, NB, NUM_ITERS,
                                           NORMALIZE, EPS)
     _store_blocks(psi_buf, prob, live, _power(N, W0, POWER) * inv_s[:, None, None], R, V)
@@ -175,7 +182,8 @@ def ska_noncausal_operator_bwd_kernel(m_buf, c_buf, n_buf, gi_buf, nn_buf, w0_bu
                                       dc_buf, ds_buf, BH, ridge, R: tl.constexpr, V: tl.constexpr, NB: tl.constexpr,
                                       POWER: tl.constexpr, EPS: tl.constexpr):
     ridge = tl.cast(ridge, tl.float32)  # fp32 whatever the launcher passes (Inductor passes Python floats as fp64)
-    prob, live, best, inv_s = _problems(n_buf, BH, NB, EPS)
+    prob, live = _problems(BH, NB)
+    best, inv_s = _scales(n_buf, prob, live, EPS)
     Mn = _load_blocks(m_buf, prob, live, R, R) * (inv_s * inv_s)[:, None, None]
     CTn = _load_blocks(c_buf, prob, live, R, V) * inv_s[:, None, None]
     Gi = _load_blocks(gi_buf, prob, live, R, R)

@@ -126,13 +126,15 @@ def _columns(pid_h, H: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, BD: tl.c
 @triton.jit
 def _load_gate_low(gate, tile, NR, L, gstride_b, gstride_t, BR: tl.constexpr, RANK: tl.constexpr,
                    RP: tl.constexpr):
-    """The [BR, RP] float32 tile of gate_low (zero beyond the rows and the rank), and its row indices."""
+    """The [BR, RP] float32 tile of gate_low (zero beyond the rows and the rank). Its row indices are the caller's
+    to compute: torch's mutation analysis of a ``wrap_triton`` launch counts every pointer argument of a helper
+    whose result addresses a store as written."""
     rows = tile * BR + tl.arange(0, BR)
     rows64 = tl.cast(rows, tl.int64)
     r1 = tl.arange(0, RP)
     goff = (rows64 // L * gstride_b + rows64 % L * gstride_t)[:, None] + r1[None, :]
     gmask = (rows < NR)[:, None] & (r1 < RANK)[None, :]
-    return tl.load(gate + goff, mask=gmask, other=0.0).to(tl.float32), rows64
+    return tl.load(gate + goff, mask=gmask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -167,7 +169,7 @@ def gated_rmsnorm_lowrank_fwd_kernel(
     off, _, mask = _tile(pid, pid_h, NR, L, 0, 0, H, D, BR, HB, BD)
     n, _ = _normalized(o, off, mask, D, EPS)
     w = _norm_weight(weight, D, BD)
-    gl, _ = _load_gate_low(gate + goffset, pid, NR, L, gstride_b, gstride_t, BR, RANK, RP)
+    gl = _load_gate_low(gate + goffset, pid, NR, L, gstride_b, gstride_t, BR, RANK, RP)
     wt = _load_up_weight(gate_weight, pid_h, H, D, HB, BD, RANK, RP)
     act, _ = _act(_up_project(gl, wt, gate_bias, pid_h, H, D, BR, HB, BD, HAS_BIAS, PREC), SILU)
     tl.store(y + off, n * w * act, mask=mask)
@@ -192,7 +194,8 @@ def gated_rmsnorm_lowrank_bwd_kernel(
         off, _, mask = _tile(tile, pid_h, NR, L, 0, 0, H, D, BR, HB, BD)
         n, rstd = _normalized(o, off, mask, D, EPS)
         g = tl.load(dy + off, mask=mask, other=0.0).to(tl.float32)
-        gl, rows = _load_gate_low(gate + goffset, tile, NR, L, gstride_b, gstride_t, BR, RANK, RP)
+        gl = _load_gate_low(gate + goffset, tile, NR, L, gstride_b, gstride_t, BR, RANK, RP)
+        rows = tl.cast(tile * BR + tl.arange(0, BR), tl.int64)
         # loaded per tile (from L1/L2): kept across the loop it pins a second copy of itself in shared memory
         wt = _load_up_weight(gate_weight, pid_h, H, D, HB, BD, RANK, RP)
         act, act_grad = _act(_up_project(gl, wt, gate_bias, pid_h, H, D, BR, HB, BD, HAS_BIAS, PREC), SILU)

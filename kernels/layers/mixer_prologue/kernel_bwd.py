@@ -65,8 +65,10 @@ def prologue_bwd_kernel(
     # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
     stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
     dstride_b, dstride_t = dstride_b_units * ROW_ALIGN, dstride_t_units * ROW_ALIGN
-    pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, row0, tok = _program_tile(
-        proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
+    pid_t, pid_b, h1, t2, h2, mask_h, mask2, t3, h3, dk_, dv_, mask_k, mask_v, start = _program_tile(
+        L, stride_b, H, K, V, BT, HB, BK, BV)
+    row0 = proj + start
+    tok = row0 + t2 * stride_t
     drow0 = dproj + tl.cast(pid_b, tl.int64) * dstride_b
     dtok = drow0 + t2 * dstride_t
     out2 = (tl.cast(pid_b, tl.int64) * L + t2) * H + h2

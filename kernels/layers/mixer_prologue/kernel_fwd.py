@@ -26,8 +26,10 @@ def prologue_fwd_kernel(
 ):
     # the strides' factor ROW_ALIGN known to the compiler (see row_alignment() in launch.py)
     stride_b, stride_t = stride_b_units * ROW_ALIGN, stride_t_units * ROW_ALIGN
-    _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, row0, tok = _program_tile(
-        proj, L, stride_b, stride_t, H, K, V, BT, HB, BK, BV)
+    _, pid_b, _, t2, h2, mask_h, mask2, t3, h3, dk, dv, mask_k, mask_v, start = _program_tile(
+        L, stride_b, H, K, V, BT, HB, BK, BV)
+    row0 = proj + start
+    tok = row0 + t2 * stride_t
     out2 = (tl.cast(pid_b, tl.int64) * L + t2) * H + h2  # [BT, HB] index into (B, L, H)
 
     if HAS_DECAY:
