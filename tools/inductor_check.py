@@ -27,6 +27,56 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+
+#: The arguments each kernel stores to (some only under a constexpr flag): the analysis of a launch must name none
+#: other, or Inductor clones those inputs on every call (and a weight among them fails compilation).
+WRITES = {
+    # GKA
+    "state_fwd_kernel": {"h0", "s0"},
+    "readout_kernel": {"o"},
+    "dz_kernel": {"dz"},
+    "adjoint_scan_kernel": {"dend", "eend", "offs"},
+    "grad_kernel": {"dk", "dv", "dbeta", "dg"},
+    "adjoint_grad_kernel": {"dk", "dv", "dbeta", "dg"},
+    "direct_fwd_kernel": {"x_out"},
+    "direct_bwd_kernel": {"dq", "dalpha", "y_out", "c_out", "dgp"},
+    "chebyshev_fwd_kernel": {"x_out", "fro_out", "x_prev"},
+    "chebyshev_bwd_kernel": {"dq", "dalpha", "y_out", "c_out", "dgp", "y_prev"},
+    "gka_noncausal_fwd_kernel": {"o", "states"},
+    "gka_noncausal_solve_kernel": {"states"},
+    "gka_noncausal_bwd_kernel": {"scratch", "dq", "dk", "dv", "dbeta", "dalpha"},
+    # Comba
+    "comba_inv_kernel": {"inv", "w", "u0"},
+    "comba_fwd_kernel": {"o", "h0", "inv", "w", "u0"},
+    "comba_bwd_kernel": {"dq", "dk", "dv", "dp", "dg", "dbeta"},
+    "comba_bwd_dh_kernel": {"dh"},
+    # selective scan
+    "selective_scan_fwd_kernel": {"out_ptr", "ybuf_ptr", "state_ptr", "last_ptr", "seg_state_ptr", "seg_sum_ptr",
+                                  "scratch_ptr"},
+    "selective_scan_bwd_kernel": {"seg_state_ptr", "scratch_ptr", "du_ptr", "ddl_ptr", "dz_ptr", "col_ptr", "bc_ptr"},
+    "selective_scan_finish_kernel": {"dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr"},
+    # SKA
+    "ska_causal_state_kernel": {"g_buf", "m_buf", "c_buf", "n_buf"},
+    "ska_causal_fwd_kernel": {"o"},
+    "ska_causal_bwd_token_kernel": {"dq", "x_buf", "ga_buf", "tok_buf", "ds_buf"},
+    "ska_causal_bwd_walk_kernel": {"dk", "dv"},
+    "ska_noncausal_stats_kernel": {"g_buf", "m_buf", "c_buf", "n_buf"},
+    "ska_noncausal_operator_kernel": {"psi_buf", "gi_buf", "nn_buf", "w0_buf", "isig_buf"},
+    "ska_noncausal_out_kernel": {"o"},
+    "ska_noncausal_dq_kernel": {"dq", "qdo_buf"},
+    "ska_noncausal_operator_bwd_kernel": {"sg_buf", "dm_buf", "dc_buf", "ds_buf"},
+    "ska_noncausal_dkv_kernel": {"dk", "dv"},
+    # layer ops
+    "gated_rmsnorm_fwd_kernel": {"y"},
+    "gated_rmsnorm_bwd_kernel": {"do", "dgate", "dw_partial"},
+    "gated_rmsnorm_lowrank_fwd_kernel": {"y"},
+    "gated_rmsnorm_lowrank_bwd_kernel": {"do", "dgate_partial", "dw_partial", "dgw_partial", "dgb_partial"},
+    "layer_norm_fwd_kernel": {"summed", "y"},
+    "layer_norm_bwd_kernel": {"dx", "dx_other", "dw_partial", "db_partial"},
+    "prologue_fwd_kernel": {"q_out", "k_out", "v_out", "p_out", "g_out", "beta_out", "alpha_out"},
+    "prologue_bwd_kernel": {"dconv", "dproj", "partials"},
+    "conv_bwd_kernel": {"dproj", "dw_partial"},
+}
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
            torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8", torch.bool: "i1"}
 
@@ -38,8 +88,9 @@ class _Driver:
         return TARGET
 
 
-def capture(names: list[str]) -> dict:
-    """{(kernel name, constexprs): (kernel, {argument: value})} of every launch the models' steps make."""
+def capture(names: list[str], presets: dict | None = None) -> dict:
+    """{(kernel name, constexprs): (kernel, {argument: value}, options)} of every launch the models' steps make.
+    ``presets``: {name: (timm.create_model keyword arguments, input side)} for smaller networks than the defaults."""
     import timm
 
     import visionssm  # noqa: F401
@@ -57,8 +108,12 @@ def capture(names: list[str]) -> dict:
 
     triton.runtime.jit.JITFunction.run = run
     for name in names:
-        size = 64 if name.startswith("comba") else 224
-        model = timm.create_model(name, num_classes=10, **({"img_size": size} if size != 224 else {}))
+        if presets and name in presets:
+            kwargs, size = presets[name]
+        else:
+            size = 64 if name.startswith("comba") else 224
+            kwargs = {"img_size": size} if size != 224 else {}
+        model = timm.create_model(name, num_classes=10, **kwargs)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             try:
                 model(torch.randn(2, 3, size, size)).float().sum().backward()
@@ -84,8 +139,11 @@ def _signature(kernel, bound: dict) -> tuple[dict, dict]:
     return signature, constants
 
 
-def check(kernel, bound: dict, options: dict) -> tuple[str, str]:
-    """(the analysis' written tensors, or why it failed; the TTIR build with Inductor's types)."""
+def analysed_writes(kernel, bound: dict) -> list[str] | None:
+    """The tensor arguments torch's mutation analysis of a ``wrap_triton`` launch of ``kernel`` on ``bound`` takes as
+    written (whichever of its functions this torch has); ``None`` when the analysis failed (torch then takes every
+    tensor argument as written). Needs JIT functions (no ``TRITON_INTERPRET``) and a Triton driver that names a
+    target (:class:`_Driver` off a GPU)."""
     from torch._higher_order_ops import triton_kernel_wrap
 
     messages = []
@@ -97,20 +155,35 @@ def check(kernel, bound: dict, options: dict) -> tuple[str, str]:
     log = logging.getLogger(triton_kernel_wrap.__name__)
     handler = Keep()
     log.addHandler(handler)
-    log.propagate = False
+    propagate, log.propagate = log.propagate, False
     try:
         analyse = getattr(triton_kernel_wrap, "identify_mutated_tensors", None)
         if analyse is None:  # newer torch
-            accessed = triton_kernel_wrap.identify_accessed_tensors(kernel, bound, {})
+            accessed = triton_kernel_wrap.identify_accessed_tensors(kernel, dict(bound), {})
             written = sorted(dep.name for dep in accessed.read_writes.writes)
         else:
-            written = sorted(analyse(kernel, bound, {}))
+            written = sorted(analyse(kernel, dict(bound), {}))
     finally:
         log.removeHandler(handler)
+        log.propagate = propagate
     inputs = sorted(n for n, v in bound.items() if torch.is_tensor(v))
     # a failed analysis logs a warning and takes every tensor argument as written
-    failed = messages or (len(inputs) > 1 and written == inputs)
-    analysis = f"FAILED (all {len(inputs)} tensors taken as written)" if failed else f"writes {written}"
+    return None if messages or (len(inputs) > 1 and written == inputs) else written
+
+
+def check(kernel, bound: dict, options: dict) -> tuple[str, str]:
+    """(the analysis' written tensors, or why it failed; the TTIR build with Inductor's types)."""
+    inputs = [n for n, v in bound.items() if torch.is_tensor(v)]
+    written = analysed_writes(kernel, bound)
+    declared = WRITES.get(kernel.fn.__name__)
+    if written is None:
+        analysis = f"FAILED (all {len(inputs)} tensors taken as written)"
+    elif declared is None:
+        analysis = f"writes {written}; FAILED: no WRITES entry for this kernel"
+    elif set(written) - declared:
+        analysis = f"writes {written}; FAILED: not outputs {sorted(set(written) - declared)}"
+    else:
+        analysis = f"writes {written}"
     try:
         signature, constants = _signature(kernel, bound)
         backend = triton.compiler.compiler.make_backend(TARGET)

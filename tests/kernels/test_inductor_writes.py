@@ -1,0 +1,92 @@
+"""What torch's mutation analysis says our Triton kernels write (issue #43).
+
+Under ``torch.compile`` the registered ops' bodies are traced through and their launches recorded with
+``torch.library.wrap_triton`` (:mod:`visionssm.kernels.library`). Inductor then clones, before every launch, each
+tensor the analysis of that launch (``identify_mutated_tensors``, ``identify_accessed_tensors`` in newer torch) takes
+as written; a weight among them fails compilation (a leaf that requires grad modified in place). The analysis follows
+a store's address back through every argument of a helper call whose result it uses, so a helper that takes input
+pointers must not hand back what addresses a store. This test runs tiny models' eager steps with every launch
+captured (:func:`tools.inductor_check.capture`, Triton's JIT functions in a process of their own: the analysis reads
+their source, which the interpreter's kernels of this process do not offer) and checks each launch's analysed writes
+against the arguments its kernel stores to (:data:`tools.inductor_check.WRITES`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# tiny networks of every family (tests/test_compile.py's presets): every block type, a few blocks
+_HIERARCHICAL = {"depths": [1, 1, 2], "dims": [8, 16, 32], "stem_dim": 8, "num_heads": [1, 1, 2],
+                 "window_size": [8, 8, 3]}
+PRESETS = {
+    "mamba_vision_T": (_HIERARCHICAL, 64),
+    "gka_vision_T": (_HIERARCHICAL, 64),
+    "echo_vision_T": ({**_HIERARCHICAL, "attn_mixer_kwargs": {"zero_init_output": False}}, 64),
+    "comba_vision_T": ({"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,
+                        "mlp_ratio": 2.0, "mixer_kwargs": {"gate_rank": 4}}, 32),
+}
+
+_SCRIPT = """
+import json, sys
+from tools import inductor_check as ic
+import triton
+
+triton.runtime.driver.set_active(ic._Driver())
+presets = {name: (kwargs, side) for name, (kwargs, side) in json.loads(sys.argv[1]).items()}
+found = []
+for (name, key), (kernel, bound, _) in sorted(ic.capture(list(presets), presets).items(), key=lambda i: i[0]):
+    declared = ic.WRITES.get(name)
+    found.append([name, str(key), ic.analysed_writes(kernel, bound), None if declared is None else sorted(declared)])
+print("RESULT " + json.dumps(found))
+"""
+
+
+def _analysis_available() -> bool:
+    try:
+        from torch._higher_order_ops import triton_kernel_wrap
+    except ImportError:
+        return False
+    return any(hasattr(triton_kernel_wrap, f) for f in ("identify_mutated_tensors", "identify_accessed_tensors"))
+
+
+@pytest.fixture(scope="module")
+def analysed() -> list:
+    """[kernel name, constexprs, analysed writes or None, its WRITES entry or None] of every distinct launch of the
+    presets' steps (tools.inductor_check is imported there only: it clears TRITON_INTERPRET for its process)."""
+    if not _analysis_available():
+        pytest.skip("this torch has no mutation analysis of user Triton kernels")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_every_family_launches_its_kernels(analysed):
+    names = {name for name, *_ in analysed}
+    for kernel in ("selective_scan_fwd_kernel", "selective_scan_bwd_kernel", "direct_fwd_kernel", "direct_bwd_kernel",
+                   "adjoint_grad_kernel", "comba_fwd_kernel", "comba_bwd_kernel", "ska_noncausal_operator_kernel",
+                   "gated_rmsnorm_lowrank_bwd_kernel", "prologue_fwd_kernel", "prologue_bwd_kernel"):
+        assert kernel in names, f"{kernel} was not launched: the presets no longer reach it"
+
+
+def test_analysis_names_only_what_each_kernel_writes(analysed):
+    bad = []
+    for name, key, written, declared in analysed:
+        if written is None:
+            bad.append(f"{name} {key}: the analysis failed (every tensor argument taken as written)")
+        elif declared is None:
+            bad.append(f"{name}: no entry in tools.inductor_check.WRITES (analysed writes {written})")
+        elif set(written) - set(declared):
+            bad.append(f"{name} {key}: {sorted(set(written) - set(declared))} taken as written")
+    assert not bad, "\n".join(bad)
