@@ -52,13 +52,13 @@ def comba_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None],
     # the backward follows the forward's path: the Triton forward keeps its states, the reference none
     if not saved:
         return library.reference_backward(_reference, grads, inputs, scale, causal)
-    from .launch import bwd_plan, run_bwd, saved_chunk
+    from .launch import CHUNK, bwd_plan, run_bwd
 
     q, k, v, p, g, beta = contiguous(*inputs)
     h0, inv = saved[0], saved[1] if len(saved) > 1 else None
     do = grads[0].contiguous()
     with device_guard(do):
-        plan = bwd_plan(q, v, g, beta, do, causal, saved_chunk(q.shape[1], h0, inv), inv is not None, h0.dtype)
+        plan = bwd_plan(q, v, g, beta, do, causal, CHUNK, inv is not None, h0.dtype)
         return list(run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, scale))
 
 

@@ -35,41 +35,15 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.con
     series (I − A + A² − …) with the same number of products builds terms in the 10⁵–10⁶ range when neighbouring
     keys align and the feedback gain βp·k approaches 2 (the iplr transition): 8% output error even in fp32."""
     rows = tl.arange(0, BT)
-    if BT > 16:
-        # the levels inside 16-token blocks on the diagonal blocks alone (batched), not on mostly-zero full tiles
-        inv = _diagonal_block_inverse(A, BT, PREC)
-    else:
-        block = rows // 2
-        inv = (rows[:, None] == rows[None, :]).to(tl.float32) - tl.where(block[:, None] == block[None, :], A, 0.0)
+    block = rows // 2
+    inv = (rows[:, None] == rows[None, :]).to(tl.float32) - tl.where(block[:, None] == block[None, :], A, 0.0)
     for level in tl.static_range(1, LOG2_BT):
-        if (BT <= 16) or (level >= 4):
-            half = rows // (1 << level)
-            whole = rows // (2 << level)
-            between = (whole[:, None] == whole[None, :]) & (half[:, None] != half[None, :])
-            off = tl.where(between, A, 0.0)
-            inv -= tl.dot(tl.dot(inv, off, input_precision=PREC), inv, input_precision=PREC)
-    return inv
-
-
-@triton.jit
-def _diagonal_block_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
-    """The inverses of the 16×16 diagonal blocks of I + A, as the block-diagonal [BT, BT] tile: the first four levels
-    of :func:`_unit_lower_inverse`, batched over the blocks."""
-    blocks = tl.arange(0, BT // 16)
-    same = blocks[:, None, None, None] == blocks[None, None, :, None]
-    # A4[i, a, j, b] = A[16i + a, 16j + b]; the diagonal blocks Ad[i] = A4[i, :, i, :]
-    Ad = tl.sum(tl.where(same, tl.reshape(A, [BT // 16, 16, BT // 16, 16]), 0.0), axis=2)
-    rows = tl.arange(0, 16)
-    pair = rows // 2
-    inv = ((rows[:, None] == rows[None, :]).to(tl.float32)[None, :, :]
-           - tl.where((pair[:, None] == pair[None, :])[None, :, :], Ad, 0.0))
-    for level in tl.static_range(1, 4):
         half = rows // (1 << level)
         whole = rows // (2 << level)
         between = (whole[:, None] == whole[None, :]) & (half[:, None] != half[None, :])
-        off = tl.where(between[None, :, :], Ad, 0.0)
+        off = tl.where(between, A, 0.0)
         inv -= tl.dot(tl.dot(inv, off, input_precision=PREC), inv, input_precision=PREC)
-    return tl.reshape(tl.where(same, inv[:, :, None, :], 0.0), [BT, BT])
+    return inv
 
 
 @triton.jit

@@ -7,11 +7,8 @@ each comment there states a rule and why it holds. Every setting can be forced t
 ================== ====================================================================================================
 setting            meaning
 ================== ====================================================================================================
-chunk              tokens per chunk (16, 32 or 64). Above 16 the long-sequence form: every chunk's inverse from the
-                   chunk-parallel pass, walks that only carry the state (one program per direction), the split
-                   backward with one program per chunk for both directions
 value_block        value columns per program (a power of two ≥ 16); split only to put more programs on the GPU
-num_warps          warps of every kernel but the chunk-parallel inverse pass (one, two, four; eight in the long form)
+num_warps          warps of every kernel but the chunk-parallel inverse pass (one, two or four)
 dh_num_warps       warps of the split backward's state-gradient walk
 grad_num_warps     warps of the backward's gradient kernel (one pass or per chunk)
 dir_loop           non-causal: one program runs both directions (else one per program, fp32 partial outputs)
@@ -60,22 +57,11 @@ from .kernel_bwd import comba_bwd_dh_kernel, comba_bwd_kernel
 from .kernel_fwd import comba_fwd_kernel, comba_inv_kernel
 
 OP = "comba"
-SETTINGS = ("chunk", "value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy",
-            "prefetch", "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers",
-            "grad_max_registers", "wave_slots")
-#: Tokens per chunk of the walk-heavy form: 32-token chunks (the inverse merged one level further) cost more in the
-#: inverse than they save when the walk computes it.
+SETTINGS = ("value_block", "num_warps", "dh_num_warps", "grad_num_warps", "dir_loop", "inv_pass", "pre_wy", "prefetch",
+            "bwd_prefetch", "split_bwd", "store_inv", "state_lp", "fwd_lp", "walk_max_registers", "grad_max_registers",
+            "wave_slots")
+#: Tokens per chunk: 32-token chunks (the inverse merged one level further) cost more in the inverse than they save.
 CHUNK = 16
-#: Chunk sizes the kernels take (the inverse's blocks are powers of two).
-CHUNKS = (16, 32, 64)
-#: From this many tokens on, the long-sequence form (32-token chunks): the sequential walks are 2× shorter and the
-#: per-chunk work, larger, runs chunk-parallel.
-LONG_T = 1024
-#: From this many tokens on, 64-token chunks: the walks dominate, and halving them is worth the per-chunk kernels'
-#: larger tiles (which spill and fit one program per SM, where 32-token ones fit two).
-LONGER_T = 8192
-#: SMs of the GPUs the long form's walks are laid out for (H100, H200).
-WALK_SMS = 132
 #: One-warp programs of the 16-wide forward walk an SM runs at once (the forward's time steps at multiples of this
 #: per SM); only the forward is balanced, the backward's extra gradient zeroing eats what balancing would gain.
 PROGRAMS_PER_SM = 8
@@ -86,13 +72,6 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     a backward follows (the forward keeps its states)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
-    chunk = tuning.overrides(OP).get("chunk", 64 if T >= LONGER_T else 32 if T >= LONG_T else CHUNK)
-    if chunk not in CHUNKS:
-        raise ValueError(f"chunk must be one of {CHUNKS} (launch_overrides('comba', chunk=...)), got {chunk!r}")
-    if chunk > CHUNK:
-        cfg = _long_config(BK, BV, V, BH, ND, chunk)
-        tuning.apply_overrides(OP, cfg, SETTINGS)
-        return _derived(cfg, BK, V)
     # Few (batch, head) sequences: split the value dimension to put more programs on the GPU.
     while BV > 32 and (BH * ND * cdiv(V, BV) < 128 or BK * BV > 64 * 64):
         BV //= 2
@@ -104,8 +83,7 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     # per-chunk backward programs only for 128-wide keys, whose one-pass walk is too long; narrower ones walk once
     split_bwd = wide and BK > 64
     # the gradient kernel keeps the walk's warps and no register cap: caps spill and more warps split small tiles
-    cfg = {"chunk": CHUNK, "value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps,
-           "grad_num_warps": num_warps,
+    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": num_warps,
            # non-causal: both directions in one program once sequences fill the GPU (no fp32 partials to add);
            # fewer sequences keep a program per direction for the parallelism
            "dir_loop": ND == 2 and BH * NV >= 768,
@@ -133,45 +111,8 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
            "grad_max_registers": None,
            "wave_slots": None}
     tuning.apply_overrides(OP, cfg, SETTINGS)
-    return _derived(cfg, BK, V)
-
-
-def _long_config(BK: int, BV: int, V: int, BH: int, ND: int, chunk: int) -> dict:
-    """The long-sequence form: the only sequential work is the state recurrence (forward) and its gradient's
-    (backward), each walk carrying one state per program; everything else per chunk runs chunk-parallel."""
-    # 32-token walks fit four warps without spilling (two walks per SM by registers); 64-token ones need eight (one)
-    num_warps = 4 if chunk <= 32 else 8
-    slots = WALK_SMS * 8 // num_warps
-    # the walks are the critical path: split the value dimension while the walks still fit one wave (a split that
-    # needs a second wave makes the walks shorter but runs two of them one after the other)
-    while BV > 16 and (BH * ND * cdiv(V, BV // 2) <= slots or BK * BV > 64 * 64):
-        BV //= 2
-    return {"chunk": chunk, "value_block": BV, "num_warps": num_warps, "dh_num_warps": 4,
-            # eight warps: four spill the per-chunk gradients' tiles
-            "grad_num_warps": 8,
-            # one walk per direction (both in one program would double the sequential path)
-            "dir_loop": False,
-            # every chunk's inverse from the chunk-parallel pass; W and U0 are not stored: their round trip through
-            # memory (and every value block's reads) costs more than the walk's one more product with the inverse
-            "inv_pass": True, "pre_wy": False,
-            "prefetch": True, "bwd_prefetch": False,
-            # the state-gradient walk, then the gradients chunk-parallel from the stored inverses
-            "split_bwd": True, "store_inv": True,
-            "state_lp": True, "fwd_lp": False,
-            "walk_max_registers": None, "grad_max_registers": None, "wave_slots": None}
-
-
-def _derived(cfg: dict, BK: int, V: int) -> dict:
-    """The layout's values that follow from its settings: block widths and counts, and how the backward's gradient
-    kernel lays out directions and value blocks."""
     cfg["BK"], cfg["BV"] = BK, cfg["value_block"]
     cfg["NV"] = cdiv(V, cfg["BV"])
-    long_split = cfg["split_bwd"] and cfg["chunk"] > CHUNK
-    # per-chunk gradient programs of the long form take both directions and the whole value width where it fits:
-    # no fp32 partial gradients to write and add up (the walks' value split is for their parallelism alone)
-    cfg["grad_dir_loop"] = cfg["dir_loop"] or long_split
-    cfg["BVG"] = max(cfg["BV"], min(max(16, next_pow2(V)), 64 * 64 // BK)) if long_split else cfg["BV"]
-    cfg["NVG"] = cdiv(V, cfg["BVG"])
     return cfg
 
 
@@ -205,27 +146,17 @@ def _tail(T: int, BT: int) -> int:
 
 def _pre_pass(cfg: dict, T: int) -> bool:
     """Whether the chunk-parallel inverse (and W/U0) pass runs before the forward walk."""
-    BT = cfg["chunk"]
-    return (cfg["inv_pass"] or cfg["pre_wy"]) and cdiv(T, BT) > _tail(T, BT)  # (one token has no chunk)
+    return (cfg["inv_pass"] or cfg["pre_wy"]) and cdiv(T, CHUNK) > _tail(T, CHUNK)  # (one token has no chunk)
 
 
 def saved_layout(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
                  save_state: bool) -> tuple[tuple[int, ...] | None, torch.dtype, tuple[int, ...] | None]:
     """What a forward under ``cfg`` keeps for its backward: (h0's shape, h0's dtype, the fp32 inverses' shape); a
     shape is None for a tensor not kept. The forward plan and the registered op's fake both take it from here."""
-    BT = cfg["chunk"]
-    NT = cdiv(T, BT)
+    NT = cdiv(T, CHUNK)
     save_inv = save_state and (cfg["store_inv"] or _pre_pass(cfg, T))
     return ((ND, B * H, NT, K, V) if save_state else None, _state_dtype(cfg, dtype),
-            (ND, B * H, NT, BT, BT) if save_inv else None)
-
-
-def saved_chunk(T: int, h0: torch.Tensor, inv: torch.Tensor | None) -> int:
-    """The chunk size a forward ran with, from what it saved: the inverses' width, else the smallest chunk size that
-    cuts T into as many chunks as h0 holds (where several do, T fits one chunk and they compute the same)."""
-    if inv is not None:
-        return inv.shape[-1]
-    return next(c for c in CHUNKS if cdiv(T, c) == h0.shape[2])
+            (ND, B * H, NT, CHUNK, CHUNK) if save_inv else None)
 
 
 def training_saved_layout(B: int, T: int, H: int, K: int, V: int, causal: bool,
@@ -266,15 +197,10 @@ class BwdPlan:
 
 def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
               device: torch.device, save_state: bool) -> FwdPlan:
-    BT, BV = cfg["chunk"], cfg["BV"]
+    BT, BV = CHUNK, cfg["BV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
     grid_dirs, _ = _directions(cfg, ND)
-    atomic = _atomic_add(device.type, (), dtype)
-    # long form, non-causal: one walk per direction, both adding onto a zeroed output (no fp32 partials to sum)
-    apart = BT > CHUNK and ND == 2 and not cfg["dir_loop"] and atomic
-    if apart:
-        grid_dirs = 1
     pre = _pre_pass(cfg, T)
     plan = FwdPlan()
     plan.BT, plan.save_state, plan.bwd, plan.cached = BT, save_state, None, False
@@ -295,12 +221,12 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     plan.pre = None
     if pre:
         BVF = max(16, next_pow2(V))
-        warps = (4 if cfg["BK"] * BVF >= 64 * 64 or BT > CHUNK else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
+        warps = (4 if cfg["BK"] * BVF >= 64 * 64 else 2) if wy else 1 if BT * cfg["BK"] <= 512 else 2
         plan.pre = DirectLaunch(comba_inv_kernel, (NT - TAIL, B * H), dims,
                                 {**common, "BVF": BVF, "N_DIR": ND, "SAVE_WY": wy}, {"num_warps": warps})
     # training only: without stored states the walk is short enough that balancing's extra zeroing does not pay
     sms = sm_count(device, 0)
-    pairs = 0 if apart else _pairs(cfg, B, H, ND, sms, atomic) if save_state else B * H
+    pairs = _pairs(cfg, B, H, ND, sms, _atomic_add(device.type, (), dtype)) if save_state else B * H
     # the batch entries whose outputs the one-direction programs add onto (None: every sequence has both directions
     # in one program)
     plan.zero_from = pairs // H if pairs < B * H else None
@@ -347,22 +273,20 @@ def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: in
     # more than one of them
     split = cfg["split_bwd"]
     programs = max(1, NT - TAIL) if split else 1
-    dir_loop, BVG, NVG = cfg["grad_dir_loop"], cfg["BVG"], cfg["NVG"]
-    grid_dirs = 1 if dir_loop else ND
+    grid_dirs, _ = _directions(cfg, ND)
     plan = BwdPlan()
-    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "N_DIR": ND,
+    common = {"K": K, "V": V, "BT": BT, "LOG2_BT": BT.bit_length() - 1, "BK": cfg["BK"], "BV": BV, "N_DIR": ND,
               **_precision(dtype, device.type), "LOAD_INV": has_inv, "TAIL": TAIL}
     state_lp = state_dtype != torch.float32
     dims = (T, NT, B, H)
     plan.dh_shape = (ND, B * H, NT, K, V) if programs > 1 else None
     walk_options = launch_options(cfg["dh_num_warps"], max_registers=cfg["walk_max_registers"])
     plan.dh_walk = None if programs == 1 else DirectLaunch(comba_bwd_dh_kernel, (NV, B * H, ND), dims,
-                                                           {**common, "BV": BV, "STATE_LP": state_lp},
-                                                           walk_options)
+                                                           {**common, "STATE_LP": state_lp}, walk_options)
     # partial gradients per value block and grid direction (usually one: the gradients themselves)
-    plan.NP, plan.grid_dirs = grid_dirs * NVG, grid_dirs
-    plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NVG * grid_dirs), dims,
-                             {**common, "BV": BVG, "NV": NVG, "DIR_LOOP": dir_loop, "SPLIT": split,
+    plan.NP, plan.grid_dirs = grid_dirs * NV, grid_dirs
+    plan.main = DirectLaunch(comba_bwd_kernel, (programs, B * H, NV * grid_dirs), dims,
+                             {**common, "NV": NV, "DIR_LOOP": cfg["dir_loop"], "SPLIT": split,
                               "ATOMIC_ADD": _atomic_add(device.type, gate_dtypes, dtype),
                               "PREFETCH": cfg["bwd_prefetch"] and not split, "STATE_LP": state_lp},
                              launch_options(cfg["grad_num_warps"], max_registers=cfg["grad_max_registers"]))

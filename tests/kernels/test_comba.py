@@ -274,15 +274,8 @@ def test_balanced_sequences_by_sm_count():
 
 def test_unknown_launch_setting_is_rejected(triton_interpreter):
     x = make_inputs(B=1, T=5, H=1)
-    with launch_overrides("comba", chunk_size=32), pytest.raises(ValueError, match="chunk_size"):
+    with launch_overrides("comba", chunk=32), pytest.raises(ValueError, match="chunk"):
         comba_op(*x)
-
-
-def test_unsupported_chunk_size_is_rejected():
-    from visionssm.kernels.comba import launch
-
-    with launch_overrides("comba", chunk=48), pytest.raises(ValueError, match="chunk"):
-        launch.launch_config(16, 16, 100, 4, 2)
 
 
 def test_float64_takes_the_reference_path_under_triton(triton_interpreter):
@@ -418,123 +411,6 @@ def test_cuda_balanced_last_wave(T, poison_outputs):
         check_against_reference(comba_op, x, causal=False, fwd_tol=2e-2, grad_tol=4e-2)
         plan = launch.fwd_plan(x[0], x[2], x[4], x[5], causal=False, save_state=True)
         assert plan.zero_from == 125
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The long-sequence form (chunks of 32 or 64 tokens: chunk-parallel inverses, W and U0; walks that only carry the
-# state; the split backward with both directions per chunk program), forced on short sequences
-
-
-@pytest.mark.parametrize("chunk,T", [(64, 1), (64, 63), (64, 65), (64, 197), (32, 33), (32, 97)])
-@pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_long_form(chunk, T, causal, triton_interpreter, poison_outputs):
-    """Odd lengths: a single token, one partial chunk, a full chunk and a single-token one (T % chunk == 1), several
-    chunks with a partial last one."""
-    x = make_inputs(B=1, T=T, H=2, K=16, V=32, seed=T)
-    with launch_overrides("comba", chunk=chunk):
-        check_against_reference(comba_op, x, causal=causal, scale=0.8)
-
-
-@pytest.mark.parametrize("overrides", [{"value_block": 16}, {"value_block": 16, "dir_loop": True, "prefetch": False},
-                                       {"split_bwd": False}, {"pre_wy": True, "value_block": 16}],
-                         ids=["walks-split-V", "directions-in-program", "one-pass-backward", "stored-wy-split-V"])
-def test_triton_interpreter_long_form_variants(overrides, triton_interpreter, poison_outputs):
-    """The long form's walks with the value dimension split over programs (the gradient kernel keeps it whole), both
-    directions in one program, its chunks under the one-pass backward, and walks from stored W and U0."""
-    x = make_inputs(B=1, T=80, H=2, K=16, V=32, seed=5)
-    with launch_overrides("comba", chunk=64, **overrides):
-        check_against_reference(comba_op, x, causal=False)
-
-
-def test_triton_interpreter_long_form_wide_keys(triton_interpreter, poison_outputs):
-    """128-wide keys: the gradient kernel splits the value dimension too (fp32 partial gradients, summed after)."""
-    from visionssm.kernels.comba import launch
-
-    with launch_overrides("comba", chunk=64):
-        cfg = launch.launch_config(128, 64, 70, 1, 2)
-        assert cfg["NVG"] == 2 and cfg["grad_dir_loop"]
-        check_against_reference(comba_op, make_inputs(B=1, T=70, H=1, K=128, V=64), causal=False, scale=0.5)
-
-
-@pytest.mark.parametrize("chunk", [32, 64])
-@pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
-@pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_long_form_hard_chunks(chunk, make, causal, triton_interpreter, poison_outputs):
-    """Nearly parallel keys over 32- and 64-token chunks, fp32: the inverse (diagonal blocks batched, then merged)
-    stays accurate as A's entries approach 1 (splr) or 2 (iplr)."""
-    x = make(B=1, T=70, H=1, D=64, device="cpu", dtype=torch.float32)
-    with launch_overrides("comba", chunk=chunk):
-        check_against_reference(comba_op, x, causal=causal)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_triton_interpreter_long_form_bf16(causal, triton_interpreter, poison_outputs):
-    """bf16 inputs: bf16 states and state gradients, 16-bit products (the rounding alone here), atomic adds of the
-    second direction's gradients (fp32 gates) or loads and stores (bf16 ones)."""
-    x = make_inputs(B=1, T=65, H=2, K=16, V=32, dtype=torch.bfloat16)
-    with launch_overrides("comba", chunk=32):
-        check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
-        check_against_reference(comba_op, [t.to(torch.bfloat16) for t in x], causal=causal, fwd_tol=2e-2,
-                                grad_tol=4e-2)
-
-
-@pytest.mark.parametrize("T,BH,ND,chunk", [(197, 1536, 2, 16), (1023, 96, 2, 16), (1024, 96, 2, 32),
-                                           (4096, 96, 1, 32), (8191, 96, 2, 32), (16384, 24, 2, 64)])
-def test_long_form_is_chosen_by_length(T, BH, ND, chunk):
-    from visionssm.kernels.comba import launch
-
-    cfg = launch.launch_config(64, 64, T, BH, ND)
-    assert cfg["chunk"] == chunk
-    assert (cfg["split_bwd"] and cfg["store_inv"] and not cfg["dir_loop"]) == (chunk > 16)
-
-
-def test_long_form_plans():
-    """B16 T4096 H6 D64 non-causal: the chunk-parallel pass, one walk per direction and value block, a state-gradient
-    walk, and one gradient program per chunk for both directions whose gradients need no partials."""
-    from visionssm.kernels.comba import launch
-
-    B, T, H, D = 16, 4096, 6, 64
-    cfg = launch.launch_config(D, D, T, B * H, 2)
-    fwd = launch.build_fwd(cfg, B, T, H, D, D, 2, torch.bfloat16, torch.device("cpu"), True)
-    assert fwd.BT == 32 and fwd.pre.grid[:2] == (128, 96) and fwd.main.grid == (cfg["NV"], 96, 2)
-    assert fwd.inv_shape == (2, 96, 128, 32, 32) and fwd.save_inv and fwd.h0_shape == (2, 96, 128, 64, 64)
-    # where the output takes atomic adds (on the GPU; fp32 in the interpreter) both walks of a sequence add onto it
-    apart = launch.build_fwd(cfg, B, T, H, D, D, 2, torch.float32, torch.device("cpu"), True)
-    assert apart.main.grid == (cfg["NV"], 192, 1) and apart.zero_from == 0 and not apart.partial
-    bwd = launch.build_bwd(cfg, B, T, H, D, D, 2, 32, torch.bfloat16, torch.device("cpu"), True, torch.bfloat16,
-                           (torch.float32, torch.float32))
-    assert bwd.dh_walk.grid == (cfg["NV"], 96, 2) and bwd.main.grid == (128, 96, 1) and bwd.NP == 1
-
-
-def test_saved_chunk_is_read_from_the_saved_tensors():
-    from visionssm.kernels.comba import launch
-
-    h0 = torch.empty(2, 3, 2, 16, 16)
-    assert launch.saved_chunk(65, h0, None) == 64 and launch.saved_chunk(17, h0, None) == 16
-    assert launch.saved_chunk(10, torch.empty(2, 3, 1, 16, 16), torch.empty(2, 3, 1, 32, 32)) == 32
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("T", [1, 63, 65, 197, 4096])
-@pytest.mark.parametrize("chunk", [32, 64])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_long_form(T, chunk, causal, dtype, poison_outputs):
-    """The long-sequence form (chosen from T = 1024, forced below) in bf16 and fp32, against the float64 spec."""
-    x = make_inputs(B=2, T=T, H=2, K=64, V=64, dtype=dtype, device="cuda", seed=T)
-    tols = (1e-3, 1e-2) if dtype == torch.float32 else (2e-2, 4e-2)
-    with launch_overrides("comba", chunk=chunk):
-        check_against_reference(comba_op, x, causal=causal, fwd_tol=tols[0], grad_tol=tols[1])
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("chunk", [32, 64])
-@pytest.mark.parametrize("make", [make_aligned_inputs, make_iplr_inputs], ids=["aligned-keys", "iplr"])
-@pytest.mark.parametrize("causal", [True, False])
-def test_cuda_long_form_hard_chunks_bf16(chunk, make, causal, poison_outputs):
-    x = make(B=2, T=1000, H=2, D=64, device="cuda")
-    with launch_overrides("comba", chunk=chunk):
-        check_against_reference(comba_op, x, causal=causal, fwd_tol=2e-2, grad_tol=4e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -676,8 +552,7 @@ def test_opcheck_reference_path(causal, requires_grad, reference_path):
     torch.library.opcheck(_custom_op().comba_op, (*_leaves(x, requires_grad), 0.3, causal, requires_grad))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"store_inv": True}, {"chunk": 32}],
-                         ids=["states", "states-and-inverses", "long-form"])
+@pytest.mark.parametrize("overrides", [{}, {"store_inv": True}], ids=["states", "states-and-inverses"])
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_interpreter_opcheck(causal, requires_grad, overrides, triton_interpreter, poison_outputs):
@@ -710,8 +585,7 @@ def test_triton_interpreter_opcheck_single_token_tail(triton_interpreter, poison
     (64, 64, 33, False, torch.float32, {}), (64, 64, 33, True, torch.float32, {}),
     (128, 64, 40, True, torch.bfloat16, {}), (128, 64, 1, False, torch.float32, {}),
     (16, 16, 33, False, torch.bfloat16, {"state_lp": False, "store_inv": True}),
-    (16, 16, 17, True, torch.float32, {"pre_wy": True, "value_block": 16}),
-    (64, 64, 1100, False, torch.bfloat16, {}), (16, 16, 40, True, torch.float32, {"chunk": 32})])
+    (16, 16, 17, True, torch.float32, {"pre_wy": True, "value_block": 16})])
 def test_fake_saved_layout_is_the_training_plans(K, V, T, causal, dtype, overrides):
     """The fake's saved tensors are those a training forward's launch plan allocates and keeps: the states, and the
     inverses where the plan keeps them (64-wide non-causal and 128-wide heads by default), in the plan's dtype."""

@@ -63,7 +63,7 @@ def _saver(frame, module_names: dict[int, str]) -> tuple[str, str, str]:
     site = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        relayed = frame.f_code.co_name == "_pack" and filename.endswith(f"layers{os.sep}common.py")  # observe_saves
+        relayed = frame.f_code.co_name == "pack" and filename.endswith(f"layers{os.sep}common.py")  # observe_saves
         if site is None and not relayed and not any(part in filename for part in _PLUMBING):
             site = f"{_short_path(filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
         owner = frame.f_locals.get("self")

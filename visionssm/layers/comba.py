@@ -181,12 +181,8 @@ class CombaMixer(SequenceMixer):
                 gate_weight, gate_bias = self.gate_up.weight, self.gate_up.bias
             else:
                 gate = self.gate_up(gate)
-        gated = lambda: kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="sigmoid",  # noqa: E731
-                                              eps=self.out_norm.eps, gate_weight=gate_weight, gate_bias=gate_bias)
-        y = gated()
-        # the output projection's saved input is rebuilt from o and the gate, which the gated norm keeps anyway
-        with recompute_saved((y,), lambda: (gated(),)):
-            return self.out_proj(y)
+        return self.out_proj(kernels.gated_rmsnorm(o, gate, self.out_norm.weight, activation="sigmoid",
+                                                   eps=self.out_norm.eps, gate_weight=gate_weight, gate_bias=gate_bias))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "

@@ -50,84 +50,59 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
-def _memory_key(t: torch.Tensor) -> tuple:
-    """The memory a contiguous tensor covers: any contiguous view with this key holds the same elements in the same
-    order (a linear layer saves its 3-D input as a 2-D view)."""
-    return (t.device, t.data_ptr(), t.numel(), t.dtype)
-
-
 class recompute_saved:  # noqa: N801 - used as a context manager, like torch's
-    """Context manager: a save for the backward of one of ``tensors`` (or a view with its layout, or a contiguous view
-    of a contiguous one: the same memory) made inside keeps a token instead, and ``recompute()`` rebuilds all of them,
-    once, when the backward first reads one. For tensors that a cheap op computes from a tensor autograd keeps anyway
-    (a mixer's kernel inputs from the projection the prologue saves, an activation from its input): they are not kept
-    twice across the forward. ``recompute`` must give the same values (it runs under the forward's autocast state,
-    without grad) and is held until the backward, with what it reads. Regions nest (an inner one hands the saves it
-    does not rebuild to the outer one). Inside ``torch.compile``, FX tracing or other saved-tensor hooks (gradient
-    checkpointing) it does nothing (those plan their own saves)."""
+    """Context manager: a save for the backward of one of ``tensors`` (or a view with its layout: the same memory)
+    made inside keeps a token instead, and ``recompute()`` rebuilds all of them, once, when the backward first reads
+    one. For a mixer's kernel inputs that a cheap op computes from a tensor autograd keeps anyway (the prologue from
+    the projection it saves): they are not kept twice across the forward. ``recompute`` must give the same values
+    (it runs under the forward's autocast state, without grad). Inside ``torch.compile`` or FX tracing it does
+    nothing (a compiled graph plans its own saves)."""
 
     def __init__(self, tensors, recompute) -> None:
         self.active = (not torch.compiler.is_compiling() and not fx_tracing() and torch.is_grad_enabled()
                        and not _outer_save_hooks())
-        given = [(i, t) for i, t in enumerate(tensors) if t is not None] if self.active else []
-        self.keys = {_tensor_key(t): i for i, t in given}
-        self.flat = {_memory_key(t): i for i, t in given if t.is_contiguous()}
+        self.keys = {_tensor_key(t): i for i, t in enumerate(tensors) if t is not None} if self.active else {}
         self.active = bool(self.keys)
         self.recompute = recompute
-        self.hooks = self.outer = self.built = None
+        self.hooks = None
 
     def __enter__(self):
         if not self.active:
             return self
-        self.device = next(iter(self.keys))[0].type
-        self.autocast = (torch.is_autocast_enabled(self.device), torch.get_autocast_dtype(self.device))
-        self.outer = _REGIONS[-1] if _REGIONS else None
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        device = next(iter(self.keys))[0].type
+        autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        built: list = []
+
+        def pack(t):
+            index = self.keys.get(_tensor_key(t))
+            if index is not None:
+                return _Recomputed(index)
+            for observe in _SAVE_OBSERVERS:
+                observe(t)
+            return t
+
+        def unpack(saved):
+            if not isinstance(saved, _Recomputed):
+                return saved
+            if not built:
+                with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
+                    built.append(self.recompute())
+            return built[0][saved.index]
+
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         self.hooks.__enter__()
-        _REGIONS.append(self)
         return self
 
     def __exit__(self, *exc):
         if self.hooks is not None:
-            _REGIONS.remove(self)
             self.hooks.__exit__(*exc)
             self.hooks = None
         return False
 
-    def _pack(self, t):
-        index = self.keys.get(_tensor_key(t))
-        if index is not None:
-            return _Recomputed(self, index, None)
-        if t.is_contiguous():
-            index = self.flat.get(_memory_key(t))
-            if index is not None:
-                return _Recomputed(self, index, t.shape)
-        if self.outer is not None:
-            return self.outer._pack(t)
-        for observe in _SAVE_OBSERVERS:
-            observe(t)
-        return t
-
-    def _get(self, index: int, shape):
-        if self.built is None:
-            with torch.no_grad(), torch.autocast(self.device, dtype=self.autocast[1], enabled=self.autocast[0]):
-                self.built = self.recompute()
-        value = self.built[index]
-        return value if shape is None else value.reshape(shape)
-
-
-#: The active :class:`recompute_saved` regions, innermost last.
-_REGIONS: list = []
-
-
-def _unpack(saved):
-    return saved.region._get(saved.index, saved.shape) if isinstance(saved, _Recomputed) else saved
-
 
 def _outer_save_hooks() -> bool:
-    """Whether saved-tensor hooks other than an observer's (:func:`observe_saves`) or a :class:`recompute_saved`
-    region's are active: gradient checkpointing or offloading decide what is kept there, and hooks of ours inside
-    would keep it all."""
+    """Whether saved-tensor hooks other than an observer's (:func:`observe_saves`) are active: gradient
+    checkpointing or offloading decide what is kept there, and hooks of ours inside would keep it all."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     if top is None:  # no way to tell: stay out of the way
         return True
@@ -135,16 +110,14 @@ def _outer_save_hooks() -> bool:
         hooks = top(True)  # ignore_is_tracing
     except TypeError:
         hooks = top()
-    if hooks is None or hooks[0] in _SAVE_OBSERVERS:
-        return False
-    return not (_REGIONS and hooks[0] == _REGIONS[-1]._pack)
+    return hooks is not None and hooks[0] not in _SAVE_OBSERVERS
 
 
 class _Recomputed:
-    __slots__ = ("index", "region", "shape")
+    __slots__ = ("index",)
 
-    def __init__(self, region: recompute_saved, index: int, shape) -> None:
-        self.region, self.index, self.shape = region, index, shape
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -34,7 +34,6 @@ concatenate the token sequences, run the blocks, apply ``norm``.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from functools import partial
 
@@ -56,7 +55,7 @@ from torch import nn
 
 from visionssm.kernels.dispatch import fx_tracing
 from visionssm.layers import SequenceMixer, build_mixer, mixer_no_weight_decay
-from visionssm.layers.common import LayerNorm, add_and_norm, is_hooked, recompute_saved
+from visionssm.layers.common import LayerNorm, add_and_norm, is_hooked
 
 __all__ = ["CombaBlock", "CombaVision", "blocks_then_norm", "can_chain"]
 
@@ -110,43 +109,8 @@ class CombaBlock(nn.Module):
             h = self.norm1(x)
         else:
             h, x = add_and_norm(self.norm1, branch, x)
-        with _norm_rebuilt(self.norm1, h, x):
-            mixed = self.mixer(h)
-        h, x = add_and_norm(self.norm2, self.drop_path1(self.ls1(mixed)), x)
-        with _norm_rebuilt(self.norm2, h, x):
-            return x, self.drop_path2(self.ls2(self._mlp(h)))
-
-    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        """``self.mlp(h)``; in training with timm's GELU Mlp its second layer's saved input, GELU's output, is rebuilt
-        in the backward from GELU's input, which GELU keeps anyway (a third of the block's saved bytes fewer, for one
-        elementwise pass)."""
-        mlp = self.mlp
-        if not (_recomputing() and type(mlp) is Mlp and type(mlp.act) is nn.GELU and isinstance(mlp.norm, nn.Identity)
-                and (isinstance(mlp.drop1, nn.Identity) or (type(mlp.drop1) is nn.Dropout and mlp.drop1.p == 0))
-                and not is_hooked(mlp) and not is_hooked(mlp.act)):
-            return mlp(h)
-        pre = mlp.fc1(h)
-        act = mlp.act(pre)
-        with recompute_saved((act,), lambda: (mlp.act(pre),)):
-            out = mlp.fc2(act)
-        return mlp.drop2(out)
-
-
-def _recomputing() -> bool:
-    """Whether a forward may rebuild saved activations in its backward (:class:`recompute_saved`): a gradient is
-    recorded, eager, no FX tracing (which must see the modules' calls as they are)."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not fx_tracing()
-
-
-def _norm_rebuilt(norm: nn.Module, h: torch.Tensor, x: torch.Tensor):
-    """A region in which saves of ``h = norm(x)`` (a pre-norm block's normalised input, which the next linear layer
-    keeps) are rebuilt from ``x`` in the backward: the norm keeps ``x`` anyway, and recomputes ``h`` bit for bit (the
-    fused add-and-norm's sum is rounded to its dtype before it is normalised). Norms whose path depends on grad mode
-    (``fused_training=False``) or that a hook watches are left alone."""
-    if not _recomputing() or is_hooked(norm) or not (type(norm) is nn.LayerNorm
-                                                     or (type(norm) is LayerNorm and norm.fused_training)):
-        return contextlib.nullcontext()
-    return recompute_saved((h,), lambda: (norm(x),))
+        h, x = add_and_norm(self.norm2, self.drop_path1(self.ls1(self.mixer(h))), x)
+        return x, self.drop_path2(self.ls2(self.mlp(h)))
 
 
 def can_chain(blocks: nn.Module) -> bool:

@@ -7,13 +7,6 @@ with 64- and 128-wide heads (the suite takes minutes; a run cut short loses the 
 targets). FLA's backward is wrong with Triton < 3.7.1 on Hopper,
 so below that version only its forward is timed (its forward+backward rows are left out).
 
-``run(variants=...)`` also times our op with launch settings forced (e.g. ``chunk=16``: the walk-heavy form of short
-sequences; ``chunk=32`` / ``chunk=64``: the long-sequence form), each inside its override for the forward and the
-backward alike. The long-sequence comparison, three shapes and both forms against SDPA in one run::
-
-    python -m visionssm.benchmark.suites.comba --shapes 16,4096,6,64 4,16384,6,64 256,197,6,64 \
-        --variants chunk=16 chunk=32 chunk=64
-
 Every implementation is also timed by replaying a captured CUDA graph (the ``(CUDA graph)`` columns: forward, or
 forward + autograd backward): GPU time without the host's per-call work (Python, autograd, launches), which the
 plain columns include wherever the host is the slower side — at the vision shapes in eager mode it is, for FLA's
@@ -21,9 +14,6 @@ staged kernels too. Ratios to FLA set graph against graph and plain against plai
 """
 
 from __future__ import annotations
-
-import argparse
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -72,10 +62,10 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16):
 def _bytes(B, T, H, D, causal: bool, backward: bool, dtype: torch.dtype = torch.bfloat16) -> int:
     """Traffic of our kernels' design at this shape: q,k,p,v,o in ``dtype`` (+ do and 4 gradients) and the gates,
     plus what the launch layout stores and reads back: the state entering every chunk (in the dtype the op stores
-    it in), the chunk inverses (64-wide heads and the long form), for the split backward the state gradient leaving
-    every chunk (the states' dtype), and W and U0 where the chunk-parallel pass stores them. (The op's own floor,
-    inputs read once and outputs written once, is the first and last terms alone.)"""
-    from visionssm.kernels.comba.launch import _state_dtype, launch_config
+    it in), the chunk inverses (64-wide heads) and, for the split backward, the state gradient leaving every chunk
+    (the states' dtype). (The op's own floor, inputs read once and outputs written once, is the first and last terms
+    alone.)"""
+    from visionssm.kernels.comba.launch import CHUNK, _state_dtype, launch_config
 
     elem = dtype.itemsize
     tokens = B * T * H
@@ -84,39 +74,23 @@ def _bytes(B, T, H, D, causal: bool, backward: bool, dtype: torch.dtype = torch.
         return fwd
     directions = 1 if causal else 2
     cfg = launch_config(D, D, T, B * H, directions)
-    chunk = cfg["chunk"]
-    chunks = directions * B * H * (-(-T // chunk))
+    chunks = directions * B * H * (-(-T // CHUNK))
     state_bytes = _state_dtype(cfg, dtype).itemsize
     states = 2 * chunks * D * D * state_bytes
-    inverses = 2 * chunks * chunk * chunk * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
+    inverses = 2 * chunks * CHUNK * CHUNK * 4 if cfg["store_inv"] or cfg["inv_pass"] else 0
     state_grads = 2 * chunks * D * D * state_bytes if cfg["split_bwd"] else 0
-    wy = 0
-    if cfg["pre_wy"]:
-        # W and U0 (fp32) written by the chunk-parallel pass, read by every value block's walk
-        wy = directions * tokens * 2 * D * 4 * (1 + cfg["NV"])
-        # the long form's backward reads the inverses twice (state-gradient walk, gradients)
-        inverses = inverses * 3 // 2 if cfg["split_bwd"] else inverses
-    return fwd + states + inverses + state_grads + wy + tokens * (10 * D * elem + 2 * (4 + elem))
+    return fwd + states + inverses + state_grads + tokens * (10 * D * elem + 2 * (4 + elem))
 
 
-def _variant(settings: dict) -> str:
-    return "visionssm " + ",".join(f"{name}={value}" for name, value in settings.items())
-
-
-def run(quick: bool = False, copy_gbps: float | None = None, shapes: Sequence[tuple[int, int, int, int]] | None = None,
-        variants: Sequence[dict] = ()) -> list[dict]:
-    """``shapes``: (B, T, H, D) tuples instead of :data:`SHAPES`; ``variants``: launch settings to force, each
-    timed as rows of its own."""
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from visionssm.kernels import comba
-    from visionssm.kernels.tuning import launch_overrides
 
     if not torch.cuda.is_available():
         print("# comba suite needs CUDA; skipped")
         return []
     fla_chunk_comba, fla_backward_ok = _fla_chunk_comba()
     rows = []
-    shapes = list(shapes or SHAPES)
-    for B, T, H, D in shapes[:1] if quick else shapes:
+    for B, T, H, D in SHAPES[:1] if quick else SHAPES:
         shape = f"B{B} T{T} H{H} D{D}"
         q, k, v, p, g, beta = make_inputs(B, T, H, D)
         sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
@@ -133,58 +107,8 @@ def run(quick: bool = False, copy_gbps: float | None = None, shapes: Sequence[tu
             rows += measure_impls("comba", shape, tag, impls, ours=OURS, graphed=GRAPHED,
                                   bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd),
                                   copy_gbps=copy_gbps, forward_only=() if fla_backward_ok else (FLA, FLA_GRAPH))
-            for settings in variants:
-                name = _variant(settings)
-                # forward and backward both inside the override (the backward's plan reads it too)
-                with launch_overrides("comba", **settings):
-                    rows += measure_impls("comba", shape, tag, {name: ours, name + " (CUDA graph)": ours},
-                                          ours=(name, name + " (CUDA graph)"), graphed=(name + " (CUDA graph)",),
-                                          bytes_moved=lambda bwd, s=(B, T, H, D, causal): _bytes(*s, bwd),
-                                          copy_gbps=copy_gbps)
         del q, k, v, p, g, beta, sq, sk, sv, do, sdo
         torch.cuda.empty_cache()
     print_ratios(rows, ((OURS_GRAPH, FLA_GRAPH, f"{FLA}, both CUDA graph"), ("visionssm", FLA, f"{FLA}, both plain")))
     print_ratios(rows, ((OURS_GRAPH, SDPA_GRAPH, "sdpa, both CUDA graph"),))
-    for settings in variants:
-        name = _variant(settings)
-        print_ratios(rows, ((name + " (CUDA graph)", SDPA_GRAPH, f"sdpa, both CUDA graph ({name})"),
-                            (name, "sdpa", f"sdpa, both plain ({name})")))
     return rows
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the suite's rows and ratios for chosen shapes and forced chunk sizes (nothing written)."""
-    parser = argparse.ArgumentParser(prog="python -m visionssm.benchmark.suites.comba", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", metavar="B,T,H,D", help="shapes instead of the suite's own")
-    parser.add_argument("--variants", nargs="*", default=[], metavar="NAME=INT[,NAME=INT]",
-                        help="also time our op with each of these launch settings forced (launch_overrides('comba', "
-                             "...); chunk=16: the walk-heavy form, chunk=32 or 64: the long-sequence form)")
-    args = parser.parse_args(argv)
-    shapes = None
-    if args.shapes:
-        try:
-            shapes = [tuple(int(n) for n in text.split(",")) for text in args.shapes]
-        except ValueError:
-            parser.error(f"--shapes: each shape is B,T,H,D integers, got {args.shapes}")
-        if any(len(shape) != 4 for shape in shapes):
-            parser.error(f"--shapes: each shape is B,T,H,D (four integers), got {args.shapes}")
-    from visionssm.kernels.comba.launch import SETTINGS
-
-    variants = []
-    for text in args.variants:
-        try:
-            settings = {name: int(value) for name, value in (item.split("=") for item in text.split(","))}
-        except ValueError:
-            parser.error(f"--variants: each variant is NAME=INT[,NAME=INT...], got {text!r}")
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            parser.error(f"--variants: unknown launch setting {unknown[0]!r} in {text!r} "
-                         f"(known: {', '.join(SETTINGS)})")
-        variants.append(settings)
-    run(shapes=shapes, variants=variants)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
