@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions, which the analysis reads
 
@@ -28,55 +29,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
-#: The arguments each kernel stores to (some only under a constexpr flag): the analysis of a launch must name none
-#: other, or Inductor clones those inputs on every call (and a weight among them fails compilation).
-WRITES = {
-    # GKA
-    "state_fwd_kernel": {"h0", "s0"},
-    "readout_kernel": {"o"},
-    "dz_kernel": {"dz"},
-    "adjoint_scan_kernel": {"dend", "eend", "offs"},
-    "grad_kernel": {"dk", "dv", "dbeta", "dg"},
-    "adjoint_grad_kernel": {"dk", "dv", "dbeta", "dg"},
-    "direct_fwd_kernel": {"x_out"},
-    "direct_bwd_kernel": {"dq", "dalpha", "y_out", "c_out", "dgp"},
-    "chebyshev_fwd_kernel": {"x_out", "fro_out", "x_prev"},
-    "chebyshev_bwd_kernel": {"dq", "dalpha", "y_out", "c_out", "dgp", "y_prev"},
-    "gka_noncausal_fwd_kernel": {"o", "states"},
-    "gka_noncausal_solve_kernel": {"states"},
-    "gka_noncausal_bwd_kernel": {"scratch", "dq", "dk", "dv", "dbeta", "dalpha"},
-    # Comba
-    "comba_inv_kernel": {"inv", "w", "u0"},
-    "comba_fwd_kernel": {"o", "h0", "inv", "w", "u0"},
-    "comba_bwd_kernel": {"dq", "dk", "dv", "dp", "dg", "dbeta"},
-    "comba_bwd_dh_kernel": {"dh"},
-    # selective scan
-    "selective_scan_fwd_kernel": {"out_ptr", "ybuf_ptr", "state_ptr", "last_ptr", "seg_state_ptr", "seg_sum_ptr",
-                                  "scratch_ptr"},
-    "selective_scan_bwd_kernel": {"seg_state_ptr", "scratch_ptr", "du_ptr", "ddl_ptr", "dz_ptr", "col_ptr", "bc_ptr"},
-    "selective_scan_finish_kernel": {"dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr"},
-    # SKA
-    "ska_causal_state_kernel": {"g_buf", "m_buf", "c_buf", "n_buf"},
-    "ska_causal_fwd_kernel": {"o"},
-    "ska_causal_bwd_token_kernel": {"dq", "x_buf", "ga_buf", "tok_buf", "ds_buf"},
-    "ska_causal_bwd_walk_kernel": {"dk", "dv"},
-    "ska_noncausal_stats_kernel": {"g_buf", "m_buf", "c_buf", "n_buf"},
-    "ska_noncausal_operator_kernel": {"psi_buf", "gi_buf", "nn_buf", "w0_buf", "isig_buf"},
-    "ska_noncausal_out_kernel": {"o"},
-    "ska_noncausal_dq_kernel": {"dq", "qdo_buf"},
-    "ska_noncausal_operator_bwd_kernel": {"sg_buf", "dm_buf", "dc_buf", "ds_buf"},
-    "ska_noncausal_dkv_kernel": {"dk", "dv"},
-    # layer ops
-    "gated_rmsnorm_fwd_kernel": {"y"},
-    "gated_rmsnorm_bwd_kernel": {"do", "dgate", "dw_partial"},
-    "gated_rmsnorm_lowrank_fwd_kernel": {"y"},
-    "gated_rmsnorm_lowrank_bwd_kernel": {"do", "dgate_partial", "dw_partial", "dgw_partial", "dgb_partial"},
-    "layer_norm_fwd_kernel": {"summed", "y"},
-    "layer_norm_bwd_kernel": {"dx", "dx_other", "dw_partial", "db_partial"},
-    "prologue_fwd_kernel": {"q_out", "k_out", "v_out", "p_out", "g_out", "beta_out", "alpha_out"},
-    "prologue_bwd_kernel": {"dconv", "dproj", "partials"},
-    "conv_bwd_kernel": {"dproj", "dw_partial"},
-}
+
+def declared_writes(kernel) -> set[str] | None:
+    """The arguments ``kernel`` stores to, from the ``WRITES`` of the module that defines it (``None``: no entry)."""
+    entry = getattr(sys.modules.get(kernel.fn.__module__), "WRITES", {}).get(kernel.fn.__name__)
+    return None if entry is None else set(entry)
+
+
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
            torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8", torch.bool: "i1"}
 
@@ -175,11 +134,11 @@ def check(kernel, bound: dict, options: dict) -> tuple[str, str]:
     """(the analysis' written tensors, or why it failed; the TTIR build with Inductor's types)."""
     inputs = [n for n, v in bound.items() if torch.is_tensor(v)]
     written = analysed_writes(kernel, bound)
-    declared = WRITES.get(kernel.fn.__name__)
+    declared = declared_writes(kernel)
     if written is None:
         analysis = f"FAILED (all {len(inputs)} tensors taken as written)"
     elif declared is None:
-        analysis = f"writes {written}; FAILED: no WRITES entry for this kernel"
+        analysis = f"writes {written}; FAILED: no entry in its module's WRITES"
     elif set(written) - declared:
         analysis = f"writes {written}; FAILED: not outputs {sorted(set(written) - declared)}"
     else:

@@ -32,6 +32,10 @@ from .kernel_common import (
     _walk_masks,
 )
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"comba_bwd_dh_kernel": {"dh"}, "comba_bwd_kernel": {"dbeta", "dg", "dk", "dp", "dq", "dv"}}
+
 
 @triton.jit
 def _token_bwd(q, k, p, v, g, beta, do, b_h0, b_dh1, dq_base, dk_base, dp_base, dv_base, dg_base, db_base, scale,

@@ -28,6 +28,10 @@ from .kernel_common import (
     _walk_masks,
 )
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"comba_fwd_kernel": {"h0", "inv", "o", "u0", "w"}, "comba_inv_kernel": {"inv", "u0", "w"}}
+
 
 @triton.jit
 def comba_inv_kernel(k, p, g, beta, inv, w, u0, v, T, NT, B, H, K: tl.constexpr, V: tl.constexpr,

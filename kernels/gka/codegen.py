@@ -54,6 +54,10 @@ import triton.language as tl
 
 __all__ = ["direct_bwd_kernel", "direct_fwd_kernel"]
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"direct_bwd_kernel": {"c_out", "dalpha", "dgp", "dq", "y_out"}, "direct_fwd_kernel": {"x_out"}}
+
 
 @triton.jit
 def _ld4(ptr, mask):

@@ -36,6 +36,13 @@ __all__ = ["adjoint_grad_kernel", "adjoint_scan_kernel", "dz_kernel", "grad_kern
            "state_fwd_kernel"]
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"adjoint_grad_kernel": {"dbeta", "dg", "dk", "dv"}, "adjoint_scan_kernel": {"dend", "eend", "offs"},
+          "dz_kernel": {"dz"}, "grad_kernel": {"dbeta", "dg", "dk", "dv"}, "readout_kernel": {"o"},
+          "state_fwd_kernel": {"h0", "s0"}}
+
+
 @triton.jit
 def _lp(a, b, PREC: tl.constexpr):
     """a @ b of two bf16 tiles with fp32 accumulation."""

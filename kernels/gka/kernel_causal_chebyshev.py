@@ -29,6 +29,12 @@ from .kernel_causal import _hi, _lo, chunk_gates, chunk_program, load_tile, mm
 __all__ = ["chebyshev_bwd_kernel", "chebyshev_fwd_kernel"]
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"chebyshev_bwd_kernel": {"c_out", "dalpha", "dgp", "dq", "y_out", "y_prev"},
+          "chebyshev_fwd_kernel": {"fro_out", "x_out", "x_prev"}}
+
+
 @triton.jit
 def _dot_acc(a, b, acc, PREC: tl.constexpr):
     """acc + a @ b of two bf16 tiles, accumulated in place (one accumulator tile for a whole chain of products)."""

@@ -51,6 +51,12 @@ from .kernel_noncausal_inverse import _inverse_in_memory, _lp_dot, _split, _stat
 __all__ = ["gka_noncausal_bwd_kernel", "gka_noncausal_fwd_kernel", "gka_noncausal_solve_kernel"]
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"gka_noncausal_bwd_kernel": {"dalpha", "dbeta", "dk", "dq", "dv", "scratch"},
+          "gka_noncausal_fwd_kernel": {"o", "states"}, "gka_noncausal_solve_kernel": {"states"}}
+
+
 @triton.jit
 def _dot_exact_a(a, b_hi, b_lo, LP: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """a @ b for a exact in the input dtype and b fp32 (given split when LP, as b_hi otherwise)."""

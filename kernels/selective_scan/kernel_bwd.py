@@ -34,6 +34,13 @@ from .kernel_common import chunk_tile, load_channel_params, load_delta, load_gat
 __all__ = ["selective_scan_bwd_kernel", "selective_scan_finish_kernel"]
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"selective_scan_bwd_kernel": {"bc_ptr", "col_ptr", "ddl_ptr", "du_ptr", "dz_ptr", "scratch_ptr",
+                                        "seg_state_ptr"},
+          "selective_scan_finish_kernel": {"dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr"}}
+
+
 @triton.jit
 def _store_bc_partials(bc_ptr, ppart, dBc, dCc, mbc, N, L, ACCUM: tl.constexpr):
     # one (batch, group, channel block)'s dB partial at ppart, its dC partial N * L further; the second direction of

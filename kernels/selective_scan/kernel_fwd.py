@@ -28,6 +28,12 @@ from .kernel_common import chunk_tile, load_channel_params, load_delta, program_
 __all__ = ["selective_scan_fwd_kernel"]
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"selective_scan_fwd_kernel": {"last_ptr", "out_ptr", "scratch_ptr", "seg_state_ptr", "seg_sum_ptr",
+                                        "state_ptr", "ybuf_ptr"}}
+
+
 @triton.jit
 def _fwd_step(s, x, v_dt, v_dtu, v_y, v_B, v_C, A2, offs_dl, offs_n, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     dts = tl.load(v_dt + s * BLOCK_D + offs_dl)

@@ -40,6 +40,12 @@ from .kernel_common import (
     zero_stats,
 )
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"ska_causal_bwd_token_kernel": {"dq", "ds_buf", "ga_buf", "tok_buf", "x_buf"},
+          "ska_causal_bwd_walk_kernel": {"dk", "dv"}, "ska_causal_fwd_kernel": {"o"},
+          "ska_causal_state_kernel": {"c_buf", "g_buf", "m_buf", "n_buf"}}
+
 
 @triton.jit
 def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,

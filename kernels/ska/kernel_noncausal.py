@@ -40,6 +40,13 @@ from .kernel_common import (
     zero_stats,
 )
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"ska_noncausal_dkv_kernel": {"dk", "dv"}, "ska_noncausal_dq_kernel": {"dq", "qdo_buf"},
+          "ska_noncausal_operator_bwd_kernel": {"dc_buf", "dm_buf", "ds_buf", "sg_buf"},
+          "ska_noncausal_operator_kernel": {"gi_buf", "isig_buf", "nn_buf", "psi_buf", "w0_buf"},
+          "ska_noncausal_out_kernel": {"o"}, "ska_noncausal_stats_kernel": {"c_buf", "g_buf", "m_buf", "n_buf"}}
+
 
 @triton.jit
 def ska_noncausal_stats_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, k_seq_stride, k_row, v_seq_stride, v_row,

@@ -8,7 +8,7 @@ a store's address back through every argument of a helper call whose result it u
 pointers must not hand back what addresses a store. This test runs tiny models' eager steps with every launch
 captured (:func:`tools.inductor_check.capture`, Triton's JIT functions in a process of their own: the analysis reads
 their source, which the interpreter's kernels of this process do not offer) and checks each launch's analysed writes
-against the arguments its kernel stores to (:data:`tools.inductor_check.WRITES`).
+against the arguments its kernel stores to (the ``WRITES`` of its kernel module).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ triton.runtime.driver.set_active(ic._Driver())
 presets = {name: (kwargs, side) for name, (kwargs, side) in json.loads(sys.argv[1]).items()}
 found = []
 for (name, key), (kernel, bound, _) in sorted(ic.capture(list(presets), presets).items(), key=lambda i: i[0]):
-    declared = ic.WRITES.get(name)
+    declared = ic.declared_writes(kernel)
     found.append([name, str(key), ic.analysed_writes(kernel, bound), None if declared is None else sorted(declared)])
 print("RESULT " + json.dumps(found))
 """
@@ -86,7 +86,7 @@ def test_analysis_names_only_what_each_kernel_writes(analysed):
         if written is None:
             bad.append(f"{name} {key}: the analysis failed (every tensor argument taken as written)")
         elif declared is None:
-            bad.append(f"{name}: no entry in tools.inductor_check.WRITES (analysed writes {written})")
+            bad.append(f"{name}: no entry in its kernel module's WRITES (analysed writes {written})")
         elif set(written) - set(declared):
             bad.append(f"{name} {key}: {sorted(set(written) - set(declared))} taken as written")
     assert not bad, "\n".join(bad)

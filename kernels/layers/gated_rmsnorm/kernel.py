@@ -18,6 +18,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"gated_rmsnorm_bwd_kernel": {"dgate", "do", "dw_partial"}, "gated_rmsnorm_fwd_kernel": {"y"},
+          "gated_rmsnorm_lowrank_bwd_kernel": {"dgate_partial", "dgb_partial", "dgw_partial", "do", "dw_partial"},
+          "gated_rmsnorm_lowrank_fwd_kernel": {"y"}}
+
 
 @triton.jit
 def _tile(pid_r, pid_h, R, L, gstride_b, gstride_t, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,

@@ -15,6 +15,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"layer_norm_bwd_kernel": {"db_partial", "dw_partial", "dx", "dx_other"},
+          "layer_norm_fwd_kernel": {"summed", "y"}}
+
 
 @triton.jit
 def _normalize(xv, mask, C: tl.constexpr, EPS: tl.constexpr):

@@ -27,6 +27,11 @@ SLOT_FEEDBACK, SLOT_CORRECTION, SLOT_A_LOG, SLOT_DT_BIAS, SLOT_BETA_BIAS, SLOT_A
 N_SLOTS = tl.constexpr(SLOTS)
 
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"conv_bwd_kernel": {"dproj", "dw_partial"}, "prologue_bwd_kernel": {"dconv", "dproj", "partials"}}
+
+
 @triton.jit
 def _silu_l2_grad(c, s, y_hat, r, dy_hat):
     """Gradient at c of ŷ (see :func:`_silu_l2`), given the gradient ``dy_hat`` of ŷ."""

@@ -13,6 +13,10 @@ import triton.language as tl
 
 from .kernel_common import _head_param, _program_tile, _short_conv, _sigmoid, _silu_l2, _softplus
 
+#: The arguments each kernel stores to (some only under a constexpr flag): all that torch.compile's analysis of a
+#: launch may take as written (tools/inductor_check.py, tests/kernels/test_inductor_writes.py).
+WRITES = {"prologue_fwd_kernel": {"alpha_out", "beta_out", "g_out", "k_out", "p_out", "q_out", "v_out"}}
+
 
 @triton.jit
 def prologue_fwd_kernel(
