@@ -47,9 +47,11 @@ class _Driver:
         return TARGET
 
 
-def capture(names: list[str], presets: dict | None = None) -> dict:
+def capture(names: list[str], presets: dict | None = None, steps: tuple = ()) -> dict:
     """{(kernel name, constexprs): (kernel, {argument: value}, options)} of every launch the models' steps make.
-    ``presets``: {name: (timm.create_model keyword arguments, input side)} for smaller networks than the defaults."""
+    ``presets``: {name: (timm.create_model keyword arguments, input side)} for smaller networks than the defaults;
+    ``steps``: callables run after the models, their launches captured too (an op called directly, for a variant
+    no model preset reaches)."""
     import timm
 
     import visionssm  # noqa: F401
@@ -78,6 +80,8 @@ def capture(names: list[str], presets: dict | None = None) -> dict:
                 model(torch.randn(2, 3, size, size)).float().sum().backward()
             except Exception as error:  # noqa: BLE001 - nothing ran, so code past a launch may see bad shapes
                 print(f"{name}: the step stopped early ({type(error).__name__}); launches so far are checked")
+    for step in steps:
+        step()
     return launches
 
 

@@ -34,6 +34,7 @@ from .kernel_common import (
     matvec_rows,
     matvec_t_rows,
     power_sigma_rows,
+    row_offsets,
     spd_inverse_rows,
     store_rows,
     store_stats,
@@ -60,40 +61,55 @@ def ska_causal_state_kernel(k, v, g_buf, m_buf, c_buf, n_buf, T, H, NT,
                                                R, V, BT, PREC)
 
 
+# Torch's mutation analysis of a ``wrap_triton`` launch follows a store's address back through every argument of the
+# helper call that produced it and stops only at a load in the kernel's own body, so nothing that locates a store
+# comes from a helper that takes pointers: the chunk kernels compute rows and the running max themselves or with
+# pointer-free helpers (repeating what _block_operators computes; Triton's CSE merges the repeats) and load the
+# chunk's max and keys themselves (the backward adds the max's gradient to the key that holds it).
+
+
 @triton.jit
-def _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf, pid, c, T, H, NT,
-                 R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
-    """Where chunk c of (batch, head) pid starts: its key and query sequences, its first token, its state (G₀, M,
-    Cᵀ, best ‖k‖², its token) and its key / previous-key / value tiles (fp32)."""
-    k_seq = head_seq(k, pid, T, H, R)
-    q_seq = head_seq(q, pid, T, H, R)
-    v_seq = head_seq(v, pid, T, H, V)
+def _chunk_rows(pid, c, H, NT, R: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """Chunk c of (batch, head) pid: the token strides of its key and value sequences, its slot in the statistics
+    buffers, its first token, the key columns and its tokens."""
     HR = H * R
     HV = H * V
     st = pid * NT + c
     c0 = c * BT
     rr = tl.arange(0, R)
+    tokens = c0 + tl.arange(0, BT)
+    return HR, HV, st, c0, rr, tokens
+
+
+@triton.jit
+def _chunk_state(g_buf, m_buf, c_buf, st, R: tl.constexpr, V: tl.constexpr):
+    """The raw statistics before the chunk of statistics slot ``st``: G₀, M, Cᵀ."""
+    rr = tl.arange(0, R)
     vv = tl.arange(0, V)
-    rows = c0 + tl.arange(0, BT)
     mat = st * R * R + rr[:, None] * R + rr[None, :]
     G0 = tl.load(g_buf + mat)
     M0 = tl.load(m_buf + mat)
     CT0 = tl.load(c_buf + st * R * V + rr[:, None] * V + vv[None, :])
-    best0 = tl.load(n_buf + st * 2)
-    arg0 = tl.load(n_buf + st * 2 + 1).to(tl.int32)
-    kt = load_rows(k_seq, rows, rr, T, HR, 0)
-    kpt = load_rows(k_seq, rows, rr, T, HR, -1)
-    vt = load_rows(v_seq, rows, vv, T, HV, 0)
-    n2 = tl.where(rows < T, tl.sum(kt * kt, axis=1), -1.0)
-    return k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2
+    return G0, M0, CT0
+
+
+@triton.jit
+def _running_max(best0, n2, j0, BT: tl.constexpr, BS: tl.constexpr):
+    """For the BS tokens from chunk offset j0: upto [BS, BT] = "chunk token τ ≤ t" and the running max ‖k‖² from the
+    chunk's start value ``best0`` and its tokens' ``n2``."""
+    ii = tl.arange(0, BS)
+    tt = tl.arange(0, BT)
+    upto = tt[None, :] <= (j0 + ii)[:, None]
+    best = tl.maximum(best0, tl.max(tl.where(upto, n2[None, :], -1.0), axis=1))
+    return upto, best
 
 
 @triton.jit
 def _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge,
                      R: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, NUM_ITERS: tl.constexpr,
                      NORMALIZE: tl.constexpr, EPS: tl.constexpr):
-    """Per-token operators of the BS tokens from chunk offset j0: (rows, upto [BS, BT] = "chunk token τ ≤ t",
-    running max ‖k‖², 1/s, G_n⁻¹, M_n, 1/σ̂, the queries q̂), in max-normalised coordinates."""
+    """Per-token operators of the BS tokens c0 + j0 + [0, BS): (1/s, G_n⁻¹, M_n, 1/σ̂, the queries q̂), in
+    max-normalised coordinates."""
     ii = tl.arange(0, BS)
     tt = tl.arange(0, BT)
     rr = tl.arange(0, R)
@@ -108,8 +124,7 @@ def _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ri
         Mp += tl.dot(tl.trans(before), kpt, input_precision="ieee")
     G3 = Gp[None, :, :] + tl.cumsum(ks[:, :, None] * ks[:, None, :], axis=0)
     M3 = Mp[None, :, :] + tl.cumsum(ks[:, :, None] * kps[:, None, :], axis=0)
-    upto = tt[None, :] <= (j0 + ii)[:, None]
-    best = tl.maximum(best0, tl.max(tl.where(upto, n2[None, :], -1.0), axis=1))
+    _, best = _running_max(best0, n2, j0, BT, BS)
     inv_s = 1.0 / tl.maximum(tl.sqrt(best), EPS)
     inv_s2 = (inv_s * inv_s)[:, None, None]
     eye = (rr[:, None] == rr[None, :]).to(tl.float32)[None, :, :]
@@ -121,7 +136,7 @@ def _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ri
     else:
         isig = tl.full([BS], 1.0, tl.float32)
     qs = load_rows(q_seq, rows, rr, T, HR, 0) * inv_s[:, None]
-    return rows, upto, best, inv_s, Gi, Mn, isig, qs
+    return inv_s, Gi, Mn, isig, qs
 
 
 @triton.jit
@@ -143,12 +158,20 @@ def ska_causal_fwd_kernel(q, k, v, o, g_buf, m_buf, c_buf, n_buf, T, H, NT, ridg
     pid = tl.cast(tl.program_id(1), tl.int64)
     vv = tl.arange(0, V)
     o_seq = head_seq(o, pid, T, H, V)
-    k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf,
-                                                                               pid, c, T, H, NT, R, V, BT)
+    k_seq, q_seq, v_seq = head_seq(k, pid, T, H, R), head_seq(q, pid, T, H, R), head_seq(v, pid, T, H, V)
+    HR, HV, st, c0, rr, tokens = _chunk_rows(pid, c, H, NT, R, V, BT)
+    G0, M0, CT0 = _chunk_state(g_buf, m_buf, c_buf, st, R, V)
+    best0 = tl.load(n_buf + st * 2)  # max and keys loaded here, as the backward must (note above _chunk_rows)
+    kmask, koff = row_offsets(tokens, T, HR, 0)
+    kt = tl.load(k_seq + koff + rr[None, :], mask=kmask, other=0.0).to(tl.float32)
+    kpt = load_rows(k_seq, tokens, rr, T, HR, -1)
+    vt = load_rows(v_seq, tokens, vv, T, HV, 0)
+    n2 = tl.where(tokens < T, tl.sum(kt * kt, axis=1), -1.0)
     for j0 in range(0, BT, BS):
-        rows, upto, best, inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0,
-                                                                     T, H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE,
-                                                                     EPS)
+        inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge, R,
+                                                   BT, BS, NUM_ITERS, NORMALIZE, EPS)
+        rows = c0 + j0 + tl.arange(0, BS)
+        upto, _ = _running_max(best0, n2, j0, BT, BS)
         x = _apply_filter(Gi, Mn, isig, qs, POWER)
         # o_t = C_t x_t / s_t with C_t = (state) + Σ_{τ ≤ t in chunk} v_τ k_τᵀ, raw keys
         if BS == BT:
@@ -175,12 +198,21 @@ def ska_causal_bwd_token_kernel(q, k, v, do, dq, g_buf, m_buf, c_buf, n_buf, x_b
     vv = tl.arange(0, V)
     tt = tl.arange(0, BT)
     do_seq = head_seq(do, pid, T, H, V)
-    k_seq, q_seq, c0, G0, M0, CT0, best0, arg0, kt, kpt, vt, n2 = _chunk_setup(q, k, v, g_buf, m_buf, c_buf, n_buf,
-                                                                               pid, c, T, H, NT, R, V, BT)
+    k_seq, q_seq, v_seq = head_seq(k, pid, T, H, R), head_seq(q, pid, T, H, R), head_seq(v, pid, T, H, V)
+    HR, HV, st, c0, _, tokens = _chunk_rows(pid, c, H, NT, R, V, BT)
+    G0, M0, CT0 = _chunk_state(g_buf, m_buf, c_buf, st, R, V)
+    best0 = tl.load(n_buf + st * 2)  # the max, its key and the keys locate ds_buf's store: loaded here
+    arg0 = tl.load(n_buf + st * 2 + 1).to(tl.int32)
+    kmask, koff = row_offsets(tokens, T, HR, 0)
+    kt = tl.load(k_seq + koff + rr[None, :], mask=kmask, other=0.0).to(tl.float32)
+    kpt = load_rows(k_seq, tokens, rr, T, HR, -1)
+    vt = load_rows(v_seq, tokens, vv, T, HV, 0)
+    n2 = tl.where(tokens < T, tl.sum(kt * kt, axis=1), -1.0)
     for j0 in range(0, BT, BS):
-        rows, upto, best, inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0,
-                                                                     T, H * R, ridge, R, BT, BS, NUM_ITERS, NORMALIZE,
-                                                                     EPS)
+        inv_s, Gi, Mn, isig, qs = _block_operators(k_seq, q_seq, G0, M0, best0, kt, kpt, n2, c0, j0, T, HR, ridge, R,
+                                                   BT, BS, NUM_ITERS, NORMALIZE, EPS)
+        rows = c0 + j0 + tl.arange(0, BS)
+        upto, best = _running_max(best0, n2, j0, BT, BS)
         live = rows < T
         dos = load_rows(do_seq, rows, vv, T, H * V, 0)
         # y = C_tᵀ do_t / s_t, the adjoint of x_p

@@ -14,13 +14,22 @@ import triton.language as tl
 
 
 @triton.jit
+def row_offsets(rows, T, stride, shift: tl.constexpr):
+    """The mask of rows ``rows + shift`` in [0, T) and their offsets in a (T, ·) sequence with row stride ``stride``,
+    [rows, 1] each. No pointer goes in: a kernel loads with these itself where what it loads locates a store (torch's
+    mutation analysis of a ``wrap_triton`` launch stops only at a load in the kernel's own body)."""
+    r = rows + shift
+    live = (r >= 0) & (r < T)
+    mask = live[:, None]
+    return mask, tl.cast(r[:, None], tl.int64) * stride
+
+
+@triton.jit
 def load_rows(ptr, rows, cols, T, stride, shift: tl.constexpr):
     """Rows ``rows + shift`` of a (T, ·) sequence with row stride ``stride`` (zeros outside [0, T)), in fp32.
     16-bit inputs are exact in TF32, so the tensor-core products of input tiles lose nothing."""
-    r = rows + shift
-    live = (r >= 0) & (r < T)
-    x = tl.load(ptr + tl.cast(r[:, None], tl.int64) * stride + cols[None, :], mask=live[:, None], other=0.0)
-    return x.to(tl.float32)
+    mask, off = row_offsets(rows, T, stride, shift)
+    return tl.load(ptr + off + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit

@@ -5,14 +5,16 @@ Under ``torch.compile`` the registered ops' bodies are traced through and their 
 tensor the analysis of that launch (``identify_mutated_tensors``, ``identify_accessed_tensors`` in newer torch) takes
 as written; a weight among them fails compilation (a leaf that requires grad modified in place). The analysis follows
 a store's address back through every argument of a helper call whose result it uses, so a helper that takes input
-pointers must not hand back what addresses a store. This test runs tiny models' eager steps with every launch
-captured (:func:`tools.inductor_check.capture`, Triton's JIT functions in a process of their own: the analysis reads
-their source, which the interpreter's kernels of this process do not offer) and checks each launch's analysed writes
-against the arguments its kernel stores to (the ``WRITES`` of its kernel module).
+pointers must not hand back what addresses a store. This test runs tiny models' eager steps, and causal SKA's forward
+and backward (no preset uses it), with every launch captured (:func:`tools.inductor_check.capture`, Triton's JIT
+functions in a process of their own: the analysis reads their source, which the interpreter's kernels of this process
+do not offer) and checks each launch's analysed writes against the arguments its kernel stores to (the ``WRITES`` of
+its kernel module).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -34,15 +36,31 @@ PRESETS = {
                         "mlp_ratio": 2.0, "mixer_kwargs": {"gate_rank": 4}}, 32),
 }
 
+# causal SKA, which no model preset uses, called directly: (R, V, dtype) with one R whose per-token blocks hold the
+# whole chunk (BS == BT) and one whose blocks hold part of it
+CAUSAL_SKA = [(16, 32, "float32"), (32, 16, "bfloat16")]
+
 _SCRIPT = """
 import json, sys
 from tools import inductor_check as ic
+import torch
 import triton
 
 triton.runtime.driver.set_active(ic._Driver())
 presets = {name: (kwargs, side) for name, (kwargs, side) in json.loads(sys.argv[1]).items()}
+
+
+def causal_ska(R, V, dtype):
+    from visionssm import kernels
+
+    q, k = (torch.randn(1, 19, 2, R, dtype=dtype, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 19, 2, V, dtype=dtype, requires_grad=True)
+    kernels.ska(q, k, v, causal=True).float().sum().backward()
+
+
+steps = [lambda R=R, V=V, d=d: causal_ska(R, V, getattr(torch, d)) for R, V, d in json.loads(sys.argv[2])]
 found = []
-for (name, key), (kernel, bound, _) in sorted(ic.capture(list(presets), presets).items(), key=lambda i: i[0]):
+for (name, key), (kernel, bound, _) in sorted(ic.capture(list(presets), presets, steps).items(), key=lambda i: i[0]):
     declared = ic.declared_writes(kernel)
     found.append([name, str(key), ic.analysed_writes(kernel, bound), None if declared is None else sorted(declared)])
 print("RESULT " + json.dumps(found))
@@ -65,8 +83,8 @@ def analysed() -> list:
         pytest.skip("this torch has no mutation analysis of user Triton kernels")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS), json.dumps(CAUSAL_SKA)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, run.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -76,8 +94,12 @@ def test_every_family_launches_its_kernels(analysed):
     names = {name for name, *_ in analysed}
     for kernel in ("selective_scan_fwd_kernel", "selective_scan_bwd_kernel", "direct_fwd_kernel", "direct_bwd_kernel",
                    "adjoint_grad_kernel", "comba_fwd_kernel", "comba_bwd_kernel", "ska_noncausal_operator_kernel",
-                   "gated_rmsnorm_lowrank_bwd_kernel", "prologue_fwd_kernel", "prologue_bwd_kernel"):
+                   "gated_rmsnorm_lowrank_bwd_kernel", "prologue_fwd_kernel", "prologue_bwd_kernel",
+                   "ska_causal_state_kernel", "ska_causal_fwd_kernel", "ska_causal_bwd_token_kernel",
+                   "ska_causal_bwd_walk_kernel"):
         assert kernel in names, f"{kernel} was not launched: the presets no longer reach it"
+    blocks = {dict(ast.literal_eval(key))["BS"] for name, key, *_ in analysed if name == "ska_causal_fwd_kernel"}
+    assert len(blocks) == 2, f"the causal SKA calls reach one per-token block size only: {blocks}"
 
 
 def test_analysis_names_only_what_each_kernel_writes(analysed):
