@@ -1,15 +1,15 @@
 """What torch's mutation analysis says our Triton kernels write (issue #43).
 
-Under ``torch.compile`` the registered ops' bodies are traced through and their launches recorded with
-``torch.library.wrap_triton`` (:mod:`visionssm.kernels.library`). Inductor then clones, before every launch, each
-tensor the analysis of that launch (``identify_mutated_tensors``, ``identify_accessed_tensors`` in newer torch) takes
-as written; a weight among them fails compilation (a leaf that requires grad modified in place). The analysis follows
-a store's address back through every argument of a helper call whose result it uses, so a helper that takes input
-pointers must not hand back what addresses a store. This test runs tiny models' eager steps, and causal SKA's forward
-and backward (no preset uses it), with every launch captured (:func:`tools.inductor_check.capture`, Triton's JIT
-functions in a process of their own: the analysis reads their source, which the interpreter's kernels of this process
-do not offer) and checks each launch's analysed writes against the arguments its kernel stores to (the ``WRITES`` of
-its kernel module).
+For ``torch.compile`` to trace through the registered ops' bodies and record their launches with
+``torch.library.wrap_triton`` (Inductor then launches our kernels from its own code), Inductor clones, before every
+launch, each tensor the analysis of that launch (``identify_mutated_tensors``, ``identify_accessed_tensors`` in newer
+torch) takes as written; a weight among them fails compilation (a leaf that requires grad modified in place). The
+analysis follows a store's address back through every argument of a helper call whose result it uses, so a helper that
+takes input pointers must not hand back what addresses a store. This test runs tiny models' eager steps, and causal
+SKA's forward and backward (no preset uses it), with every launch captured (:func:`tools.inductor_check.capture`,
+Triton's JIT functions in a process of their own: the analysis reads their source, which the interpreter's kernels of
+this process do not offer) and checks each launch's analysed writes against the arguments its kernel stores to (the
+``WRITES`` of its kernel module).
 """
 
 from __future__ import annotations
@@ -22,19 +22,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_compile import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# tiny networks of every family (tests/test_compile.py's presets): every block type, a few blocks
-_HIERARCHICAL = {"depths": [1, 1, 2], "dims": [8, 16, 32], "stem_dim": 8, "num_heads": [1, 1, 2],
-                 "window_size": [8, 8, 3]}
-PRESETS = {
-    "mamba_vision_T": (_HIERARCHICAL, 64),
-    "gka_vision_T": (_HIERARCHICAL, 64),
-    "echo_vision_T": ({**_HIERARCHICAL, "attn_mixer_kwargs": {"zero_init_output": False}}, 64),
-    "comba_vision_T": ({"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,
-                        "mlp_ratio": 2.0, "mixer_kwargs": {"gate_rank": 4}}, 32),
-}
+# a tiny network of every family (tests/test_compile.py's, for its _T model): every block type, a few blocks
+PRESETS = {f"{family}_T": preset for family, preset in TINY.items()}
 
 # causal SKA, which no model preset uses, called directly: (R, V, dtype) with one R whose per-token blocks hold the
 # whole chunk (BS == BT) and one whose blocks hold part of it
