@@ -166,11 +166,12 @@ def check(kernel, bound: dict, options: dict) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=["comba_vision_T", "gka_vision_T", "mamba_vision_T",
-                                                      "echo_vision_T"])
+    parser.add_argument("models", nargs="*", help="timm model names (default: the T model of every family)")
     args = parser.parse_args(argv)
+    from visionssm.models import FAMILIES
+
     triton.runtime.driver.set_active(_Driver())
-    launches = capture(args.models)
+    launches = capture(args.models or [f"{family}_T" for family in FAMILIES])
     print(f"torch {torch.__version__}, Triton {triton.__version__}: {len(launches)} distinct launches")
     bad = 0
     for (name, _), (kernel, bound, options) in sorted(launches.items(), key=lambda item: item[0]):
