@@ -10,9 +10,12 @@ Each op ``name`` is two custom ops in the ``visionssm`` namespace, tied together
 
 Both pick their backend when they run (:func:`visionssm.kernels.dispatch.op_backend`), so the PyTorch reference is the
 CPU kernel of the same op; on that path the backward recomputes the reference forward and differentiates it
-(:func:`reference_backward`). Eager calls keep each op's ``torch.autograd.Function``: a custom op costs host time per
-call, and the small models are host-bound in eager mode. The public functions take the registered op while
-``torch.compile`` or ``torch.export`` traces them (:func:`tracing`).
+(:func:`reference_backward`). Under ``torch.compile`` with static shapes, where the call runs the Triton kernels on a
+GPU, both are traced through, as ``torch.library.triton_op`` does: the compiler's graph holds their Triton launches
+and its generated code makes them itself, with none of a custom op's per-call host work (:func:`_decompose_static`).
+Eager calls keep each op's ``torch.autograd.Function``: a custom op costs host time per call, and the small models are
+host-bound in eager mode. The public functions take the registered op while ``torch.compile`` or ``torch.export``
+traces them (:func:`tracing`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import tuning
-from .dispatch import exporting, op_backend
+from .dispatch import exporting, interpreter_enabled, op_backend
+from .utils import traced
 
 __all__ = ["NAMESPACE", "REGISTERED", "register", "reference_backward", "runs_triton", "tracing"]
 
@@ -54,7 +58,10 @@ _ALIGN = 16
 
 def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
     """``outputs`` contiguous (as the fake kernels promise), starting 16-byte aligned in their storage and
-    sharing no memory with an input or with each other (a custom op's contract): a copy of any that would not."""
+    sharing no memory with an input or with each other (a custom op's contract): a copy of any that would not.
+    Traced through by the compiler (:func:`_decompose_static`), the outputs are the graph's to place."""
+    if any(traced(t) for t in outputs):
+        return [t.contiguous() for t in outputs]
     seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
     fresh = []
     for t in outputs:
@@ -65,6 +72,46 @@ def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor | None
             seen.add(t.untyped_storage().data_ptr())
         fresh.append(t)
     return fresh
+
+
+def _tensors(values) -> list[torch.Tensor]:
+    """The tensors among ``values``, lists searched (the backward ops take lists of tensors)."""
+    return [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
+
+
+def _launches_on_gpu(name: str, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether op ``name`` called on ``tensors`` (fake ones: their device, dtype and sizes) runs its Triton kernels
+    compiled for a GPU with plain sizes, the only calls whose launches the compiler can take over: not in Triton's
+    interpreter (it runs a kernel at once, on CPU tensors), not on the PyTorch path, not with symbolic sizes (a
+    dynamic-shape trace; the launch plans are built for plain sizes)."""
+    if interpreter_enabled() or not any(t.is_cuda for t in tensors):
+        return False
+    if any(isinstance(n, torch.SymInt) for t in tensors for n in t.shape):
+        return False
+    return runs_triton(name, *tensors)
+
+
+def _decompose_static(name: str, op, impl: Callable) -> None:
+    """Let AOTAutograd trace ``op``'s body (``impl``) where :func:`_launches_on_gpu`, as ``torch.library.triton_op``
+    does for every call: the body's Triton launches are recorded (``torch.library.wrap_triton``, see
+    :class:`.utils.DirectLaunch`) and the compiler launches the kernels from its own generated code. Other calls keep
+    the op whole, as does ``torch.export`` (whose programs keep custom ops high-level unless asked to decompose
+    them)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def decompose(mode, func, types, args, kwargs):
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+        if any(t not in (torch.Tensor, FunctionalTensor) and not issubclass(t, FakeTensor) for t in types):
+            return NotImplemented
+        whole = custom_triton_ops_decomposition_disabled()
+        if whole or not _launches_on_gpu(name, _tensors([*args, *kwargs.values()])):
+            return mode.__torch_dispatch__(func, types, args, kwargs)
+        with mode:
+            return impl(*args, **kwargs)
+
+    op.register_torch_dispatch(FunctionalTensorMode, decompose)
 
 
 def register(name: str, forward: Callable, forward_fake: Callable, backward: Callable,
@@ -84,6 +131,7 @@ def register(name: str, forward: Callable, forward_fake: Callable, backward: Cal
     forward_impl.__signature__ = inspect.signature(forward, eval_str=True)
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", forward_impl, mutates_args=())
     op.register_fake(forward_fake)
+    _decompose_static(name, op, forward_impl)
 
     def backward_impl(grads, inputs, saved, *attrs):
         return _fresh(backward(grads, inputs, saved, *attrs), [*grads, *inputs, *saved])
@@ -91,6 +139,7 @@ def register(name: str, forward: Callable, forward_fake: Callable, backward: Cal
     backward_impl.__signature__ = inspect.signature(backward, eval_str=True)
     backward_op = torch.library.custom_op(f"{NAMESPACE}::{name}_backward", backward_impl, mutates_args=())
     backward_op.register_fake(backward_fake or _grads_like_inputs)
+    _decompose_static(name, backward_op, backward_impl)
 
     arguments = op._opoverload._schema.arguments
     tensor_slots = [i for i, arg in enumerate(arguments) if _is_tensor_type(arg)]

@@ -15,7 +15,8 @@ import torch
 __all__ = ["FLOAT_DTYPES", "assert_close", "autocast_custom_bwd", "autocast_custom_fwd", "check_bool", "check_dtype",
            "check_same_device", "check_shape", "contiguous", "device_guard", "empty_output", "empty_output_like",
            "input_guard", "poison_outputs", "relative_error", "DEFAULT_TOLERANCES", "DirectLaunch", "aligned16", "cdiv",
-           "heads_per_program", "launch_options", "needs_grad", "next_pow2", "placeholder", "sm_count", "wave_slots"]
+           "heads_per_program", "jit_launch", "launch_options", "needs_grad", "next_pow2", "placeholder", "sm_count",
+           "traced", "wave_slots"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POISON_ENV = "VISIONSSM_POISON_OUTPUTS"
@@ -325,14 +326,36 @@ def launch_hooks_installed(runtime) -> bool:
     return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 
 
-def aligned16(*tensors: torch.Tensor | None) -> bool:
+def aligned16(*tensors: torch.Tensor | None) -> bool | None:
     """All data pointers (``None`` skipped) 16-byte aligned: what Triton assumes when it compiles a kernel for
-    tensors from PyTorch's allocator."""
+    tensors from PyTorch's allocator. ``None`` for the stand-ins of ``torch.compile`` tracing, which have no data:
+    :class:`DirectLaunch` then records its launch for the compiler (:func:`jit_launch`)."""
     bits = 0
-    for t in tensors:
-        if t is not None:
-            bits |= t.data_ptr()
+    try:
+        for t in tensors:
+            if t is not None:
+                bits |= t.data_ptr()
+    except RuntimeError:  # a fake or functional tensor: raised only while tracing, so eager calls pay nothing
+        return None
     return not bits & 15
+
+
+def traced(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a stand-in of ``torch.compile`` / ``torch.export`` tracing (fake, or functional over
+    fake): a registered op's body runs on those when the compiler takes its Triton launches in."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(tensor)
+
+
+def jit_launch(kernel, grid: tuple, *, traced: bool):
+    """``kernel[grid]``, or, while tracing, the same launch recorded for the compiler (``torch.library.wrap_triton``):
+    Inductor then launches the kernel from its own generated code, with no custom-op call around it."""
+    if traced:
+        from torch.library import wrap_triton
+
+        return wrap_triton(kernel)[grid]
+    return kernel[grid]
 
 
 class DirectLaunch:
@@ -366,7 +389,9 @@ class DirectLaunch:
         self.direct = (_compiled_kernel_type() is not None and len(ordered) == len(constexprs)
                        and names[len(names) - len(ordered):] == list(ordered))
 
-    def __call__(self, aligned: bool, *args) -> None:
+    def __call__(self, aligned: bool | None, *args) -> None:
+        """Launch on ``args``. ``aligned``: :func:`aligned16` of tensors of this launch, never a literal: its ``None``
+        (traced tensors) is what records the launch for the compiler instead of running it."""
         global DIRECT_LAUNCH
         runner = self.runner
         if runner is not None and aligned:
@@ -380,9 +405,23 @@ class DirectLaunch:
                              None, None, None, *args, *self.args_tail)
                 return
             except (TypeError, SystemError, IndexError):  # argument parsing: another Triton's calling convention
+                if any(isinstance(a, torch.Tensor) and traced(a) for a in args):  # a caller's bug, not Triton's
+                    raise TypeError(f"{self.kernel.fn.__name__}: traced tensors launched with aligned={aligned!r}; "
+                                    "pass aligned16(...) of the launch's tensors (None while traced)") from None
                 DIRECT_LAUNCH = False
                 self.runner = None
+        if aligned is None:  # tracing (see aligned16): the compiler launches the kernel from its own code
+            self._record(*args)
+            return
         compiled = self.kernel[self.grid](*args, *self.dims, **self.kwargs)
         if aligned and self.direct and DIRECT_LAUNCH and isinstance(compiled, _compiled_kernel_type()):
             self.runner = compiled[self.grid]  # also loads the compiled module: function and metadata exist from here
             self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def _record(self, *args) -> None:
+        # the plan's never-read placeholder is a real tensor, which a trace must not capture: a traced word instead;
+        # a register cap is not a launch option the compiler's Triton wrapper takes
+        words = {id(word) for word in _PLACEHOLDERS.values()}
+        args = [torch.empty(1, device=a.device, dtype=a.dtype) if id(a) in words else a for a in args]
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "maxnreg"}
+        jit_launch(self.kernel, self.grid, traced=True)(*args, *self.dims, **kwargs)

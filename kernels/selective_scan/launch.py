@@ -23,7 +23,7 @@ import torch
 import triton
 
 from .. import tuning
-from ..utils import cdiv, empty_output, input_guard
+from ..utils import cdiv, empty_output, input_guard, jit_launch, traced
 from .kernel_bwd import selective_scan_bwd_kernel, selective_scan_finish_kernel
 from .kernel_fwd import selective_scan_fwd_kernel
 
@@ -130,6 +130,7 @@ def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_s
     states_shape, seg_sum_shape = _saved_shapes(cfg, batch, dim, length, nstate, causal, save_states)
     save_states = states_shape is not None
     dev = u.device
+    tracing = traced(u)  # torch.compile traces this body: the launches are recorded for its generated code
     out = empty_output((batch, dim, length), device=dev, dtype=u.dtype)
     ybuf = torch.empty((batch, dim, length), device=dev, dtype=torch.float32) if not causal else out
     states = torch.empty(states_shape, device=dev, dtype=torch.float32) if save_states else None
@@ -146,9 +147,9 @@ def forward(u, delta, A, B, C, D, z, delta_bias, softplus, causal, return_last_s
     seg_sum = empty_output(seg_sum_shape, device=dev, dtype=torch.float32) if nseg > 1 else None
 
     def launch(seg_pass, direction, return_last):
-        selective_scan_fwd_kernel[grid](*tensors, seg_state, seg_sum, scratch, dim, length, groups, per_group, nstate,
-                                        nchunk, cfg.seg_chunks, DIRECTION=direction, SEG_PASS=seg_pass,
-                                        RETURN_LAST=return_last, CHUNK=block_l, **flags)
+        jit_launch(selective_scan_fwd_kernel, grid, traced=tracing)(
+            *tensors, seg_state, seg_sum, scratch, dim, length, groups, per_group, nstate, nchunk, cfg.seg_chunks,
+            DIRECTION=direction, SEG_PASS=seg_pass, RETURN_LAST=return_last, CHUNK=block_l, **flags)
 
     if nseg == 1:
         launch(0, -1, return_last_state)
@@ -175,6 +176,7 @@ def backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, 
     ndir = 1 if causal else 2
     nseg = cfg.segments
     dev = u.device
+    tracing = traced(u)  # as in forward
     du = empty_output(u.shape, device=dev, dtype=u.dtype)
     ddelta = empty_output(delta.shape, device=dev, dtype=delta.dtype)
     dz = empty_output(z.shape, device=dev, dtype=z.dtype) if z is not None else None
@@ -194,7 +196,7 @@ def backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, 
                  "num_warps": cfg.num_warps_bwd}
         sizes = (dim, length, groups, per_group, nstate, nchunk, ndblk, direction, ndir, ncol)
         for seg_pass in (1, 2) if nseg > 1 else (0,):
-            selective_scan_bwd_kernel[(ndblk, batch * groups, nseg)](
+            jit_launch(selective_scan_bwd_kernel, (ndblk, batch * groups, nseg), traced=tracing)(
                 u, delta, A, B, C, D, z, delta_bias, dout, states, dlast, seg_carry, seg_sum, scratch, du, ddelta,
                 dz, col_part, bc_part, *sizes, cfg.seg_chunks, SEG_PASS=seg_pass, CHUNK=block_l, **flags)
     dA = empty_output(A.shape, device=dev, dtype=A.dtype)
@@ -204,7 +206,7 @@ def backward(dout, dlast, u, delta, A, B, C, D, z, delta_bias, states, seg_sum, 
     dbias = empty_output(delta_bias.shape, device=dev, dtype=delta_bias.dtype) if delta_bias is not None else None
     block_e, block_c = 1024, 64
     nprog_bc = cdiv(batch * groups * 2 * nstate * length, block_e)
-    selective_scan_finish_kernel[(nprog_bc + cdiv(ncol, block_c),)](
+    jit_launch(selective_scan_finish_kernel, (nprog_bc + cdiv(ncol, block_c),), traced=tracing)(
         col_part, bc_part, dA, dB, dC, dD, dbias, batch * nseg, ncol, dim * nstate, dim, batch * groups,
         nstate * length, ndblk, nprog_bc, HAS_D=D is not None, HAS_BIAS=delta_bias is not None, BLOCK_E=block_e,
         BLOCK_R=32, BLOCK_C=block_c, num_warps=4)

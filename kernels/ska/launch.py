@@ -125,11 +125,12 @@ def run_noncausal_fwd(plan: NoncausalPlan, q, k, v, save: bool):
     psi = empty_output(plan.psi_shape, device=device, dtype=torch.float32)
     aligned = aligned16(q, k, v)
     plan.stats(aligned, k, v, *stats)
+    own = aligned16(psi)  # the operator kernels take only the op's own buffers: aligned, None while traced
     if save:
         factors = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.factor_shapes]
-        plan.operator_save(True, *stats, psi, *factors)
+        plan.operator_save(own, *stats, psi, *factors)
     else:
-        plan.operator(True, *stats, psi, psi, psi, psi, psi)   # the factor pointers are not written without SAVE
+        plan.operator(own, *stats, psi, psi, psi, psi, psi)   # the factor pointers are not written without SAVE
     o = empty_output_like(v)
     plan.out(aligned, q, psi, o)
     return o, ([*stats, psi, *factors] if save else None)
@@ -143,7 +144,7 @@ def run_noncausal_bwd(plan: NoncausalPlan, q, k, v, do, saved):
     grads = [empty_output(shape, device=device, dtype=torch.float32) for shape in plan.grad_shapes]
     aligned = aligned16(q, k, v, do)
     plan.dq(aligned, q, do, psi, dq, qdo)
-    plan.operator_bwd(True, *stats[1:], *factors, qdo, *grads)
+    plan.operator_bwd(aligned16(qdo), *stats[1:], *factors, qdo, *grads)
     plan.dkv(aligned, k, v, stats[3], *grads, dk, dv)
     return dq, dk, dv
 

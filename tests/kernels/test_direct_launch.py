@@ -77,3 +77,25 @@ def test_cuda_direct_launches_and_launch_hooks():
     assert len(seen) == 1 and "layer_norm" in seen[0]
     torch.testing.assert_close(kernels.layer_norm(x, weight, bias, eps=1e-6), first, rtol=0, atol=0)
     assert len(seen) == 1
+
+
+def test_traced_tensors_with_a_literal_aligned_flag_name_the_kernel(monkeypatch):
+    """A direct launch handed traced tensors with ``aligned`` not from aligned16 (SKA's operator launches passed
+    True, issue #43) raises naming the kernel, and leaves direct launches on for every other plan."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def runner(*args):
+        raise TypeError("Pointer argument must be either uint64 or have data_ptr method")  # Triton's launcher
+
+    kernel = type("Kernel", (), {"fn": test_traced_tensors_with_a_literal_aligned_flag_name_the_kernel,
+                                 "arg_names": ["x", "n"]})()
+    launch = utils.DirectLaunch(kernel, (1,), (3,), {}, {})
+    launch.runner = runner
+    monkeypatch.setattr(utils, "_LAUNCH_CONTEXT", [None])  # the runner itself is called
+    monkeypatch.setattr(utils, "DIRECT_LAUNCH", True)
+    with FakeTensorMode():
+        x = torch.empty(3)
+    with pytest.raises(TypeError, match="test_traced_tensors_with_a_literal_aligned_flag_name_the_kernel: traced "
+                                        "tensors launched with aligned=True"):
+        launch(True, x)
+    assert utils.DIRECT_LAUNCH

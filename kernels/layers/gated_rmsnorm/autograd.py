@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...utils import device_guard, needs_grad
+from ...utils import device_guard, needs_grad, traced
 from .launch import get_lowrank_plan, get_plan, low_rank_fits, run_bwd, run_bwd_lowrank, run_fwd, run_fwd_lowrank
 from .naive import up_project_gate
 
@@ -43,7 +43,7 @@ def fused_gated_rmsnorm(o, gate, weight, *, activation: str, eps: float) -> torc
 def _gate_source(gate):
     """(tensor, element offset) addressing the low-rank gate from a 16-byte aligned pointer: a column slice of the
     input projection's output starts unaligned, and an unaligned pointer costs every launch the JIT's slow path."""
-    if gate.data_ptr() % 16 == 0:
+    if traced(gate) or gate.data_ptr() % 16 == 0:  # traced: the compiler places the gate and launches the kernel
         return gate, 0
     base = gate._base
     if base is not None and base.dtype == gate.dtype and base.data_ptr() % 16 == 0:

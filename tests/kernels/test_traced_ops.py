@@ -1,0 +1,62 @@
+"""The registered ops traced through under ``torch.compile`` (issue #43), checked on CPU with fake CUDA tensors.
+
+On a GPU with static shapes, AOTAutograd runs a registered op's body on traced tensors and records each Triton launch
+(``library._decompose_static``, ``utils.DirectLaunch``). :mod:`tools.traced_check` does that with fake CUDA tensors:
+tiny models of every family traced whole (eval), and each op of their training step traced forward and backward.
+A launch that runs instead of being recorded fails the trace (as SKA's operator launches did on the GPU, called with a
+literal ``aligned=True``); an op left whole, a launch whose analysed writes name an input (Inductor clones it on every
+call) or one tensor passed to two written arguments (the clones replace it in turn) is reported. Runs in a process of
+its own: the kernels must be Triton's JIT functions, not this process's interpreter ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_inductor_writes import PRESETS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import json, sys
+from tools import traced_check
+print("RESULT " + json.dumps(traced_check.check(json.loads(sys.argv[1]))))
+"""
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    pytest.importorskip("triton")
+    import torch
+
+    if not hasattr(torch.library, "wrap_triton"):
+        pytest.skip("this torch cannot record Triton launches (torch.library.wrap_triton)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_every_op_of_the_training_steps_is_traced_through(report):
+    launched = {}
+    for key, entry in report.items():
+        for graph, count in entry["launches"].items():
+            launched[f"{key}: {graph}"] = count
+    assert all(launched.values()), [graph for graph, count in launched.items() if not count]
+    traced = {graph.split()[2] for graph in launched if " train: " in graph}
+    # (under torch.compile the models' norms are torch's: layer_norm and add_layer_norm are not called)
+    for op in ("ska", "comba", "gka_causal", "selective_scan", "mixer_prologue", "gated_rmsnorm"):
+        assert f"visionssm::{op}" in traced, f"{op} was not called: the presets no longer reach it"
+
+
+def test_traced_launches_are_recorded_and_write_only_their_outputs(report):
+    problems = [f"{key}: {problem}" for key, entry in report.items() for problem in entry["problems"]]
+    assert not problems, "\n".join(problems)
