@@ -16,6 +16,10 @@ of the ``mixer_prologue`` and ``gated_rmsnorm`` ops: exactly the ops the layers 
 2. the layer share: one mixer layer at the model's own shapes, timed alone (CUDA events, median), forward and
    forward + backward, next to its mixer kernel alone on the same inputs; layer − kernel is what the layer costs
    around its kernel.
+
+With ``--compile [MODE]`` the model is ``torch.compile``d (the ops traced through, so Inductor launches our kernels
+beside its own) and profiled once, as ``compiled``: Inductor's generated kernels get a category of their own, and the
+layer share, which times single layers eagerly, is left out.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import time
 
 import torch
 
-CATEGORIES = ("mixer kernel", "fused layer ops", "GEMM", "conv", "attention", "elementwise / norm / other")
+CATEGORIES = ("mixer kernel", "fused layer ops", "GEMM", "conv", "attention", "Inductor-generated",
+              "elementwise / norm / other")
 GEMM_MARKS = ("gemm", "cutlass", "cublas", "xmma", "nvjet", "matmul", "_sgemm", "_hgemm", "wgmma")
 LAYER_OPS = ("mixer_prologue", "gated_rmsnorm")
 
@@ -61,6 +66,8 @@ def categorise(name: str, mixer_names: set[str], layer_names: set[str]) -> str:
     lowered = name.lower()
     # whole identifiers only: a Triton helper named ``mm`` is a substring of every "gemm" and of "GammaBeta"
     identifiers = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", name))
+    # Inductor renames a user-defined Triton kernel it launches to <name>_<index>
+    identifiers |= {re.sub(r"_\d+$", "", identifier) for identifier in identifiers}
     if identifiers & mixer_names:
         return "mixer kernel"
     if identifiers & layer_names:
@@ -71,11 +78,13 @@ def categorise(name: str, mixer_names: set[str], layer_names: set[str]) -> str:
         return "conv"
     if "flash" in lowered or "fmha" in lowered or "attention" in lowered:
         return "attention"
+    if re.match(r"triton_(poi|red|per|tem)_", name):
+        return "Inductor-generated"
     return "elementwise / norm / other"
 
 
 def variant(name: str):
-    """Context for the ``before`` (reference composition) or ``after`` (fused) layer ops."""
+    """Context for the ``before`` (reference composition) or ``after`` (fused) layer ops; ``compiled`` as ``after``."""
     from visionssm.kernels.tuning import launch_overrides
 
     stack = contextlib.ExitStack()
@@ -263,6 +272,33 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def layer_share_report(model_name: str, model, x, args, device) -> list[str]:
+    """The markdown lines of the layer share of every distinct mixer layer of ``model``."""
+    out = []
+    hooks, shapes = mixer_layers(model)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        model.eval()
+        model(x[:1])
+    for hook in hooks:
+        hook.remove()
+    shares = layer_share(model, {n: (args.batch_size, *s[1:]) for n, s in shapes.items()}, device, args.repeats)
+    out += [f"## {model_name}: layer share (one layer alone, ms, median of {args.repeats}; share = layer − kernel)",
+            "", markdown_table(
+                ["layer", "input", "kernel fwd", "before fwd", "after fwd", "share before", "share after",
+                 "kernel f+b", "before f+b", "after f+b", "share before", "share after"],
+                [[r["layer"], "×".join(map(str, r["shape"])), f"{r['kernel fwd']:.3f}", f"{r['before fwd']:.3f}",
+                  f"{r['after fwd']:.3f}", f"{r['before share fwd']:.3f}", f"{r['after share fwd']:.3f}",
+                  f"{r['kernel fwd+bwd']:.3f}", f"{r['before fwd+bwd']:.3f}", f"{r['after fwd+bwd']:.3f}",
+                  f"{r['before share fwd+bwd']:.3f}", f"{r['after share fwd+bwd']:.3f}"] for r in shares]), ""]
+    totals = {k: sum(r[k] * r["count"] for r in shares) for k in ("before share fwd", "after share fwd",
+                                                                   "before share fwd+bwd", "after share fwd+bwd")}
+    out += [f"Whole model, all mixer layers: share around the kernel {totals['before share fwd']:.2f} → "
+            f"{totals['after share fwd']:.2f} ms (forward), {totals['before share fwd+bwd']:.2f} → "
+            f"{totals['after share fwd+bwd']:.2f} ms (forward + backward).", ""]
+    print("\n".join(out), flush=True)
+    return out
+
+
 def run(args) -> str:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mixer_names = set()
@@ -272,17 +308,21 @@ def run(args) -> str:
         mixer_names |= triton_kernel_names(op)
     layer_names = set().union(*(triton_kernel_names(op) for op in LAYER_OPS))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    variants = ("compiled",) if args.compile else ("before", "after")
+    compiled = f", torch.compile(mode={args.compile!r})" if args.compile else ""
     out = [f"# Layer profile: {', '.join(args.models)} — {gpu}, {time.strftime('%Y-%m-%d')}",
-           "", f"torch {torch.__version__}; batch {args.batch_size}, {args.img_size}², bf16 autocast, channels_last; "
-           f"GPU kernel time per step from torch.profiler over {args.steps} steps after {args.warmup} warm-up steps. "
-           "before = the layers' PyTorch composition around the mixer kernel, after = the fused Triton layer ops.",
-           ""]
+           "", f"torch {torch.__version__}; batch {args.batch_size}, {args.img_size}², bf16 autocast, channels_last"
+           f"{compiled}; GPU kernel time per step from torch.profiler over {args.steps} steps after {args.warmup} "
+           "warm-up steps. " + ("" if args.compile else "before = the layers' PyTorch composition around the mixer "
+                                "kernel, after = the fused Triton layer ops."), ""]
     for model_name in args.models:
         model, x, y, optimizer = build(model_name, device, args.batch_size, args.img_size)
+        if args.compile:
+            model = torch.compile(model, mode=args.compile)
         for mode in ("infer", "train"):
             step = step_fn(mode, model, x, y, optimizer, device)
             results = {}
-            for which in ("before", "after"):
+            for which in variants:
                 with variant(which):
                     for _ in range(args.warmup):
                         step()
@@ -298,41 +338,22 @@ def run(args) -> str:
             rows = []
             for category in CATEGORIES:
                 cells = [category]
-                for which in ("before", "after"):
+                for which in variants:
                     groups, _, total, _ = results[which]
                     cells += [f"{groups[category]:.2f}", f"{100 * groups[category] / max(total, 1e-9):.0f}%"]
                 rows.append(cells)
-            rows.append(["**total**"] + sum(([f"**{results[w][2]:.2f}**", "100%"] for w in ("before", "after")), []))
-            rows.append(["peak memory (GiB)", f"{results['before'][3]:.2f}", "", f"{results['after'][3]:.2f}", ""])
-            out += [markdown_table(["GPU ms / step", "before", "%", "after", "%"], rows), ""]
-            for which in ("before", "after"):
+            rows.append(["**total**"] + sum(([f"**{results[w][2]:.2f}**", "100%"] for w in variants), []))
+            rows.append(["peak memory (GiB)"] + sum(([f"{results[w][3]:.2f}", ""] for w in variants), []))
+            out += [markdown_table(["GPU ms / step"] + sum(([w, "%"] for w in variants), []), rows), ""]
+            for which in variants:
                 top = results[which][1][:args.top]
                 out += [f"Top kernels, {which}:", "",
                         markdown_table(["ms / step", "calls / step", "category", "kernel"],
                                        [[f"{ms:.3f}", f"{calls:g}", categorise(name, mixer_names, layer_names),
                                          name[:90].replace("|", "/")] for ms, calls, name in top]), ""]
             print("\n".join(out[-30:]), flush=True)
-        hooks, shapes = mixer_layers(model)
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-            model.eval()
-            model(x[:1])
-        for hook in hooks:
-            hook.remove()
-        shares = layer_share(model, {n: (args.batch_size, *s[1:]) for n, s in shapes.items()}, device, args.repeats)
-        out += [f"## {model_name}: layer share (one layer alone, ms, median of {args.repeats}; share = layer − kernel)",
-                "", markdown_table(
-                    ["layer", "input", "kernel fwd", "before fwd", "after fwd", "share before", "share after",
-                     "kernel f+b", "before f+b", "after f+b", "share before", "share after"],
-                    [[r["layer"], "×".join(map(str, r["shape"])), f"{r['kernel fwd']:.3f}", f"{r['before fwd']:.3f}",
-                      f"{r['after fwd']:.3f}", f"{r['before share fwd']:.3f}", f"{r['after share fwd']:.3f}",
-                      f"{r['kernel fwd+bwd']:.3f}", f"{r['before fwd+bwd']:.3f}", f"{r['after fwd+bwd']:.3f}",
-                      f"{r['before share fwd+bwd']:.3f}", f"{r['after share fwd+bwd']:.3f}"] for r in shares]), ""]
-        totals = {k: sum(r[k] * r["count"] for r in shares) for k in ("before share fwd", "after share fwd",
-                                                                       "before share fwd+bwd", "after share fwd+bwd")}
-        out += [f"Whole model, all mixer layers: share around the kernel {totals['before share fwd']:.2f} → "
-                f"{totals['after share fwd']:.2f} ms (forward), {totals['before share fwd+bwd']:.2f} → "
-                f"{totals['after share fwd+bwd']:.2f} ms (forward + backward).", ""]
-        print("\n".join(out[-6:]), flush=True)
+        if not args.compile:
+            out += layer_share_report(model_name, model, x, args, device)
         del model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -349,6 +370,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per layer-share measurement")
     parser.add_argument("--top", type=int, default=15, help="kernels listed per variant")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                        help="torch.compile the model in MODE (bare: default) and profile it once, without the layer "
+                        "share")
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     args = parser.parse_args(argv)
     report = run(args)
