@@ -60,3 +60,48 @@ def test_every_op_of_the_training_steps_is_traced_through(report):
 def test_traced_launches_are_recorded_and_write_only_their_outputs(report):
     problems = [f"{key}: {problem}" for key, entry in report.items() for problem in entry["problems"]]
     assert not problems, "\n".join(problems)
+
+
+def test_write_analysis_is_memoised_per_kernel_and_argument_key():
+    """torch analyses every recorded launch's writes by building its kernel's IR (``utils._memoize_write_analysis``);
+    launches that differ only in their traced tensors' sizes share one analysis, any other difference gets its own."""
+    import types
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from visionssm.kernels import utils
+
+    calls = []
+
+    def analyse(kernel, kwargs, tma_descriptor_metadata):
+        calls.append(kwargs)
+        return ["out"]
+
+    memoised = utils._memoized(analyse)
+    jit, other = types.SimpleNamespace(), types.SimpleNamespace()
+
+    def tuned(kernel, **config):  # what launch options make of a JIT function: a new one-config Autotuner per launch
+        return types.SimpleNamespace(fn=kernel, configs=[types.SimpleNamespace(kwargs=config)])
+
+    with FakeTensorMode():
+        small, large = torch.empty(4, 8), torch.empty(64, 8)
+        half = torch.empty(4, 8, dtype=torch.bfloat16)
+    same = [(jit, {"x": small, "out": small, "n": 4}), (jit, {"x": large, "out": large, "n": 4}),
+            (tuned(jit, BLOCK=16), {"x": small, "out": small, "n": 4}),
+            (tuned(jit, BLOCK=16), {"x": large, "out": large, "n": 4})]
+    for kernel, kwargs in same:
+        assert memoised(kernel, kwargs, {}) == ["out"]
+    assert len(calls) == 2  # the plain launch and the one with BLOCK=16
+    different = [(other, {"x": small, "out": small, "n": 4}), (jit, {"x": half, "out": small, "n": 4}),
+                 (jit, {"x": small, "out": small, "n": 5}), (jit, {"x": small, "out": small, "n": True}),
+                 (tuned(jit, BLOCK=32), {"x": small, "out": small, "n": 4})]
+    for kernel, kwargs in different:
+        memoised(kernel, kwargs, {})
+    assert len(calls) == 2 + len(different)
+    real = torch.empty(4, 8)  # a real tensor's address specialises the IR: never memoised
+    memoised(jit, {"x": real, "out": real, "n": 4}, {})
+    memoised(jit, {"x": real, "out": real, "n": 4}, {})
+    assert len(calls) == 4 + len(different)
+    memoised(jit, {"x": small, "out": small, "n": 4}, {"x": ("stable", ([8, 8],))})  # TMA descriptors: not memoised
+    assert len(calls) == 5 + len(different)
