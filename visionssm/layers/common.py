@@ -143,12 +143,12 @@ def aligned_projection(x: torch.Tensor, linear: nn.Linear, multiple: int = 8) ->
     """``linear(x)``, padded with zero columns to a multiple of ``multiple`` features when ``linear`` is a plain
     ``nn.Linear`` that nothing hooks; callers read their columns by offset and never the padding.
 
-    Why: a row of N 16-bit features starts 16-byte aligned only when N % 8 == 0; otherwise cuBLAS takes its
-    2-element-aligned GEMM kernels. Comba-S's input projection (N = 1180) spent 246 µs per forward and 8.4 ms per
-    training step in them on an H100. The padding is a few zero rows of the weight built per call (a copy of the
-    weight's size, not the activations'), so the parameter, and every checkpoint, keeps its N rows. A subclass or a
-    wrapper in the Linear's place (LoRA, quantisation) or a forward hook on it (feature extraction, FLOP counters) is
-    called as it is, unpadded: the padded path reads the weight directly and would go around them."""
+    Why: a row of N 16-bit features starts 16-byte aligned only when N % 8 == 0; otherwise cuBLAS takes its slower
+    2-element-aligned GEMM kernels (Comba-S's input projection has N = 1180). The padding is a few zero rows of the
+    weight built per call (a copy of the weight's size, not the activations'), so the parameter, and every
+    checkpoint, keeps its N rows. A subclass or a wrapper in the Linear's place (LoRA, quantisation) or a forward
+    hook on it (feature extraction, FLOP counters) is called as it is, unpadded: the padded path reads the weight
+    directly and would go around them."""
     pad = -linear.out_features % multiple
     if not pad or not is_plain_linear(linear):
         return linear(x)
@@ -193,16 +193,14 @@ class LayerNorm(nn.LayerNorm):
 
     ``fused_training=False`` keeps the kernels for calls that need no gradient and runs ``F.layer_norm`` for those that
     do: the Triton backward saves GPU time but is a Python autograd node, which costs more host time per call than
-    PyTorch's C++ one (≈ 0.44 ms more per forward+backward in a comba_vision_T training step on an H100 machine), the
-    better trade where a training step is bound by host time (small models).
+    PyTorch's C++ one, the better trade where a training step is bound by host time (small models).
 
     ``autocast_output=True``: under CUDA autocast, the kernels' result comes in autocast's dtype instead of float32
     (rounded to nearest once; the gradient then arrives in that dtype). For a norm whose result goes only into linear
     layers, which cast it to that dtype first (a pre-norm block's norm before its MLP), that saves the cast's pass over
     the activations, and in training the cast's backward too; the values the linear layers see, and the gradients,
-    are the same. Calls that ``fused_training=False`` sends to ``F.layer_norm`` keep float32. H100, batch 256:
-    inference GPU time comba_vision_T 9.64–9.81 → 9.11–9.20 ms, comba_vision_S 19.20–19.26 → 17.95–18.01 ms; a
-    comba_vision_S training step 65.7 → 62.8 ms. Neither option is part of the state dict."""
+    are the same. Calls that ``fused_training=False`` sends to ``F.layer_norm`` keep float32. Neither option is part
+    of the state dict."""
 
     def __init__(self, *args, fused_training: bool = True, autocast_output: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)

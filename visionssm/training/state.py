@@ -50,7 +50,7 @@ def deterministic_algorithms(enabled: bool = True) -> Iterator[None]:
 
     Why: on a GPU, several kernels sum in an order that changes from run to run (PyTorch flags, for example, its
     memory-efficient attention backward), so two identical GPU runs, or a resumed run and the uninterrupted one,
-    drift apart in the last bits (a tiny tracker on an H100: 95 of its 108 tensors differed after 4 steps). With this
+    drift apart in the last bits (most of a tiny tracker's tensors within a few steps). With this
     on, they are equal to the last bit; an operation that has no deterministic implementation raises and names
     itself instead of running. (The tests' CPU runs repeat without it.)
     ``CUBLAS_WORKSPACE_CONFIG`` is set (unless already set) before anything runs, so it must be entered before the
