@@ -414,8 +414,8 @@ def _memoized(analyse: Callable) -> Callable:
 def _memoize_write_analysis() -> None:
     """Memoise torch's analysis of which tensors a recorded launch writes
     (``torch._higher_order_ops.triton_kernel_wrap.identify_mutated_tensors``). torch builds the kernel's Triton IR and
-    walks it for every recorded launch, twice per compile, and a model repeats its launches block after block:
-    comba_vision_T's traces ran it 112 times, 19.5 of 25.3 s. Its answer depends only on the kernel and on what
+    walks it for every recorded launch, twice per compile, and a model repeats its launches block after block, so
+    most of a compile's analyses repeat one made before. Its answer depends only on the kernel and on what
     :func:`_analysis_key` keeps of each argument, so equal keys share one analysis (:func:`_memoized`). A torch whose
     function is missing or takes other parameters is left as it is."""
     from torch._higher_order_ops import triton_kernel_wrap
