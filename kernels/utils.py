@@ -366,23 +366,20 @@ class _Unkeyed(Exception):
 
 def _analysis_key(value):
     """What torch's write analysis reads of one launch argument: a traced tensor's dtype (it builds the kernel's IR
-    from a stand-in tensor of that dtype), a symbolic size as a symbol, anything else by type and value."""
+    from a stand-in tensor of that dtype), a symbolic size as a symbol, a plain value by type and value. Anything
+    else is not memoised (a real tensor specialises the IR on its address; other objects would be kept alive)."""
     import sympy
     from torch._subclasses.fake_tensor import FakeTensor
 
     if isinstance(value, FakeTensor):
         return ("tensor", value.dtype)
-    if isinstance(value, torch.Tensor):  # a real tensor specialises the IR on its address: not memoised
-        raise _Unkeyed
     if type(value).__name__ == "TensorBox" and hasattr(value, "get_dtype"):  # Inductor's IR of a tensor
         return ("tensor", value.get_dtype())
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
         return ("symbol",)
-    try:
-        hash(value)
-    except TypeError:
-        raise _Unkeyed from None
-    return (type(value), value)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return (type(value), value)
+    raise _Unkeyed
 
 
 def _memoized(analyse: Callable) -> Callable:

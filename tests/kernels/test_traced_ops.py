@@ -105,3 +105,6 @@ def test_write_analysis_is_memoised_per_kernel_and_argument_key():
     assert len(calls) == 4 + len(different)
     memoised(jit, {"x": small, "out": small, "n": 4}, {"x": ("stable", ([8, 8],))})  # TMA descriptors: not memoised
     assert len(calls) == 5 + len(different)
+    for _ in range(2):  # nor an argument of another kind (it would be kept alive by the memo)
+        memoised(jit, {"x": small, "out": small, "n": object()}, {})
+    assert len(calls) == 7 + len(different)
