@@ -47,6 +47,19 @@ class _Driver:
         return TARGET
 
 
+def default_models() -> list[str]:
+    """The T model of every family in :data:`visionssm.models.FAMILIES`."""
+    from visionssm.models import FAMILIES
+
+    return [f"{family}_T" for family in FAMILIES]
+
+
+def default_preset(name: str) -> tuple[dict, int]:
+    """(timm.create_model keyword arguments, input side) of model ``name`` when no preset is given: Comba's isotropic
+    models at 64 px (their token count is what costs), the others at 224."""
+    return ({"img_size": 64}, 64) if name.startswith("comba") else ({}, 224)
+
+
 def capture(names: list[str], presets: dict | None = None, steps: tuple = ()) -> dict:
     """{(kernel name, constexprs): (kernel, {argument: value}, options)} of every launch the models' steps make.
     ``presets``: {name: (timm.create_model keyword arguments, input side)} for smaller networks than the defaults;
@@ -69,11 +82,7 @@ def capture(names: list[str], presets: dict | None = None, steps: tuple = ()) ->
 
     triton.runtime.jit.JITFunction.run = run
     for name in names:
-        if presets and name in presets:
-            kwargs, size = presets[name]
-        else:
-            size = 64 if name.startswith("comba") else 224
-            kwargs = {"img_size": size} if size != 224 else {}
+        kwargs, size = presets[name] if presets and name in presets else default_preset(name)
         model = timm.create_model(name, num_classes=10, **kwargs)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             try:
@@ -168,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="timm model names (default: the T model of every family)")
     args = parser.parse_args(argv)
-    from visionssm.models import FAMILIES
-
     triton.runtime.driver.set_active(_Driver())
-    launches = capture(args.models or [f"{family}_T" for family in FAMILIES])
+    launches = capture(args.models or default_models())
     print(f"torch {torch.__version__}, Triton {triton.__version__}: {len(launches)} distinct launches")
     bad = 0
     for (name, _), (kernel, bound, options) in sorted(launches.items(), key=lambda item: item[0]):

@@ -199,11 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", help="timm model names (default: the T model of every family)")
     parser.add_argument("--presets", help="JSON {name: [create_model keyword arguments, input side]}")
     args = parser.parse_args(argv)
-    from visionssm.models import FAMILIES
-
-    models = args.models or [f"{family}_T" for family in FAMILIES]
     presets = json.loads(args.presets) if args.presets else {
-        name: ({"img_size": 64}, 64) if name.startswith("comba") else ({}, 224) for name in models}
+        name: inductor_check.default_preset(name) for name in args.models or inductor_check.default_models()}
     report = check(presets)
     print(f"torch {torch.__version__}, Triton {triton.__version__}")
     for key, entry in report.items():
