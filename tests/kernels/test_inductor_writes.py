@@ -60,6 +60,18 @@ print("RESULT " + json.dumps(found))
 """
 
 
+def run_jit_script(script: str, *args) -> object:
+    """The JSON that ``script`` prints after ``RESULT `` when run in a process of its own with Triton's JIT functions
+    (no ``TRITON_INTERPRET``) and the kernels' default backend, each of ``args`` passed as JSON."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", script, *map(json.dumps, args)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def _analysis_available() -> bool:
     try:
         from torch._higher_order_ops import triton_kernel_wrap
@@ -74,13 +86,7 @@ def analysed() -> list:
     presets' steps (tools.inductor_check is imported there only: it clears TRITON_INTERPRET for its process)."""
     if not _analysis_available():
         pytest.skip("this torch has no mutation analysis of user Triton kernels")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS), json.dumps(CAUSAL_SKA)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert run.returncode == 0 and lines, run.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_jit_script(_SCRIPT, PRESETS, CAUSAL_SKA)
 
 
 def test_every_family_launches_its_kernels(analysed):

@@ -11,16 +11,8 @@ its own: the kernels must be Triton's JIT functions, not this process's interpre
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from test_inductor_writes import PRESETS
-
-ROOT = Path(__file__).resolve().parents[2]
+from test_inductor_writes import PRESETS, run_jit_script
 
 _SCRIPT = """
 import json, sys
@@ -36,13 +28,7 @@ def report() -> dict:
 
     if not hasattr(torch.library, "wrap_triton"):
         pytest.skip("this torch cannot record Triton launches (torch.library.wrap_triton)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VISIONSSM_KERNELS")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(PRESETS)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert run.returncode == 0 and lines, run.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_jit_script(_SCRIPT, PRESETS)
 
 
 def test_every_op_of_the_training_steps_is_traced_through(report):
