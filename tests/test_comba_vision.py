@@ -366,50 +366,21 @@ def test_fused_norm_choice_and_checkpoints_interchange(tiny):
     from visionssm.layers.common import LayerNorm
 
     def norms(model):
-        return {(type(m), getattr(m, "fused_training", None)) for m in model.modules() if isinstance(m, nn.LayerNorm)}
+        return {type(m) for m in model.modules() if isinstance(m, nn.LayerNorm)}
 
-    assert norms(tiny) == {(LayerNorm, True)}  # the default: visionssm's kernels
-    assert norms(timm.create_model("comba_vision_S", num_classes=0)) == {(LayerNorm, True)}
-    assert norms(timm.create_model("comba_vision_T", num_classes=0)) == {(LayerNorm, True)}
-    assert norms(timm.create_model("comba_vision_T", num_classes=0, fused_norm="inference")) == {(LayerNorm, False)}
+    assert norms(tiny) == {LayerNorm}  # the default: visionssm's kernels
+    assert norms(timm.create_model("comba_vision_S", num_classes=0)) == {LayerNorm}
+    other = timm.create_model(TINY, fused_norm=False).eval()
+    assert norms(other) == {nn.LayerNorm}
+    other.load_state_dict(tiny.state_dict())  # same parameters and keys
     x = torch.randn(2, 3, 96, 96)
-    for fused_norm, expected in ((False, {(nn.LayerNorm, None)}), ("inference", {(LayerNorm, False)})):
-        other = timm.create_model(TINY, fused_norm=fused_norm).eval()
-        assert norms(other) == expected
-        other.load_state_dict(tiny.state_dict())  # same parameters and keys
-        with torch.no_grad():
-            torch.testing.assert_close(other(x), tiny(x))
-    for bad in (1, "always"):
-        with pytest.raises(ValueError, match="fused_norm"):
+    with torch.no_grad():
+        torch.testing.assert_close(other(x), tiny(x))
+    for bad in (1, "inference"):
+        with pytest.raises(TypeError, match="fused_norm"):
             timm.create_model(TINY, fused_norm=bad)
-
-
-def test_layer_norm_fused_training_switch(monkeypatch):
-    """``fused_training=False``: the kernels' op only for calls that need no gradient."""
-    from visionssm.layers import common
-
-    calls = []
-    op = common.kernels.layer_norm
-    monkeypatch.setattr(common.kernels, "layer_norm", lambda *a, **k: calls.append(1) or op(*a, **k))
-    x = torch.randn(3, 5, 8)
-    for fused_training, expected_calls in ((True, 2), (False, 1)):
-        calls.clear()
-        norm = common.LayerNorm(8, eps=1e-6, fused_training=fused_training)
-        reference = nn.LayerNorm(8, eps=1e-6)
-        with torch.no_grad():
-            norm.weight.uniform_(0.5, 1.5)
-            norm.bias.normal_()
-        reference.load_state_dict(norm.state_dict())
-        with torch.no_grad():
-            torch.testing.assert_close(norm(x), reference(x))
-        y = norm(x)
-        y.square().sum().backward()
-        reference(x).square().sum().backward()
-        torch.testing.assert_close(norm.weight.grad, reference.weight.grad)
-        assert len(calls) == expected_calls, fused_training
-    assert "fused_training=False" in repr(common.LayerNorm(8, fused_training=False))
-    with pytest.raises(TypeError, match="fused_training"):
-        common.LayerNorm(8, fused_training="no")
+    with pytest.raises(TypeError, match="autocast_output"):
+        LayerNorm(8, autocast_output="yes")
 
 
 def test_block_norms_write_autocast_dtype_for_linear_inputs():

@@ -193,6 +193,31 @@ def test_drop_path_hooks_checkpointing_one_graph(name, variant):
     assert calls.item() == (2 if variant == "hook" else 0)
 
 
+def test_eager_norm_shortcuts_leave_the_compiled_graph_alone(monkeypatch):
+    """The eager-mode shortcuts around Comba's norms (LayerNorm kernels, residual adds inside them, blocks chained
+    through ``forward_split``) trace to the same graph as plain ``nn.LayerNorm`` and unchained blocks: under
+    ``torch.compile`` they cost nothing and the compiler fuses the norms and adds itself."""
+    from visionssm.models import comba_vision
+
+    def graph_ops(**kwargs) -> list[str]:
+        torch._dynamo.reset()
+        ops = []
+
+        def backend(gm, example_inputs):
+            ops.extend(str(n.target) for n in gm.graph.nodes if n.op.startswith("call_"))
+            return gm.forward
+
+        model = _build("comba_vision_T", **kwargs).train()
+        torch.compile(model, backend=backend, fullgraph=True)(_input("comba_vision_T")).sum().backward()
+        return ops
+
+    shipped = graph_ops()
+    assert any("layer_norm" in op for op in shipped)
+    assert graph_ops(fused_norm=False) == shipped
+    monkeypatch.setattr(comba_vision, "can_chain", lambda blocks: False)
+    assert graph_ops() == shipped
+
+
 @pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_eval_compile_and_export_match_eager(name):
     """Eval mode without gradients: the fullgraph aot_eager compile and ``torch.export.export``'s module give eager's

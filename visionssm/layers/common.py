@@ -15,7 +15,7 @@ from torch.nn.modules import module as _module_state
 from visionssm import kernels
 from visionssm.kernels.dispatch import fx_tracing
 from visionssm.kernels.layers.layer_norm import add_layer_norm
-from visionssm.kernels.utils import check_int, check_positive, needs_grad
+from visionssm.kernels.utils import check_int, check_positive
 
 __all__ = ["GatedRMSNorm", "LayerNorm", "ShortConv1d", "add_and_norm", "aligned_projection", "init_log_decay_",
            "is_hooked", "is_plain_linear", "l2_normalize", "observe_saves", "recompute_saved", "require_int",
@@ -191,32 +191,23 @@ class LayerNorm(nn.LayerNorm):
     own rules: plain ``nn.LayerNorm``); under ``torch.compile`` the module is plain ``nn.LayerNorm`` (the compiler
     fuses it itself).
 
-    ``fused_training=False`` keeps the kernels for calls that need no gradient and runs ``F.layer_norm`` for those that
-    do: the Triton backward saves GPU time but is a Python autograd node, which costs more host time per call than
-    PyTorch's C++ one, the better trade where a training step is bound by host time (small models).
-
     ``autocast_output=True``: under CUDA autocast, the kernels' result comes in autocast's dtype instead of float32
     (rounded to nearest once; the gradient then arrives in that dtype). For a norm whose result goes only into linear
     layers, which cast it to that dtype first (a pre-norm block's norm before its MLP), that saves the cast's pass over
     the activations, and in training the cast's backward too; the values the linear layers see, and the gradients,
-    are the same. Calls that ``fused_training=False`` sends to ``F.layer_norm`` keep float32. Neither option is part
-    of the state dict."""
+    are the same. It is not part of the state dict."""
 
-    def __init__(self, *args, fused_training: bool = True, autocast_output: bool = False, **kwargs) -> None:
+    def __init__(self, *args, autocast_output: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        for name, value in (("fused_training", fused_training), ("autocast_output", autocast_output)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-        self.fused_training = fused_training
+        if not isinstance(autocast_output, bool):
+            raise TypeError(f"autocast_output must be a bool, got {type(autocast_output).__name__}")
         self.autocast_output = autocast_output
 
-    def _kernel_out_dtype(self, x: torch.Tensor, *others: torch.Tensor) -> tuple[bool, torch.dtype | None]:
+    def _kernel_out_dtype(self, x: torch.Tensor) -> tuple[bool, torch.dtype | None]:
         """(whether the kernels take this call, the dtype they write under autocast or None)."""
         autocast = torch.is_autocast_enabled(x.device.type)
         if (self.weight is None or len(self.normalized_shape) != 1 or torch.compiler.is_compiling()
                 or (autocast and x.device.type != "cuda")):
-            return False, None
-        if not self.fused_training and needs_grad(x, *others, self.weight, self.bias):
             return False, None
         if autocast and x.dtype != torch.float64:  # autocast leaves float64 alone
             return True, torch.get_autocast_dtype("cuda") if self.autocast_output else torch.float32
@@ -234,15 +225,14 @@ class LayerNorm(nn.LayerNorm):
         """``(self(residual + x), residual + x)``, the add done inside the norm's kernels where :meth:`forward`
         would run them (a pre-norm block's residual add before its second norm: one pass over the residual stream
         fewer each way, and no add or gradient cast of its own)."""
-        fused, out_dtype = self._kernel_out_dtype(residual, x)
+        fused, out_dtype = self._kernel_out_dtype(residual)
         if not fused or residual.shape != x.shape:
             summed = residual + x
             return self(summed), summed
         return add_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + ("" if self.fused_training else ", fused_training=False")
-                + (", autocast_output=True" if self.autocast_output else ""))
+        return super().extra_repr() + (", autocast_output=True" if self.autocast_output else "")
 
 
 def add_and_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -158,10 +158,8 @@ class CombaVision(nn.Module):
             kernel forward per block and step). No parameters of its own.
         fused_norm: ``True``: the blocks' and the final LayerNorm on visionssm's Triton kernels
             (:class:`visionssm.layers.common.LayerNorm`: a third of PyTorch's GPU time forward+backward at these
-            widths, the residual adds inside them, but in training a Python autograd node, more host time per norm
-            and step than ``nn.LayerNorm``); ``"inference"``: the kernels where no gradient is needed, PyTorch's
-            LayerNorm and adds where one is (for a host-bound training step); ``False``: ``nn.LayerNorm``. Same
-            parameters either way. Ignored when ``norm_layer`` is given.
+            widths, the residual adds inside them); ``False``: ``nn.LayerNorm`` and plain adds. Same parameters
+            either way; under ``torch.compile`` both are the same graph. Ignored when ``norm_layer`` is given.
         init_values: LayerScale initial value (``None``: no LayerScale).
         drop_rate: dropout before the classifier.
         pos_drop_rate: dropout after the position embedding.
@@ -173,7 +171,7 @@ class CombaVision(nn.Module):
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 12,
                  num_heads: int = 3, mlp_ratio: float = 4.0, mixer="comba", mixer_causal: bool = False,
                  mixer_kwargs: dict | None = None, transition: str | None = None,
-                 recompute_state: bool | None = None, fused_norm: bool | str = True,
+                 recompute_state: bool | None = None, fused_norm: bool = True,
                  init_values: float | None = None, drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  norm_layer=None, act_layer=None, device=None, dtype=None) -> None:
@@ -183,11 +181,10 @@ class CombaVision(nn.Module):
             raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
         if not isinstance(mixer_causal, bool):
             raise TypeError(f"mixer_causal must be a bool, got {type(mixer_causal).__name__}")
-        if not (isinstance(fused_norm, bool) or fused_norm == "inference"):
-            raise ValueError(f"fused_norm must be True, False or 'inference', got {fused_norm!r}")
+        if not isinstance(fused_norm, bool):
+            raise TypeError(f"fused_norm must be a bool, got {type(fused_norm).__name__}")
         if norm_layer is None:
-            norm_layer = (partial(nn.LayerNorm, eps=1e-6) if fused_norm is False
-                          else partial(LayerNorm, eps=1e-6, fused_training=fused_norm is True))
+            norm_layer = partial(LayerNorm if fused_norm else nn.LayerNorm, eps=1e-6)
         if transition is not None:
             mixer_kwargs = {**(mixer_kwargs or {}), "transition": transition}
         if recompute_state is not None:
