@@ -7,7 +7,8 @@ off, against the model as shipped, in the same process (batch 256, 224², bf16 a
 
 Variants (each applies to the models that have the shortcut; ``default`` is the model as shipped):
 
-- ``unchained``: Comba blocks run one by one (``can_chain`` false), each residual add outside the norm kernels;
+- ``unchained``: Comba blocks called one by one (``can_chain`` false): the residual add that ends each block runs on
+  its own instead of inside the next block's first norm;
 - ``norm_out_fp32``: the LayerNorms before linear layers write float32 under autocast (``autocast_output`` off);
 - ``plain_norm``: ``fused_norm=False``, ``nn.LayerNorm`` and plain residual adds;
 - ``prologue_torch`` / ``out_norm_torch``: the ``mixer_prologue`` / ``gated_rmsnorm`` op on its PyTorch composition
