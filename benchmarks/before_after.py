@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.before:
         parser.error("name the revision to compare against")
+    for name in ("rounds", "warmup", "repeats", "batch_size", "img_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.before}^{{commit}}"],
                            capture_output=True)
     if known.returncode:

@@ -57,8 +57,11 @@ def test_before_after_runs_a_revision_against_this_checkout(tmp_path):
     assert all(float(row[3]) > 0 and float(row[4]) > 0 and float(row[5]) > 0 for row in measured)
 
 
-def test_before_after_refuses_an_unknown_revision(tmp_path):
+def test_before_after_refuses_bad_arguments(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "before_after.py"), "no-such-revision", "--models",
                            "comba_vision_T", "--ops"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode != 0 and "no-such-revision" in done.stderr
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "before_after.py"), "HEAD", "--rounds", "0"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0 and "--rounds must be at least 1" in done.stderr
 
