@@ -4,10 +4,10 @@ Every chunk's gradients follow from the state entering it (``h0``, stored by the
 state leaving it (``dh``) and its inverse (stored by the forward, or recomputed). Two ways to get ``dh``:
 
 * one pass (``comba_bwd_kernel``): a program walks a sequence's chunks in reverse, carrying ``dh`` in registers and
-  computing each chunk's gradients on the way (small states: 16–32 wide; 64-wide with few sequences);
+  computing each chunk's gradients on the way (16–32-wide states; 64-wide ones with many sequences);
 * split: a light walk carries only ``dh`` and stores it per chunk (``comba_bwd_dh_kernel``), then one program per
-  chunk computes that chunk's gradients (``comba_bwd_kernel`` with ``SPLIT``; 64-wide and larger states with many
-  sequences, where a walk that keeps everything spills and too few programs hide its latency).
+  chunk computes that chunk's gradients (``comba_bwd_kernel`` with ``SPLIT``; 128-wide states, whose one-pass walk
+  spills, and 64-wide ones with few sequences, whose one-pass walks are too few to hide their latency).
 
 Gradients that sum over the value dimension (dq, dk, dp, dβ, dg) are written per value block (and grid direction)
 and reduced afterwards.

@@ -80,16 +80,21 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     # warps follow the state tile (one up to 16×16, four from 32×32): more warps split these small tiles too finely
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
-    # per-chunk backward programs only for 128-wide keys, whose one-pass walk is too long; narrower ones walk once
-    split_bwd = wide and BK > 64
-    # the gradient kernel keeps the walk's warps and no register cap: caps spill and more warps split small tiles
-    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": num_warps,
+    # per-chunk backward programs for 128-wide keys, whose one-pass walk is too long, and for 64-wide ones when the
+    # sequences are few (B·H ≤ 80): each one-pass walk then runs alone on its SM, latency-bound, where a light
+    # state-gradient walk and then chunk-parallel gradients are faster (1.05-1.5x at B·H 18-72; one pass wins from 96)
+    long_keys = BK > 64
+    split_bwd = long_keys or (BK == 64 and BH <= 80)
+    # the gradient kernel keeps the walk's warps (more split small tiles) and no register cap (caps spill); per-chunk
+    # programs of 64-wide keys take two (four cut their 16-row tiles too finely: 1.3-1.4x slower at B4 T16384)
+    grad_num_warps = 2 if split_bwd and BK == 64 else num_warps
+    cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": grad_num_warps,
            # non-causal: both directions in one program once sequences fill the GPU (no fp32 partials to add);
            # fewer sequences keep a program per direction for the parallelism
            "dir_loop": ND == 2 and BH * NV >= 768,
            # inverses off the walk's sequential path for wide states only (a separate pass costs 16-wide ones more
            # than it saves); in causal training with one-pass backward the forward's gain is lost in fwd+bwd
-           "inv_pass": split_bwd or (wide and (ND == 2 or not training)),
+           "inv_pass": long_keys or (wide and (ND == 2 or not training)),
            # W and U0 stored up front only when the value dimension is split over programs (the walk would repeat
            # the K-side work per block); with one block the extra memory traffic costs more than it saves
            "pre_wy": NV > 1 and programs < 1024 and T > 64,
@@ -98,8 +103,9 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
            # backward prefetch for 16-wide heads only: the 64-wide one-pass backward has no registers left for it
            "bwd_prefetch": not wide,
            "split_bwd": split_bwd,
-           # recomputing a chunk's inverse in a one-pass backward is cheaper than storing and reloading it
-           "store_inv": split_bwd,
+           # the forward keeps each chunk's inverse for 128-wide keys only: elsewhere recomputing it in the backward is
+           # cheaper than storing and reloading it (or costs the same, at 64-wide with the split backward)
+           "store_inv": long_keys,
            # bf16 states and backward products halve the state traffic; the gradient error stays within the tests'
            # bf16 tolerance, including their hard cases (nearly parallel keys, iplr gain near 2)
            "state_lp": True,

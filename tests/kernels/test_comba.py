@@ -272,6 +272,24 @@ def test_balanced_sequences_by_sm_count():
     assert wide["num_warps"] > 1 and launch._pairs(wide, 256, 6, 2, 132, atomic=True) == 1536
 
 
+@pytest.mark.parametrize("K,BH,split,grad_warps", [(64, 18, True, 2), (64, 80, True, 2), (64, 96, False, 4),
+                                                    (64, 1536, False, 4), (128, 1536, True, 4), (32, 18, False, 4)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_backward_rule(K, BH, split, grad_warps, causal):
+    """The backward splits into a state-gradient walk and per-chunk programs for 128-wide keys, and for 64-wide ones
+    up to 80 sequences (those per-chunk programs on two warps); the forward's layout does not follow it (no inverse
+    pass nor stored inverses added to causal 64-wide training)."""
+    from visionssm.kernels.comba import launch
+
+    ND = 1 if causal else 2
+    cfg = launch.launch_config(K, K, 4096, BH, ND)
+    assert cfg["split_bwd"] is split
+    assert cfg["grad_num_warps"] == grad_warps
+    assert cfg["store_inv"] is (K > 64)
+    if K == 64:
+        assert cfg["inv_pass"] is not causal
+
+
 def test_unknown_launch_setting_is_rejected(triton_interpreter):
     x = make_inputs(B=1, T=5, H=1)
     with launch_overrides("comba", chunk=32), pytest.raises(ValueError, match="chunk"):
@@ -446,7 +464,8 @@ def test_triton_interpreter_repeated_calls_reuse_the_launch_plan(triton_interpre
 
 def test_wide_heads_take_the_inverse_pass_where_it_was_measured_faster(triton_interpreter):
     """64-wide heads: a forward with no backward to follow runs the chunk-parallel inverse pass, causal or not; a
-    causal training forward does not (fwd+bwd 1.02x with it); every 64-wide backward runs in one pass."""
+    causal training forward does not (fwd+bwd 1.02x with it); the backward of one sequence splits (a state-gradient
+    walk, then per-chunk programs: test_split_backward_rule has the rule)."""
     launch = _reset_plans()
     x = make_inputs(B=1, T=20, H=1, K=64, V=64)
     with torch.no_grad():
@@ -457,7 +476,7 @@ def test_wide_heads_take_the_inverse_pass_where_it_was_measured_faster(triton_in
         leaves = [t.clone().requires_grad_() for t in x]
         comba_op(*leaves, causal=causal).sum().backward()
         assert [plan.pre is not None for plan in launch._FWD_PLANS.values()] == [not causal]
-        assert [plan.dh_walk is None for plan in launch._BWD_PLANS.values()] == [True]
+        assert [plan.dh_walk is not None for plan in launch._BWD_PLANS.values()] == [True]
 
 
 def _fwd_bwd(leaves, do, causal):
