@@ -111,3 +111,35 @@ def test_analysis_names_only_what_each_kernel_writes(analysed):
         elif set(written) - set(declared):
             bad.append(f"{name} {key}: {sorted(set(written) - set(declared))} taken as written")
     assert not bad, "\n".join(bad)
+
+
+_COMPILE_TIMES = """
+import json
+from tools import compile_times, inductor_check as ic
+import torch
+import triton
+
+triton.runtime.driver.set_active(ic._Driver())
+
+
+def step():
+    from visionssm.kernels import layer_norm
+
+    x = torch.randn(3, 40, requires_grad=True)
+    w, b = torch.randn(40, requires_grad=True), torch.randn(40, requires_grad=True)
+    layer_norm(x, w, b).sum().backward()
+
+
+rows = compile_times.compile_all(ic.capture([], steps=[step]))
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def test_compile_times_compiles_every_captured_launch_for_hopper():
+    """tools.compile_times on one op's forward and backward: each distinct launch compiled to a cubin for sm_90a
+    (a failure to compile fails the script), with its seconds, longest first."""
+    rows = run_jit_script(_COMPILE_TIMES)
+    names = [name for _, name in rows]
+    assert len(names) >= 2 and any("fwd" in n for n in names) and any("bwd" in n for n in names), names
+    seconds = [s for s, _ in rows]
+    assert all(s > 0 for s in seconds) and seconds == sorted(seconds, reverse=True)
