@@ -81,12 +81,13 @@ def launch_config(K: int, V: int, T: int, BH: int, ND: int, training: bool = Tru
     num_warps = 1 if BK * BV <= 256 else 2 if BK * BV < 1024 else 4
     wide = max(BK, BV) >= 64
     # per-chunk backward programs for 128-wide keys, whose one-pass walk is too long, and for 64-wide ones when the
-    # sequences are few (B·H ≤ 80): each one-pass walk then runs alone on its SM, latency-bound, where a light
-    # state-gradient walk and then chunk-parallel gradients are faster (1.05-1.5x at B·H 18-72; one pass wins from 96)
+    # sequences are few (B·H ≤ 80): with one or two walks per SM each one-pass walk is latency-bound, and a light
+    # state-gradient walk then chunk-parallel gradients are faster (1.05-1.5x at B·H 18-72; one pass wins from 96)
     long_keys = BK > 64
     split_bwd = long_keys or (BK == 64 and BH <= 80)
     # the gradient kernel keeps the walk's warps (more split small tiles) and no register cap (caps spill); per-chunk
-    # programs of 64-wide keys take two (four cut their 16-row tiles too finely: 1.3-1.4x slower at B4 T16384)
+    # programs of 64-wide keys take two (four split their 16-row tiles too finely, one warp does too much alone:
+    # fwd+bwd 1.06-1.12x and 1.3x slower at B4 T16384)
     grad_num_warps = 2 if split_bwd and BK == 64 else num_warps
     cfg = {"value_block": BV, "num_warps": num_warps, "dh_num_warps": num_warps, "grad_num_warps": grad_num_warps,
            # non-causal: both directions in one program once sequences fill the GPU (no fp32 partials to add);
