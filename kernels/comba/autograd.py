@@ -17,7 +17,7 @@ def _backward(ctx, q, k, v, p, g, beta, h0, inv, do):
     fwd = ctx.plan
     plan = fwd.bwd
     if plan is None or do.dtype != v.dtype:
-        plan = bwd_plan(q, v, g, beta, do, ctx.causal, fwd.BT, inv is not None, h0.dtype)
+        plan = bwd_plan(q, v, g, beta, do, ctx.causal, inv is not None, h0.dtype)
         if fwd.cached and do.dtype == v.dtype:
             fwd.bwd = plan  # the next backward of this forward plan skips the lookup
     return run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, ctx.scale)

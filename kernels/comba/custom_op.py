@@ -19,7 +19,6 @@ def _reference(q, k, v, p, g, beta, scale, causal):
     return comba_chunked(q, k, v, p, g, beta, scale=scale, causal=causal)
 
 
-
 def comba_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor, scale: float, causal: bool,
                   save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -52,13 +51,13 @@ def comba_backward(grads: list[torch.Tensor], inputs: list[torch.Tensor | None],
     # the backward follows the forward's path: the Triton forward keeps its states, the reference none
     if not saved:
         return library.reference_backward(_reference, grads, inputs, scale, causal)
-    from .launch import CHUNK, bwd_plan, run_bwd
+    from .launch import bwd_plan, run_bwd
 
     q, k, v, p, g, beta = contiguous(*inputs)
     h0, inv = saved[0], saved[1] if len(saved) > 1 else None
     do = grads[0].contiguous()
     with device_guard(do):
-        plan = bwd_plan(q, v, g, beta, do, causal, CHUNK, inv is not None, h0.dtype)
+        plan = bwd_plan(q, v, g, beta, do, causal, inv is not None, h0.dtype)
         return list(run_bwd(plan, q, k, v, p, g, beta, h0, inv, do, scale))
 
 

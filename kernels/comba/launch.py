@@ -194,7 +194,7 @@ def _pairs(cfg: dict, B: int, H: int, ND: int, sms: int, atomic: bool) -> int:
 
 
 class FwdPlan:
-    __slots__ = ("BT", "save_state", "save_inv", "partial", "o_shape", "h0_shape", "state_dtype", "inv_shape",
+    __slots__ = ("save_state", "save_inv", "partial", "o_shape", "h0_shape", "state_dtype", "inv_shape",
                  "w_shape", "u0_shape", "pre", "main", "dummy", "bwd", "cached", "zero_from")
 
 
@@ -210,7 +210,7 @@ def build_fwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype:
     grid_dirs, _ = _directions(cfg, ND)
     pre = _pre_pass(cfg, T)
     plan = FwdPlan()
-    plan.BT, plan.save_state, plan.bwd, plan.cached = BT, save_state, None, False
+    plan.save_state, plan.bwd, plan.cached = save_state, None, False
     plan.h0_shape, plan.state_dtype, saved_inv = saved_layout(cfg, B, T, H, K, V, ND, dtype, save_state)
     plan.save_inv = saved_inv is not None
     # one program per direction pair: o directly; one per direction: an fp32 partial per direction, summed after
@@ -268,12 +268,12 @@ def run_fwd(plan: FwdPlan, q, k, v, p, g, beta, scale: float):
     return o, (h0 if plan.save_state else None), (inv if plan.save_inv else None)
 
 
-def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, BT: int, dtype: torch.dtype,
+def build_bwd(cfg: dict, B: int, T: int, H: int, K: int, V: int, ND: int, dtype: torch.dtype,
               device: torch.device, has_inv: bool, state_dtype: torch.dtype,
               gate_dtypes: tuple[torch.dtype, ...]) -> BwdPlan:
     """``has_inv`` and ``state_dtype`` say what the forward stored (its inverses, its states' dtype): the backward
     follows them, not the settings in force when it runs. ``gate_dtypes``: those of g and β (their gradients')."""
-    BV, NV = cfg["BV"], cfg["NV"]
+    BT, BV, NV = CHUNK, cfg["BV"], cfg["NV"]
     NT = cdiv(T, BT)
     TAIL = _tail(T, BT)
     # split: one program per full chunk (the single-token chunk goes with the last), and the dh walk when there is
@@ -359,14 +359,14 @@ def _build_cached_fwd(q, v, causal: bool, save_state: bool) -> FwdPlan:
     return plan
 
 
-def bwd_plan(q, v, g, beta, do, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
-    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, BT, has_inv, state_dtype)
-    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, g, beta, causal, BT, has_inv, state_dtype))
+def bwd_plan(q, v, g, beta, do, causal: bool, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+    key = (q.shape, v.shape[3], q.dtype, g.dtype, beta.dtype, do.dtype, q.device, causal, has_inv, state_dtype)
+    return _BWD_PLANS.get_or_build(key, lambda: _build_cached_bwd(q, v, g, beta, causal, has_inv, state_dtype))
 
 
-def _build_cached_bwd(q, v, g, beta, causal: bool, BT: int, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
+def _build_cached_bwd(q, v, g, beta, causal: bool, has_inv: bool, state_dtype: torch.dtype) -> BwdPlan:
     B, T, H, K = q.shape
     V = v.shape[3]
     ND = 1 if causal else 2
-    return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, BT, q.dtype, q.device, has_inv,
+    return build_bwd(launch_config(K, V, T, B * H, ND), B, T, H, K, V, ND, q.dtype, q.device, has_inv,
                      state_dtype, (g.dtype, beta.dtype))
