@@ -18,20 +18,19 @@ import argparse
 import os
 import tempfile
 import time
+from unittest import mock
 
 from tools import inductor_check
+from tools.sm90_report import pointers_aligned
 
 
 def compile_seconds(kernel, bound: dict, options: dict) -> float:
     """Seconds to compile one captured launch for sm_90a, its tensors 16-byte aligned as PyTorch's allocator gives
     them (what a launch on the GPU specialises on)."""
-    import torch
     import triton
 
     signature, constants = inductor_check._signature(kernel, bound)
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if torch.is_tensor(bound.get(name))}
-    source = triton.compiler.ASTSource(kernel, signature, constants, aligned)
+    source = triton.compiler.ASTSource(kernel, signature, constants, pointers_aligned(kernel, signature))
     start = time.perf_counter()
     triton.compile(source, target=inductor_check.TARGET,
                    options={k: v for k, v in options.items() if k in ("num_warps", "num_stages", "maxnreg")})
@@ -41,17 +40,9 @@ def compile_seconds(kernel, bound: dict, options: dict) -> float:
 def compile_all(launches: dict) -> list[tuple[float, str]]:
     """(seconds, kernel name) of every launch of ``launches`` (as :func:`tools.inductor_check.capture` returns them),
     compiled in a fresh Triton cache, longest first."""
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["TRITON_CACHE_DIR"] = cache
-        try:
-            rows = [(compile_seconds(kernel, bound, options), name)
-                    for (name, _), (kernel, bound, options) in launches.items()]
-        finally:
-            if previous is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = previous
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": cache}):
+        rows = [(compile_seconds(kernel, bound, options), name)
+                for (name, _), (kernel, bound, options) in launches.items()]
     return sorted(rows, reverse=True)
 
 

@@ -16,6 +16,13 @@ import subprocess
 import tempfile
 
 
+def pointers_aligned(fn, signature: dict) -> dict:
+    """Triton's ``attrs`` that mark every pointer argument of ``signature`` 16-byte aligned, as a launch on tensors
+    from PyTorch's allocator is specialised."""
+    names = list(fn.arg_names)
+    return {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items() if kind.startswith("*")}
+
+
 def sm90_report(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, num_stages: int = 3,
                 max_registers: int | None = None, aligned: bool = True) -> dict:
     """``{"registers", "spill_stores", "spill_loads", "stack", "shared"}`` of ``fn`` compiled for sm_90a
@@ -27,12 +34,8 @@ def sm90_report(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, nu
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    attrs = None
-    if aligned:
-        names = list(fn.arg_names)
-        attrs = {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
-                 if kind.startswith("*")}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                       attrs=pointers_aligned(fn, signature) if aligned else None)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if max_registers is not None:
         options["maxnreg"] = max_registers
