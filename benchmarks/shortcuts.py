@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from unittest import mock
 
 import torch
 
@@ -39,25 +40,15 @@ from visionssm.layers.common import LayerNorm
 from visionssm.models import comba_vision
 
 
-@contextlib.contextmanager
 def _unchained():
-    original = comba_vision.can_chain
-    comba_vision.can_chain = lambda blocks: False
-    try:
-        yield
-    finally:
-        comba_vision.can_chain = original
+    return mock.patch.object(comba_vision, "can_chain", lambda blocks: False)
 
 
 @contextlib.contextmanager
 def _triton_launch():
     # the plans are rebuilt inside the override's generation (no direct runner yet) and again after it
-    utils.DIRECT_LAUNCH = False
-    try:
-        with tuning.launch_overrides("layer_norm"):
-            yield
-    finally:
-        utils.DIRECT_LAUNCH = True
+    with mock.patch.object(utils, "DIRECT_LAUNCH", False), tuning.launch_overrides("layer_norm"):
+        yield
 
 
 def _norm_out_fp32(model: torch.nn.Module) -> None:
