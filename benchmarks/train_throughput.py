@@ -5,11 +5,13 @@
    and ``--val-images`` validation images, drawn in parallel; kept for the next call when its manifest matches).
 2. Per model, measures the recipe's training step alone (forward, loss, backward, its gradient clipping, optimizer,
    EMA) on synthetic tensors already on the GPU, with the whole run's model, batch, size, amp, channels_last and
-   compile setting, and, for the gpu backend, the data stage alone (decode, decode + augmentation).
-3. Runs ``visionssm-train`` with each ``--backends`` entry for ``--epochs`` epochs and takes epochs 2..E: the training
-   loop's img/s, the whole run's (training images over the wall time from epoch 1's record to the last: evaluation,
-   checkpoints and loader starts included), the seconds per epoch spent in evaluation and in checkpointing and the
-   rest, and those extrapolated to an ImageNet epoch (1,281,167 training and 50,000 validation images).
+   compile setting.
+3. Runs ``visionssm-train`` with each ``--backends`` entry (the gpu backend once per ``--jpeg-decoders`` entry,
+   after its data stage alone: decode, decode + augmentation) for ``--epochs`` epochs and takes epochs 2..E: the
+   training loop's img/s, the whole run's (training images over the wall time from epoch 1's record to the last:
+   evaluation, checkpoints and loader starts included), the seconds per epoch spent in evaluation and in
+   checkpointing and the rest, and those extrapolated to an ImageNet epoch (1,281,167 training and 50,000 validation
+   images).
 
 Prints a table with the ratios to the model step and writes JSON and CSV (GPU, CPU cores, versions, date):
 
@@ -149,32 +151,34 @@ def model_step(model_name: str, args, classes: int, device) -> float:
     return batch * args.step_iters / (time.perf_counter() - start)
 
 
-def stage_alone(model_name: str, data: Path, args, device, batches: int) -> dict:
-    """img/s of the gpu data backend alone on the training split (the recipe's augmentation, no model): decode
-    only, and decode + augmentation; what the GPU path can feed at most."""
+def stage_alone(model_name: str, data: Path, args, device, batches: int, decoder_choice: str) -> dict:
+    """img/s of the gpu data backend alone on the training split (the recipe's augmentation, no model) with
+    ``--jpeg-decoder decoder_choice``: decode only, and decode + augmentation; what the GPU path can feed at most."""
     import torch
     from torch.utils.data import DataLoader
 
-    from visionssm.data.gpu import EncodedImageFolder, TrainStage, collate_encoded, decode_batch
+    from visionssm.data.gpu import EncodedImageFolder, TrainStage, collate_encoded, decode_batch, jpeg_decoder
     from visionssm.data.loader import EpochShuffleSampler
     from visionssm.training.state import parse_config
 
     cfg = parse_config(run_config(model_name, args))
+    decoder = jpeg_decoder(decoder_choice, device, print)
     dataset = EncodedImageFolder(data / "train", augment_seed=0)
     loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=EpochShuffleSampler(len(dataset), 0,
                                                                                           tag_epoch=True),
                         num_workers=args.workers, collate_fn=collate_encoded, drop_last=True)
     stage = TrainStage(dataset, device, cfg["img_size"], (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), seed=0,
                        scale=cfg["scale"], ratio=cfg["ratio"], hflip=cfg["hflip"],
-                       interpolation=cfg["train_interpolation"], auto_augment=cfg["aa"], prefetch=False)
+                       interpolation=cfg["train_interpolation"], auto_augment=cfg["aa"], prefetch=False,
+                       decoder=decoder)
     encoded = []
     for k, item in enumerate(loader):
         encoded.append(item)
         if k + 1 == batches:
             break
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rates = {}
-    for name, work in (("decode_img_per_s", lambda b: decode_batch(b.data, device)),
+    rates = {"jpeg_decoder": "nvimgcodec" if decoder is not None else "torchvision"}
+    for name, work in (("decode_img_per_s", lambda b: decode_batch(b.data, device, decoder)),
                        ("stage_img_per_s", stage.process)):
         work(encoded[0])  # warm-up: nvJPEG handles, kernels
         sync()
@@ -186,13 +190,15 @@ def stage_alone(model_name: str, data: Path, args, device, batches: int) -> dict
     return rates
 
 
-def whole_run(model_name: str, backend: str, data: Path, args) -> dict:
+def whole_run(model_name: str, backend: str, decoder_choice: str | None, data: Path, args) -> dict:
     """``visionssm-train`` for ``args.epochs`` epochs; the figures of epochs 2..E from its metrics, and where the
     time outside the training loop goes, extrapolated to an ImageNet epoch."""
     with tempfile.TemporaryDirectory(prefix=f"tput-{model_name}-{backend}-") as out:
         command = [sys.executable, "-m", "visionssm.train", *run_config(model_name, args), "--data-dir", str(data),
                    "--output", out, "--epochs", str(args.epochs), "--workers", str(args.workers),
                    "--data-backend", backend, "--log-interval", "1000"]
+        if decoder_choice is not None:
+            command += ["--jpeg-decoder", decoder_choice]
         start = time.perf_counter()
         proc = subprocess.run(command, env=dict(os.environ, TQDM_DISABLE="1"), capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -238,6 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None, help="default: data/generated/imagenet_like_<N>")
     parser.add_argument("--models", nargs="+", default=["mamba_vision_T", "gka_vision_T", "comba_vision_S"])
     parser.add_argument("--backends", nargs="+", default=["gpu"], choices=["pil", "gpu"])
+    parser.add_argument("--jpeg-decoders", nargs="+", default=["torchvision"],
+                        help="the gpu backend's runs, one per visionssm-train --jpeg-decoder value")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--img-size", type=int, default=224)
@@ -272,12 +280,16 @@ def main(argv=None) -> int:
     rows = []
     for model_name in args.models:
         step = model_step(model_name, args, args.classes, device)
-        alone = stage_alone(model_name, data, args, device, batches=8) if "gpu" in args.backends else {}
-        print(f"{model_name}: model step {step:,.0f} img/s" + (
-            f"; gpu data stage alone {alone['stage_img_per_s']:,.0f} img/s (decode {alone['decode_img_per_s']:,.0f})"
-            if alone else ""), flush=True)
-        for backend in args.backends:
-            row = whole_run(model_name, backend, data, args)
+        print(f"{model_name}: model step {step:,.0f} img/s", flush=True)
+        for backend, decoder in [(b, d) for b in args.backends for d in (args.jpeg_decoders if b == "gpu" else [None])]:
+            alone = {}
+            if backend == "gpu":
+                alone = stage_alone(model_name, data, args, device, 8, decoder)
+                print(f"  gpu data stage alone ({alone['jpeg_decoder']} decoding) {alone['stage_img_per_s']:,.0f} "
+                      f"img/s (decode {alone['decode_img_per_s']:,.0f})", flush=True)
+            row = whole_run(model_name, backend, decoder, data, args)
+            if row["backend"] == "gpu":  # the decoder the run chose, as the stage alone resolved it
+                row["backend"] = f"gpu/{alone['jpeg_decoder']}"
             row.update(model_step_img_per_s=step, **alone, whole_run_share=row["whole_run_img_per_s"] / step,
                        loop_share=row["loop_img_per_s"] / step,
                        imagenet_whole_run_share=row["imagenet_whole_run_img_per_s"] / step)
@@ -298,10 +310,10 @@ def table(rows: list[dict], env: dict, args) -> str:
              f"{rows[0]['val_images'] if rows else 0} images {WIDTH}x{HEIGHT} q{QUALITY}, batch {args.batch_size}, "
              f"{args.img_size} px, {args.workers} workers, amp {args.amp}, compile {args.compile}, epochs 2-"
              f"{args.epochs}; ImageNet epoch: {IMAGENET_TRAIN:,} training, {IMAGENET_VAL:,} validation images",
-             f"{'model':<16} {'backend':<7} {'step img/s':>10} {'loop img/s':>10} {'run img/s':>10} {'run/step':>8} "
+             f"{'model':<16} {'backend':<15} {'step img/s':>10} {'loop img/s':>10} {'run img/s':>10} {'run/step':>8} "
              f"{'eval s/ep':>9} {'ckpt+rest':>9} {'IN fixed':>8} {'IN run/step':>11}"]
     for row in rows:
-        lines.append(f"{row['model']:<16} {row['backend']:<7} {row['model_step_img_per_s']:>10,.0f} "
+        lines.append(f"{row['model']:<16} {row['backend']:<15} {row['model_step_img_per_s']:>10,.0f} "
                      f"{row['loop_img_per_s']:>10,.0f} {row['whole_run_img_per_s']:>10,.0f} "
                      f"{row['whole_run_share']:>8.2f} {row['eval_s_per_epoch']:>9.1f} "
                      f"{row['checkpoint_and_rest_s_per_epoch']:>9.1f} {row['imagenet_fixed_share']:>8.1%} "

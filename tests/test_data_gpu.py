@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from visionssm.data.gpu import (
     Window,
     collate_encoded,
     decode_batch,
+    jpeg_decoder,
     random_resized_crop_params,
     resample,
     resolve_data_backend,
@@ -39,6 +41,7 @@ from visionssm.data.gpu_augment import (
     plan_rand_augment,
 )
 from visionssm.data.loader import EpochShuffleSampler
+from visionssm.training.setup import check_config
 from visionssm.training.state import parse_config
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -89,6 +92,73 @@ def test_backend_selection_and_fallback_line():
         said.clear()
         assert resolve_data_backend("auto", torch.device("cuda"), said.append) == "pil"
         assert len(said) == 1 and "cannot decode JPEG on cuda" in said[0]
+
+
+def _fake_nvimgcodec(decoder_error: str | None = None):
+    """A stand-in for nvImageCodec's module: its Decoder raises ``decoder_error`` or is built."""
+    class Decoder:
+        def __init__(self, **kwargs):
+            if decoder_error:
+                raise RuntimeError(decoder_error)
+
+    kinds = types.SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="cuda")
+    return types.SimpleNamespace(Decoder=Decoder, Backend=lambda kind: kind, BackendKind=kinds,
+                                 DecodeParams=lambda **kwargs: kwargs, ColorSpec=types.SimpleNamespace(SRGB=1),
+                                 SampleFormat=types.SimpleNamespace(I_RGB=2))
+
+
+def test_jpeg_decoder_selection_and_fallback_line(monkeypatch):
+    """torchvision's decoder (None) when asked for, and off CUDA (the CPU stages' decoder); nvImageCodec's asked for
+    but missing or broken: one line naming why and the extra to install, then torchvision's."""
+    import visionssm.data.gpu as gpu
+
+    said = []
+    assert jpeg_decoder("nvimgcodec", torch.device("cpu"), said.append) is None and said == []
+    assert jpeg_decoder("torchvision", torch.device("cuda"), said.append) is None and said == []
+    with pytest.raises(ValueError, match="--jpeg-decoder must be one of torchvision, nvimgcodec"):
+        jpeg_decoder("dali", torch.device("cuda"), said.append)
+    monkeypatch.setattr(gpu, "_import_nvimgcodec", lambda: (None, "nvImageCodec is not installed (no module)"))
+    assert jpeg_decoder("nvimgcodec", torch.device("cuda:0"), said.append) is None
+    assert len(said) == 1 and "not installed" in said[0] and "visionssm[nvimgcodec-cu13]" in said[0]
+    said.clear()
+    monkeypatch.setattr(gpu, "_import_nvimgcodec", lambda: (_fake_nvimgcodec("Could not create decoder"), None))
+    assert jpeg_decoder("nvimgcodec", torch.device("cuda:0"), said.append) is None
+    assert len(said) == 1 and "cannot decode on cuda:0: Could not create decoder" in said[0]
+    assert parse_config([])["jpeg_decoder"] == "torchvision"
+    assert parse_config(["--jpeg-decoder", "nvimgcodec"])["jpeg_decoder"] == "nvimgcodec"
+    with pytest.raises(ValueError, match="--jpeg-decoder must be one of torchvision, nvimgcodec, got 'dali'"):
+        check_config(parse_config(["--jpeg-decoder", "dali"]))
+
+
+def test_decode_batch_takes_the_decoders_images_and_decodes_the_rest_with_torchvision(jpeg_folder):
+    """What a batched decoder returns is used as it is; files it returned None for (or a whole batch it raised on)
+    are decoded one by one by torchvision, so a corrupt file is still an exception naming itself, not a gap."""
+    dataset = _dataset(jpeg_folder)
+    data = [dataset.read(i) for i in range(len(dataset))]
+    reference = decode_batch(data, torch.device("cpu"))
+    marker = torch.zeros(3, 2, 2, dtype=torch.uint8)
+    calls = []
+
+    def every_other(jpegs):
+        calls.append(len(jpegs))
+        return [marker if k % 2 else None for k in range(len(jpegs))]
+
+    got = decode_batch(data, torch.device("cpu"), every_other)
+    jpegs = [i for i, (p, _) in enumerate(dataset.samples) if not p.endswith(".png")]
+    assert calls == [len(jpegs)]  # one batched call, JPEGs only
+    for k, i in enumerate(jpegs):
+        if k % 2:
+            assert got[i] is marker
+        elif isinstance(reference[i], Exception):
+            assert isinstance(got[i], RuntimeError), dataset.samples[i][0]
+        else:
+            assert torch.equal(got[i], reference[i]), dataset.samples[i][0]
+
+    def refuses(jpegs):
+        raise RuntimeError("batch refused")
+
+    for a, b in zip(decode_batch(data, torch.device("cpu"), refuses), reference):
+        assert type(a) is type(b) and (isinstance(a, Exception) or torch.equal(a, b))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -144,11 +214,11 @@ def _pil_tensor(path: str, fast: bool = False) -> torch.Tensor:
         return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
 
 
-def _decode_matches_pil(folder: Path, device: str) -> None:
+def _decode_matches_pil(folder: Path, device: str, decoder=None) -> None:
     """Each decoded file against PIL's decode of it: PNG exactly, JPEG within JPEG_TOLERANCE. One batched call, so a
     batch decoded out of order fails too."""
     dataset = _dataset(folder)
-    decoded = decode_batch([dataset.read(i) for i in range(len(dataset))], torch.device(device))
+    decoded = decode_batch([dataset.read(i) for i in range(len(dataset))], torch.device(device), decoder)
     for (path, _), image in zip(dataset.samples, decoded):
         expected = _pil_tensor(path)
         assert image.device.type == device and image.dtype == torch.uint8 and image.shape == expected.shape, path
@@ -602,6 +672,33 @@ def test_unreadable_file_is_named_counted_replaced_in_training_dropped_in_evalua
 def test_cuda_nvjpeg_decode_equals_pil(decoder_folder):
     assert resolve_data_backend("auto", torch.device("cuda"), print) == "gpu"
     _decode_matches_pil(decoder_folder, "cuda")
+
+
+def _nvimgcodec_decoder():
+    said = []
+    decoder = jpeg_decoder("nvimgcodec", torch.device("cuda"), said.append)
+    if decoder is None:
+        pytest.skip(said[0] if said else "no nvImageCodec decoder")
+    return decoder
+
+
+@pytest.mark.cuda
+def test_cuda_nvimgcodec_decode_equals_pil_and_names_a_corrupt_file(decoder_folder, jpeg_folder):
+    """nvImageCodec's decoder (the hardware JPEG engines where the GPU has them) against PIL as nvJPEG's above; its
+    images are interleaved views, which the resample reads without a copy. On the test folder with a corrupt JPEG
+    and a PNG, the corrupt file is an exception and every other file decodes, in order."""
+    decoder = _nvimgcodec_decoder()
+    _decode_matches_pil(decoder_folder, "cuda", decoder)
+    dataset = _dataset(jpeg_folder)
+    decoded = decode_batch([dataset.read(i) for i in range(len(dataset))], torch.device("cuda"), decoder)
+    for (path, _), image in zip(dataset.samples, decoded):
+        if "broken" in path:
+            assert isinstance(image, RuntimeError), path
+        else:
+            expected = _pil_tensor(path)
+            assert image.shape == expected.shape and _spread(image, expected)[0] < 2.0, path
+    sample = next(d for d in decoded if isinstance(d, torch.Tensor) and d.shape[-1] > 1)
+    assert sample.stride() in ((1, 3 * sample.shape[-1], 3), (sample.shape[-2] * sample.shape[-1], sample.shape[-1], 1))
 
 
 @pytest.mark.cuda

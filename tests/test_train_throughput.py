@@ -1,5 +1,5 @@
 """benchmarks/train_throughput.py: its per-epoch cost arithmetic, and the script end to end on CPU (a tiny generated
-JPEG set, a tiny MambaVision, the pil backend)."""
+JPEG set, a tiny MambaVision, the pil backend and the gpu one, which falls back to it)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def _run(argv: list[str]) -> str:
 def test_script_measures_a_tiny_run_on_cpu(tmp_path):
     data, out = tmp_path / "set", tmp_path / "results"
     argv = ["--device", "cpu", "--images", "24", "--val-images", "6", "--classes", "3", "--epochs", "3",
-            "--batch-size", "4", "--img-size", "16", "--workers", "1", "--amp", "no", "--backends", "pil",
-            "--models", "mamba_vision_T", "--step-iters", "2", "--step-warmup", "1", "--data-dir", str(data),
+            "--batch-size", "4", "--img-size", "16", "--workers", "1", "--amp", "no", "--backends", "pil", "gpu",
+            "--jpeg-decoders", "torchvision", "--models", "mamba_vision_T", "--step-iters", "2", "--step-warmup", "1",
+            "--data-dir", str(data),
             "--out", str(out), "--train-args", f"--model-kwargs '{TINY_MODEL}' --warmup-epochs 0"]
     printed = _run(argv)
     assert "wrote 30 JPEGs" in printed and "mamba_vision_T: model step" in printed
@@ -56,7 +57,9 @@ def test_script_measures_a_tiny_run_on_cpu(tmp_path):
     assert json_file.with_suffix(".csv").is_file()
     result = json.loads(json_file.read_text())
     assert result["environment"]["cpu_cores"] >= 1 and result["environment"]["date"] in json_file.name
-    (row,) = result["results"]
+    row, gpu_row = result["results"]
+    # the gpu backend's run: its data stage alone measured with the decoder asked for; on a CPU the run takes PIL
+    assert gpu_row["jpeg_decoder"] == "torchvision" and gpu_row["stage_img_per_s"] > 0 and gpu_row["backend"] == "pil"
     assert row["model"] == "mamba_vision_T" and row["backend"] == "pil" and row["epoch_images"] == 24
     assert row["val_images"] == 6 and row["skipped_images"] == 0
     assert 0 < row["whole_run_img_per_s"] < row["loop_img_per_s"] and row["eval_s_per_epoch"] > 0

@@ -1,5 +1,8 @@
 """The GPU-fed input pipeline (``--data-backend gpu``): loader workers read file bytes, the training process decodes
-each batch with nvJPEG (``torchvision.io.decode_jpeg(..., device="cuda")``) and augments it batched on the GPU.
+each batch on the GPU and augments it batched there. The JPEG decoder (``--jpeg-decoder``) is torchvision's nvJPEG
+(``decode_jpeg(..., device="cuda")``) or, with that optional extra installed, nvImageCodec's
+(:class:`NvImageCodecJpeg`: the GPU's hardware JPEG engines, whose pixels equal PIL's within one grey level where
+nvJPEG's differ by up to a hundred at colour edges, but whose batches cost the training process more host time).
 
 Training (:class:`TrainStage`): RandomResizedCrop + flip with timm's parameter draws, resize (antialiased, bilinear
 or bicubic per image as timm's ``random``), RandAugment (:mod:`visionssm.data.gpu_augment`) and normalisation.
@@ -25,8 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import queue
 import random
+import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -46,10 +52,12 @@ from visionssm.data.gpu_augment import (
 from visionssm.data.loader import SafeImageFolder, augment_seed_of
 from visionssm.utils.cli import UserValueError
 
-__all__ = ["BACKENDS", "EncodedBatch", "EncodedImageFolder", "EvalStage", "TrainStage", "Window", "collate_encoded",
-           "decode_batch", "nvjpeg_problem", "random_resized_crop_params", "resample", "resolve_data_backend"]
+__all__ = ["BACKENDS", "JPEG_DECODERS", "EncodedBatch", "EncodedImageFolder", "EvalStage", "NvImageCodecJpeg",
+           "TrainStage", "Window", "collate_encoded", "decode_batch", "jpeg_decoder", "nvjpeg_problem",
+           "random_resized_crop_params", "resample", "resolve_data_backend"]
 
 BACKENDS = ("auto", "pil", "gpu")
+JPEG_DECODERS = ("torchvision", "nvimgcodec")
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
@@ -60,6 +68,74 @@ def nvjpeg_problem(device: torch.device) -> str | None:
         decode_jpeg([probe], mode=ImageReadMode.RGB, device=device)
     except (RuntimeError, ValueError, AssertionError) as error:
         return " ".join(str(error).split())[:200] or type(error).__name__
+    return None
+
+
+class NvImageCodecJpeg:
+    """nvImageCodec's batched JPEG decoder on one CUDA device: the GPU's hardware JPEG engines where it has them
+    (A100, H100, H200 and later), its CUDA decoder for what they do not take. Called with a batch of JPEG files
+    (uint8 tensors), it returns each as a (3, H, W) uint8 RGB view of an interleaved image, or ``None`` where
+    nvImageCodec could not decode it, queued on the current stream. No EXIF rotation, as torchvision and PIL."""
+
+    def __init__(self, module, device: torch.device):
+        self.codec = module
+        self.device = torch.device(device)
+        kinds = (module.BackendKind.HW_GPU_ONLY, module.BackendKind.GPU_ONLY)
+        self.decoder = module.Decoder(device_id=self.device.index if self.device.index is not None
+                                      else torch.cuda.current_device(), backends=[module.Backend(k) for k in kinds])
+        self.params = module.DecodeParams(apply_exif_orientation=False, color_spec=module.ColorSpec.SRGB,
+                                          allow_any_depth=False, sample_format=module.SampleFormat.I_RGB)
+
+    def __call__(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        streams = [self.codec.CodeStream(d.numpy()) for d in data]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        images = self.decoder.decode(streams, params=self.params, cuda_stream=stream)
+        return [None if image is None else torch.from_dlpack(image).permute(2, 0, 1) for image in images]
+
+
+def _import_nvimgcodec():
+    """nvImageCodec's module, or the reason it cannot be imported. Its import reports each codec library it misses
+    (JPEG 2000, TIFF) on stderr; only JPEG is decoded here, so that output is dropped unless the import fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            from nvidia import nvimgcodec
+        except ImportError as error:
+            return None, f"nvImageCodec is not installed ({error})"
+        except (OSError, RuntimeError) as error:
+            captured.seek(0)
+            return None, f"nvImageCodec does not load: {error} {' '.join(captured.read().split())[:200]}"
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return nvimgcodec, None
+
+
+def jpeg_decoder(choice: str, device: torch.device, say: Callable[[str], None]) -> NvImageCodecJpeg | None:
+    """The gpu backend's batched JPEG decoder on ``device`` for ``--jpeg-decoder choice``: nvImageCodec's for
+    ``nvimgcodec`` where it is installed and decodes on ``device`` (else one line through ``say`` saying why), and
+    ``None`` (torchvision's nvJPEG) otherwise."""
+    if choice not in JPEG_DECODERS:
+        raise UserValueError(f"--jpeg-decoder must be one of {', '.join(JPEG_DECODERS)}, got {choice!r}")
+    device = torch.device(device)
+    if choice == "torchvision":
+        return None
+    if device.type != "cuda":
+        return None  # the CPU stages decode with torchvision's CPU decoder; resolve_data_backend said so already
+    module, problem = _import_nvimgcodec()
+    if module is not None:
+        try:
+            decoder = NvImageCodecJpeg(module, device)
+            probe = encode_jpeg(torch.full((3, 8, 8), 128, dtype=torch.uint8))
+            if decoder([probe])[0] is None:
+                raise RuntimeError("it returned no image for a test JPEG")
+            return decoder
+        except RuntimeError as error:
+            problem = f"nvImageCodec cannot decode on {device}: {' '.join(str(error).split())[:200]}"
+    say(f"note: --jpeg-decoder nvimgcodec: {problem}; decoding with torchvision's nvJPEG instead (pip install "
+        "'visionssm[nvimgcodec-cu13]', or -cu12 for a CUDA 12 build of torch)")
     return None
 
 
@@ -145,13 +221,19 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
     return decode_image(data, mode=ImageReadMode.RGB).to(device)
 
 
-def decode_batch(data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor | Exception]:
+def decode_batch(data: Sequence[torch.Tensor], device: torch.device,
+                 decoder: Callable[[list[torch.Tensor]], list[torch.Tensor | None]] | None = None,
+                 ) -> list[torch.Tensor | Exception]:
     """Each file as a (3, H, W) uint8 RGB tensor on ``device``, or the exception that decoding it raised: the JPEGs
-    in one batched call, the batch again one by one when that call fails, other formats on the CPU."""
+    in one batched call (``decoder``'s, e.g. :class:`NvImageCodecJpeg`, else torchvision's), one by one with
+    torchvision those it did not decode (a batch torchvision refuses: all of them), other formats on the CPU."""
     out: list[torch.Tensor | Exception] = [None] * len(data)  # type: ignore[list-item]
     jpegs = [i for i, d in enumerate(data) if _is_jpeg(d)]
     try:
-        decoded = decode_jpeg([data[i] for i in jpegs], mode=ImageReadMode.RGB, device=device) if jpegs else []
+        if decoder is not None and jpegs:
+            decoded = decoder([data[i] for i in jpegs])
+        else:
+            decoded = decode_jpeg([data[i] for i in jpegs], mode=ImageReadMode.RGB, device=device) if jpegs else []
     except RuntimeError:
         decoded = None  # which file broke the batch is known only one by one
     if decoded is not None:
@@ -412,9 +494,11 @@ class _Stage:
     """Decodes and transforms the batches of a loader, optionally one batch ahead on a thread of its own (on CUDA,
     with its own stream, so decoding overlaps the training step)."""
 
-    def __init__(self, dataset: EncodedImageFolder, device: torch.device, mean, std, prefetch: bool | None):
+    def __init__(self, dataset: EncodedImageFolder, device: torch.device, mean, std, prefetch: bool | None,
+                 decoder: NvImageCodecJpeg | None):
         self.dataset = dataset
         self.device = torch.device(device)
+        self.decoder = decoder
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device)[None, :, None, None]
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device)[None, :, None, None]
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
@@ -491,8 +575,9 @@ class TrainStage(_Stage):
 
     def __init__(self, dataset: EncodedImageFolder, device, img_size: int, mean, std, *, seed: int,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5, interpolation: str = "random",
-                 auto_augment: str | None = None, prefetch: bool | None = None):
-        super().__init__(dataset, device, mean, std, prefetch)
+                 auto_augment: str | None = None, prefetch: bool | None = None,
+                 decoder: NvImageCodecJpeg | None = None):
+        super().__init__(dataset, device, mean, std, prefetch, decoder)
         self.size = (img_size, img_size)
         self.seed, self.scale, self.ratio, self.hflip = seed, tuple(scale), tuple(ratio), hflip
         self.interpolation = interpolation if interpolation == "random" else _check_interpolation(
@@ -528,7 +613,7 @@ class TrainStage(_Stage):
         raise RuntimeError(f"no image under {self.dataset.root} could be read")
 
     def process(self, batch: EncodedBatch):
-        return self.from_decoded(decode_batch(batch.data, self.device), batch)
+        return self.from_decoded(decode_batch(batch.data, self.device, self.decoder), batch)
 
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
         """The training batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``). The
@@ -566,8 +651,8 @@ class EvalStage(_Stage):
     centre crop), the batch resampled at once; unreadable files are dropped and counted."""
 
     def __init__(self, dataset: EncodedImageFolder, device, img_size: int, mean, std, *, crop_pct: float,
-                 interpolation: str = "bicubic", prefetch: bool | None = None):
-        super().__init__(dataset, device, mean, std, prefetch)
+                 interpolation: str = "bicubic", prefetch: bool | None = None, decoder: NvImageCodecJpeg | None = None):
+        super().__init__(dataset, device, mean, std, prefetch, decoder)
         self.img_size = img_size
         self.scale_size = math.floor(img_size / crop_pct)
         self.interpolation = _check_interpolation(interpolation, "--interpolation")
@@ -583,7 +668,7 @@ class EvalStage(_Stage):
         return Window(0, 0, height, width, (height / new_h, width / new_w), (top, left), self.interpolation)
 
     def process(self, batch: EncodedBatch):
-        return self.from_decoded(decode_batch(batch.data, self.device), batch)
+        return self.from_decoded(decode_batch(batch.data, self.device, self.decoder), batch)
 
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
         """The evaluation batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``)."""

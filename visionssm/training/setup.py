@@ -26,7 +26,15 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader
 
-from visionssm.data.gpu import BACKENDS, EncodedImageFolder, EvalStage, TrainStage, collate_encoded
+from visionssm.data.gpu import (
+    BACKENDS,
+    JPEG_DECODERS,
+    EncodedImageFolder,
+    EvalStage,
+    TrainStage,
+    collate_encoded,
+    jpeg_decoder,
+)
 from visionssm.data.loader import (
     EpochShuffleSampler,
     ShardSampler,
@@ -139,6 +147,8 @@ def check_config(cfg: dict, say=print) -> None:
     resolve_amp(cfg["amp"])
     if cfg["data_backend"] not in BACKENDS:
         raise UserValueError(f"--data-backend must be one of {', '.join(BACKENDS)}, got {cfg['data_backend']!r}")
+    if cfg["jpeg_decoder"] not in JPEG_DECODERS:
+        raise UserValueError(f"--jpeg-decoder must be one of {', '.join(JPEG_DECODERS)}, got {cfg['jpeg_decoder']!r}")
     _check_model(cfg)
     if cfg["data_dir"] is not None:
         for split in (cfg["train_split"], cfg["val_split"]):
@@ -321,13 +331,15 @@ def gpu_stages(cfg: dict, train_set, val_set, data_cfg: dict, device: torch.devi
     if not cfg["aa"] and cfg["color_jitter"]:
         say(f"note: --data-backend gpu does not apply colour jitter (--color-jitter {cfg['color_jitter']}); the "
             "recipes' RandAugment replaces it, as in timm")
+    decoder = jpeg_decoder(cfg["jpeg_decoder"], device, say)
+    say(f"gpu data backend: JPEG decoding by {'nvImageCodec' if decoder else 'torchvision (nvJPEG)'} on {device}")
     train = None
     if train_set is not None:
         train = TrainStage(train_set, device, size, mean, std, seed=cfg["seed"], scale=cfg["scale"],
                            ratio=cfg["ratio"], hflip=cfg["hflip"], interpolation=cfg["train_interpolation"],
-                           auto_augment=cfg["aa"])
+                           auto_augment=cfg["aa"], decoder=decoder)
     evaluate = EvalStage(val_set, device, size, mean, std, crop_pct=data_cfg["crop_pct"],
-                         interpolation=data_cfg["interpolation"])
+                         interpolation=data_cfg["interpolation"], decoder=decoder)
     erase = None
     if cfg["reprob"] > 0:
         erase = RandomErasing(cfg["reprob"], mode=cfg["remode"], max_count=cfg["recount"], device=device)
