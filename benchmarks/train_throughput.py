@@ -216,7 +216,8 @@ def epoch_costs(records: list[dict], per_epoch: int) -> dict:
     start-up). The span from epoch 1's record to epoch E's covers each later epoch whole: the previous epoch's
     checkpoint, the loader's start, the training loop, evaluation. Evaluation is measured; checkpointing and the
     rest is the span less the loops and evaluations. The ImageNet extrapolation scales evaluation with the
-    validation images (50,000 against the run's) and keeps the rest per epoch."""
+    validation images (50,000 against the run's) and keeps the rest per epoch. Where the loop's time went, as shares
+    of it: waiting for batches, and (gpu data backend) the stage thread's decode and transform time."""
     later = records[1:]
     span = later[-1]["wall_time"] - records[0]["wall_time"]
     loop = sum(per_epoch / r["train_img_per_s"] for r in later)
@@ -226,7 +227,10 @@ def epoch_costs(records: list[dict], per_epoch: int) -> dict:
     imagenet_loop = IMAGENET_TRAIN / (per_epoch * len(later) / loop)
     imagenet_val = val / len(later) * IMAGENET_VAL / max(val_images, 1)
     imagenet_epoch = imagenet_loop + imagenet_val + rest_per_epoch
-    return {"epoch_images": per_epoch, "loop_img_per_s": per_epoch * len(later) / loop,
+    shares = {f"loop_share_{name}": sum(r[key] for r in later) / loop
+              for name, key in (("data_wait", "train_data_wait_s"), ("stage_decode", "data_stage_decode_s"),
+                                ("stage_transform", "data_stage_transform_s")) if key in later[-1]}
+    return {"epoch_images": per_epoch, "loop_img_per_s": per_epoch * len(later) / loop, **shares,
             "whole_run_img_per_s": per_epoch * len(later) / span,
             "eval_s_per_epoch": val / len(later), "val_images": val_images,
             "checkpoint_and_rest_s_per_epoch": rest_per_epoch,
@@ -297,11 +301,19 @@ def main(argv=None) -> int:
             print(f"  {row['backend']}: loop {row['loop_img_per_s']:,.0f} img/s, whole run "
                   f"{row['whole_run_img_per_s']:,.0f} img/s ({row['whole_run_share']:.0%} of the step); per epoch "
                   f"{row['eval_s_per_epoch']:.1f} s evaluation, {row['checkpoint_and_rest_s_per_epoch']:.1f} s "
-                  f"checkpoint and the rest", flush=True)
+                  f"checkpoint and the rest; of the loop: {_loop_split(row)}", flush=True)
             json_path, csv_path = save_results(args.name, rows, out_dir=args.out, env=env)  # a cut-short call keeps it
     print("\n" + table(rows, env, args))
     print(f"wrote {json_path} and {csv_path}")
     return 0
+
+
+def _loop_split(row: dict) -> str:
+    """The loop's time shares a row holds, in words."""
+    names = {"data_wait": "waiting for batches", "stage_decode": "stage decoding",
+             "stage_transform": "stage transforming"}
+    return ", ".join(f"{row['loop_share_' + key]:.0%} {words}" for key, words in names.items()
+                     if "loop_share_" + key in row) or "no split recorded"
 
 
 def table(rows: list[dict], env: dict, args) -> str:

@@ -638,6 +638,8 @@ def test_prefetch_thread_yields_the_inline_batches(jpeg_folder):
             dl, sampler = _loader(dataset)
             sampler.set_epoch(0)
             batches.append(list(stage(dl)))
+            # each batch's decode and transform host time, counted on the thread that ran them
+            assert stage.seconds["decode"] > 0 and stage.seconds["transform"] > 0, prefetch
     assert len(batches[0]) == len(batches[1]) == len(dataset) // 4
     for (a, ta, ua), (b, tb, ub) in zip(*batches):
         assert torch.equal(a, b) and torch.equal(ta, tb) and int(ua) == int(ub)

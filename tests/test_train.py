@@ -53,7 +53,8 @@ TINY_RUN = [*TINY_MODEL, "--img-size", "16", "--batch-size", "8", "--workers", "
             "--deterministic"]
 UPDATES_PER_EPOCH = 6
 METRIC_KEYS = {"epoch", "train_loss", "val_top1", "val_top5", "ema_val_top1", "ema_val_top5", "lr",
-               "train_img_per_s", "epoch_seconds", "peak_memory_mib", "skipped_images", "global_update"}
+               "train_img_per_s", "train_data_wait_s", "epoch_seconds", "peak_memory_mib", "skipped_images",
+               "global_update"}
 
 
 def _env() -> dict:
@@ -620,3 +621,6 @@ def test_cuda_gpu_data_backend_trains_from_jpegs(tiny_data, tmp_path):
     record = _records(out)[0]
     assert record["skipped_train_images"] == 1 and record["skipped_val_images"] == 1 and record["val_images"] == 12
     assert math.isfinite(record["train_loss"])
+    # where the loop's time went: the stage's decode and transform seconds, beside the loop's wait for batches
+    assert record["data_stage_decode_s"] > 0 and record["data_stage_transform_s"] > 0
+    assert 0 <= record["train_data_wait_s"] < record["epoch_seconds"]

@@ -20,12 +20,17 @@ TINY_MODEL = "{dims: 8, depths: [1, 1, 1, 1], stem_dim: 8, num_heads: [1, 1, 2, 
 def test_epoch_costs_split_the_time_outside_the_loop_and_extrapolate_to_imagenet():
     """Epochs 2 and 3 of 1,000 images: loops of 2 s and 4 s (500 and 250 img/s), evaluations of 1 s and 3 s over
     100 images, records 10 s and 12 s apart, so 7 s and 5 s of checkpoint and the rest; ImageNet: its loop at the
-    runs' loop rate, 500 evaluations' worth of the mean evaluation, the rest kept per epoch."""
+    runs' loop rate, 500 evaluations' worth of the mean evaluation, the rest kept per epoch; the loop's 6 s split
+    into 1.5 s of waiting for batches and 3 s each of the data stage's decoding and transforming."""
     throughput = load_script("train_throughput")
     records = [{"wall_time": 100.0, "train_img_per_s": 50.0, "val_seconds": 9.0, "val_images": 100},
-               {"wall_time": 110.0, "train_img_per_s": 500.0, "val_seconds": 1.0, "val_images": 100},
-               {"wall_time": 122.0, "train_img_per_s": 250.0, "val_seconds": 3.0, "val_images": 100}]
+               {"wall_time": 110.0, "train_img_per_s": 500.0, "val_seconds": 1.0, "val_images": 100,
+                "train_data_wait_s": 0.5, "data_stage_decode_s": 1.0, "data_stage_transform_s": 2.0},
+               {"wall_time": 122.0, "train_img_per_s": 250.0, "val_seconds": 3.0, "val_images": 100,
+                "train_data_wait_s": 1.0, "data_stage_decode_s": 2.0, "data_stage_transform_s": 1.0}]
     costs = throughput.epoch_costs(records, per_epoch=1000)
+    assert costs["loop_share_data_wait"] == pytest.approx(1.5 / 6)
+    assert costs["loop_share_stage_decode"] == costs["loop_share_stage_transform"] == pytest.approx(3 / 6)
     assert costs["loop_img_per_s"] == pytest.approx(2000 / 6)
     assert costs["whole_run_img_per_s"] == pytest.approx(2000 / 22)
     assert costs["eval_s_per_epoch"] == pytest.approx(2.0)
@@ -65,6 +70,8 @@ def test_script_measures_a_tiny_run_on_cpu(tmp_path):
     assert 0 < row["whole_run_img_per_s"] < row["loop_img_per_s"] and row["eval_s_per_epoch"] > 0
     assert row["whole_run_share"] == pytest.approx(row["whole_run_img_per_s"] / row["model_step_img_per_s"])
     assert 0 < row["imagenet_fixed_share"] < 1 and row["model_step_img_per_s"] > 0
+    assert 0 <= row["loop_share_data_wait"] < 1 and "waiting for batches" in printed  # the pil run: no stage split
+    assert "loop_share_stage_decode" not in row
     assert f"{row['whole_run_share']:.2f}" in printed.split("IN run/step")[1]  # the table holds the row
     assert torch.isfinite(torch.tensor(row["val_top1_last"]))
     manifest = json.loads((data / "manifest.json").read_text())  # what lets the next call reuse the set

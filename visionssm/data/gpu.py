@@ -34,6 +34,7 @@ import random
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -503,15 +504,27 @@ class _Stage:
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device)[None, :, None, None]
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self._reported: set[int] = set()
+        self.seconds = {"decode": 0.0, "transform": 0.0}  # host time of process() so far (decode blocks until done)
+
+    def process(self, batch: EncodedBatch):
+        """``batch`` decoded (:func:`decode_batch`) and transformed (:meth:`from_decoded`), each part's host time
+        added to :attr:`seconds`."""
+        start = time.perf_counter()
+        decoded = decode_batch(batch.data, self.device, self.decoder)
+        decoded_at = time.perf_counter()
+        out = self.from_decoded(decoded, batch)
+        self.seconds["decode"] += decoded_at - start
+        self.seconds["transform"] += time.perf_counter() - decoded_at
+        return out
+
+    def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
+        raise NotImplementedError
 
     def _warn(self, index: int, error: Exception) -> None:
         if index not in self._reported:
             self._reported.add(index)
             warnings.warn(f"skipping unreadable image {self.dataset.samples[index][0]}: {type(error).__name__}: "
                           f"{' '.join(str(error).split())[:200]}", RuntimeWarning, stacklevel=3)
-
-    def process(self, batch: EncodedBatch):
-        raise NotImplementedError
 
     def __call__(self, loader: Iterable[EncodedBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         if not self.prefetch:
@@ -612,9 +625,6 @@ class TrainStage(_Stage):
                 self._warn(candidate, error)
         raise RuntimeError(f"no image under {self.dataset.root} could be read")
 
-    def process(self, batch: EncodedBatch):
-        return self.from_decoded(decode_batch(batch.data, self.device, self.decoder), batch)
-
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
         """The training batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``). The
         host draws each image's parameters; the pixel work is batched (:func:`resample`, then RandAugment's
@@ -666,9 +676,6 @@ class EvalStage(_Stage):
         top = int(round((new_h - self.img_size) / 2.0))
         left = int(round((new_w - self.img_size) / 2.0))
         return Window(0, 0, height, width, (height / new_h, width / new_w), (top, left), self.interpolation)
-
-    def process(self, batch: EncodedBatch):
-        return self.from_decoded(decode_batch(batch.data, self.device, self.decoder), batch)
 
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
         """The evaluation batch from ``batch``'s decoded images (:func:`decode_batch`'s list, on ``device``)."""

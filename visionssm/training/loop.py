@@ -253,8 +253,16 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
     run.model.train()
     bar = tqdm(total=len(run.train_dl), initial=state.batch_in_epoch, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
                disable=not accelerator.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
-    batches = run.train_stage(loader) if run.train_stage is not None else loader
-    for images, targets, unreadable in batches:
+    stage_seconds = dict(run.train_stage.seconds) if run.train_stage is not None else {}
+    batches = iter(run.train_stage(loader) if run.train_stage is not None else loader)
+    data_wait = 0.0  # the loop's time blocked on its next batch (timm's data_time)
+    while True:
+        waited = time.perf_counter()
+        batch = next(batches, None)
+        data_wait += time.perf_counter() - waited
+        if batch is None:
+            break
+        images, targets, unreadable = batch
         local[3] += unreadable.to(device=local.device, dtype=local.dtype)
         loss = _train_step(run, images, targets)
         n = images.shape[0]
@@ -272,7 +280,10 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
     session_images += _fold_partial_sums(state, local, accelerator)
     if state.images_seen and state.batch_in_epoch != len(run.train_dl):
         raise RuntimeError(f"epoch {epoch + 1} consumed {state.batch_in_epoch} of {len(run.train_dl)} batches")
-    return {"train_img_per_s": session_images / max(seconds, 1e-9), "started": start}
+    times = {"train_data_wait_s": data_wait}
+    if run.train_stage is not None:  # the gpu data backend's own time in this epoch (its thread, this process)
+        times.update({f"data_stage_{k}_s": v - stage_seconds[k] for k, v in run.train_stage.seconds.items()})
+    return {"train_img_per_s": session_images / max(seconds, 1e-9), "started": start, "times": times}
 
 
 def validate(net: torch.nn.Module, loader: DataLoader, accelerator: Accelerator, channels_last: bool,
@@ -339,6 +350,9 @@ def _epoch_record(run: Run, epoch: int, trained: dict, val: dict, ema_val: dict 
         "ema_val_loss": ema_val["loss"] if ema_val else None,
         "lr": run.optimizer.param_groups[0]["lr"],
         "train_img_per_s": trained["train_img_per_s"],
+        # where the training loop's time went, this process: waiting for batches, and the gpu data stage's decode and
+        # transform seconds (on its own thread, so they overlap the step)
+        **trained["times"],
         "epoch_seconds": time.perf_counter() - trained["started"],
         "wall_time": time.time(),  # whole-run throughput spans records (benchmarks/train_throughput.py)
         "peak_memory_mib": peak, "peak_memory_kind": peak_kind,
