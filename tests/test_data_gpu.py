@@ -150,7 +150,7 @@ def test_decode_batch_takes_the_decoders_images_and_decodes_the_rest_with_torchv
         if k % 2:
             assert got[i] is marker
         elif isinstance(reference[i], Exception):
-            assert isinstance(got[i], RuntimeError), dataset.samples[i][0]
+            assert type(got[i]) is type(reference[i]), dataset.samples[i][0]
         else:
             assert torch.equal(got[i], reference[i]), dataset.samples[i][0]
 
@@ -699,8 +699,8 @@ def test_cuda_nvimgcodec_decode_equals_pil_and_names_a_corrupt_file(decoder_fold
         else:
             expected = _pil_tensor(path)
             assert image.shape == expected.shape and _spread(image, expected)[0] < 2.0, path
-    sample = next(d for d in decoded if isinstance(d, torch.Tensor) and d.shape[-1] > 1)
-    assert sample.stride() in ((1, 3 * sample.shape[-1], 3), (sample.shape[-2] * sample.shape[-1], sample.shape[-1], 1))
+    jpeg = next(d for (p, _), d in zip(dataset.samples, decoded) if p.endswith(".jpg") and "broken" not in p)
+    assert jpeg.stride() == (1, 3 * jpeg.shape[-1], 3)
 
 
 @pytest.mark.cuda
