@@ -645,6 +645,34 @@ def test_prefetch_thread_yields_the_inline_batches(jpeg_folder):
         assert torch.equal(a, b) and torch.equal(ta, tb) and int(ua) == int(ub)
 
 
+def test_prefetch_decodes_the_next_batch_while_it_transforms_one(jpeg_folder):
+    """The prefetching stage decodes batch k + 1 while it transforms batch k: each transform waits until the
+    decoder has started on the next batch (a stage that decodes and transforms on one thread would wait in vain)."""
+    import threading
+
+    from torchvision.io import decode_jpeg
+
+    dataset = _dataset(jpeg_folder)
+    readable = [i for i, (p, _) in enumerate(dataset.samples) if p.endswith(".jpg") and "broken" not in p]
+    loader = [collate_encoded([dataset[(0, i)]]) for i in readable[:4]]
+    started = [threading.Event() for _ in loader]
+
+    def decoder(jpegs):  # a batched decoder that says when it starts on a batch
+        started[sum(event.is_set() for event in started)].set()
+        return [decode_jpeg(jpeg) for jpeg in jpegs]
+
+    stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=0, prefetch=True, decoder=decoder)
+    transform, overlapped = stage.from_decoded, []
+
+    def waits_for_the_next_decode(decoded, batch):
+        following = len(overlapped) + 1
+        overlapped.append(started[following].wait(timeout=10) if following < len(loader) else True)
+        return transform(decoded, batch)
+
+    stage.from_decoded = waits_for_the_next_decode
+    assert len(list(stage(loader))) == len(loader) and all(overlapped), overlapped
+
+
 def test_unreadable_file_is_named_counted_replaced_in_training_dropped_in_evaluation(jpeg_folder):
     dataset = _dataset(jpeg_folder)
     broken = next(i for i, (p, _) in enumerate(dataset.samples) if "broken" in p)
@@ -791,11 +819,19 @@ def test_prefetch_thread_stops_with_its_consumer_and_hands_errors_over(jpeg_fold
     dataset = _dataset(jpeg_folder)
     stage = TrainStage(dataset, "cpu", 16, MEAN, STD, seed=0, prefetch=True)
     readable = [i for i, (p, _) in enumerate(dataset.samples) if "broken" not in p]
-    loader = [collate_encoded([dataset[(0, i)]]) for i in readable[:3]]  # one taken, two fill the queue, then its end
+    loader = [collate_encoded([dataset[(0, i)]]) for i in readable[:8]]  # one taken, more than both queues hold
     batches = stage(loader)
     next(batches)
-    time.sleep(0.5)  # the thread has filled the queue and waits to hand over the end
-    batches.close()  # a training step that raised: the thread must end, not block the run
-    assert not [t for t in threading.enumerate() if t.name == "visionssm-gpu-stage"]
-    with pytest.raises(AttributeError, match="no attribute .data"):
+    time.sleep(0.5)  # both threads have filled their queues and wait to hand over more
+    batches.close()  # a training step that raised: the threads must end, not block the run
+    assert not [t for t in threading.enumerate() if t.name.startswith("visionssm-gpu-stage")]
+    with pytest.raises(AttributeError, match="no attribute .data"):  # raised while decoding
         list(stage([object()]))
+
+    def broken_transform(decoded, batch):
+        raise ValueError("transform failed")
+
+    stage.from_decoded = broken_transform
+    with pytest.raises(ValueError, match="transform failed"):  # raised while transforming
+        list(stage(loader))
+    assert not [t for t in threading.enumerate() if t.name.startswith("visionssm-gpu-stage")]

@@ -492,8 +492,8 @@ def _check_interpolation(name: str, setting: str) -> str:
 
 
 class _Stage:
-    """Decodes and transforms the batches of a loader, optionally one batch ahead on a thread of its own (on CUDA,
-    with its own stream, so decoding overlaps the training step)."""
+    """Decodes and transforms the batches of a loader, optionally ahead of it on threads of their own (on CUDA, on
+    a stream of their own, so decoding and transforming overlap the training step)."""
 
     def __init__(self, dataset: EncodedImageFolder, device: torch.device, mean, std, prefetch: bool | None,
                  decoder: NvImageCodecJpeg | None):
@@ -532,37 +532,73 @@ class _Stage:
         return self._prefetched(loader)
 
     def _prefetched(self, loader):
+        """The batches of ``loader`` from two threads sharing one side stream: one decodes batch k + 1 while the
+        other transforms batch k (the batched decoders wait for the GPU without holding the interpreter lock, so
+        the transform's host work goes on meanwhile), each at most two batches ahead of its consumer."""
+        decoded: queue.Queue = queue.Queue(maxsize=2)
         results: queue.Queue = queue.Queue(maxsize=2)
         stop = threading.Event()
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
-        def put(entry) -> bool:
+        def on_stream():
+            return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+        def put(target: queue.Queue, entry) -> bool:
             """Hand ``entry`` over unless the consumer has stopped (it may never take another)."""
             while not stop.is_set():
                 try:
-                    results.put(entry, timeout=0.1)
+                    target.put(entry, timeout=0.1)
                     return True
                 except queue.Full:
                     continue
             return False
 
-        def produce():
+        def take():
+            """The next decoded batch, or None once the consumer has stopped."""
+            while not stop.is_set():
+                try:
+                    return decoded.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+            return None
+
+        def decode():
             try:
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                with on_stream():
                     for batch in loader:
-                        item = self.process(batch)
+                        start = time.perf_counter()
+                        images = decode_batch(batch.data, self.device, self.decoder)
+                        self.seconds["decode"] += time.perf_counter() - start
+                        if not put(decoded, (batch, images)):
+                            return
+                put(decoded, (None, None))
+            except BaseException as error:  # handed on to the consumer, which raises it
+                put(decoded, (error, None))
+
+        def transform():
+            try:
+                with on_stream():
+                    while (entry := take()) is not None:
+                        batch, images = entry
+                        if batch is None or isinstance(batch, BaseException):  # the end, or the decoder's error
+                            put(results, (batch, None))
+                            return
+                        start = time.perf_counter()
+                        item = self.from_decoded(images, batch)
+                        self.seconds["transform"] += time.perf_counter() - start
                         event = None
                         if stream is not None:
                             event = torch.cuda.Event()
                             event.record(stream)
-                        if not put((item, event)):
+                        if not put(results, (item, event)):
                             return
-                put((None, None))
             except BaseException as error:  # handed to the consumer, which raises it
-                put((error, None))
+                put(results, (error, None))
 
-        worker = threading.Thread(target=produce, name="visionssm-gpu-stage", daemon=True)
-        worker.start()
+        workers = [threading.Thread(target=work, name=f"visionssm-gpu-stage-{work.__name__}", daemon=True)
+                   for work in (decode, transform)]
+        for worker in workers:
+            worker.start()
         try:
             while True:
                 item, event = results.get()
@@ -579,7 +615,8 @@ class _Stage:
                 yield item
         finally:
             stop.set()
-            worker.join()
+            for worker in workers:
+                worker.join()
 
 
 class TrainStage(_Stage):
