@@ -51,7 +51,7 @@ from visionssm.data.gpu_augment import (
     plan_rand_augment,
 )
 from visionssm.data.loader import SafeImageFolder, augment_seed_of
-from visionssm.utils.cli import UserValueError
+from visionssm.utils.cli import UserValueError, check_choice
 
 __all__ = ["BACKENDS", "JPEG_DECODERS", "EncodedBatch", "EncodedImageFolder", "EvalStage", "NvImageCodecJpeg",
            "TrainStage", "Window", "collate_encoded", "decode_batch", "jpeg_decoder", "nvjpeg_problem",
@@ -62,11 +62,15 @@ JPEG_DECODERS = ("torchvision", "nvimgcodec")
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
+def _probe_jpeg() -> torch.Tensor:
+    """A small grey JPEG that a working decoder decodes."""
+    return encode_jpeg(torch.full((3, 8, 8), 128, dtype=torch.uint8))
+
+
 def nvjpeg_problem(device: torch.device) -> str | None:
     """Why ``decode_jpeg`` cannot decode on ``device`` (one line), or ``None`` when it can."""
-    probe = encode_jpeg(torch.full((3, 8, 8), 128, dtype=torch.uint8))
     try:
-        decode_jpeg([probe], mode=ImageReadMode.RGB, device=device)
+        decode_jpeg([_probe_jpeg()], mode=ImageReadMode.RGB, device=device)
     except (RuntimeError, ValueError, AssertionError) as error:
         return " ".join(str(error).split())[:200] or type(error).__name__
     return None
@@ -118,19 +122,16 @@ def jpeg_decoder(choice: str, device: torch.device, say: Callable[[str], None]) 
     """The gpu backend's batched JPEG decoder on ``device`` for ``--jpeg-decoder choice``: nvImageCodec's for
     ``nvimgcodec`` where it is installed and decodes on ``device`` (else one line through ``say`` saying why), and
     ``None`` (torchvision's nvJPEG) otherwise."""
-    if choice not in JPEG_DECODERS:
-        raise UserValueError(f"--jpeg-decoder must be one of {', '.join(JPEG_DECODERS)}, got {choice!r}")
-    device = torch.device(device)
-    if choice == "torchvision":
+    if check_choice(choice, JPEG_DECODERS, "--jpeg-decoder") == "torchvision":
         return None
+    device = torch.device(device)
     if device.type != "cuda":
         return None  # the CPU stages decode with torchvision's CPU decoder; resolve_data_backend said so already
     module, problem = _import_nvimgcodec()
     if module is not None:
         try:
             decoder = NvImageCodecJpeg(module, device)
-            probe = encode_jpeg(torch.full((3, 8, 8), 128, dtype=torch.uint8))
-            if decoder([probe])[0] is None:
+            if decoder([_probe_jpeg()])[0] is None:
                 raise RuntimeError("it returned no image for a test JPEG")
             return decoder
         except RuntimeError as error:
@@ -143,9 +144,7 @@ def jpeg_decoder(choice: str, device: torch.device, say: Callable[[str], None]) 
 def resolve_data_backend(choice: str, device: torch.device, say: Callable[[str], None]) -> str:
     """``pil`` or ``gpu`` for ``--data-backend choice`` on ``device``: ``auto`` is gpu on a CUDA device; ``gpu``
     where CUDA or nvJPEG is missing falls back to pil with one line through ``say``."""
-    if choice not in BACKENDS:
-        raise UserValueError(f"--data-backend must be one of {', '.join(BACKENDS)}, got {choice!r}")
-    if choice == "pil":
+    if check_choice(choice, BACKENDS, "--data-backend") == "pil":
         return "pil"
     device = torch.device(device)
     if device.type != "cuda":
@@ -504,17 +503,22 @@ class _Stage:
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device)[None, :, None, None]
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self._reported: set[int] = set()
-        self.seconds = {"decode": 0.0, "transform": 0.0}  # host time of process() so far (decode blocks until done)
+        self.seconds = {"decode": 0.0, "transform": 0.0}  # host time of each part so far (decode blocks until done)
 
     def process(self, batch: EncodedBatch):
-        """``batch`` decoded (:func:`decode_batch`) and transformed (:meth:`from_decoded`), each part's host time
-        added to :attr:`seconds`."""
+        """``batch`` decoded (:func:`decode_batch`) and transformed (:meth:`from_decoded`)."""
+        return self._transform(self._decode(batch), batch)
+
+    def _decode(self, batch: EncodedBatch) -> list[torch.Tensor | Exception]:
         start = time.perf_counter()
         decoded = decode_batch(batch.data, self.device, self.decoder)
-        decoded_at = time.perf_counter()
+        self.seconds["decode"] += time.perf_counter() - start
+        return decoded
+
+    def _transform(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
+        start = time.perf_counter()
         out = self.from_decoded(decoded, batch)
-        self.seconds["decode"] += decoded_at - start
-        self.seconds["transform"] += time.perf_counter() - decoded_at
+        self.seconds["transform"] += time.perf_counter() - start
         return out
 
     def from_decoded(self, decoded: Sequence[torch.Tensor | Exception], batch: EncodedBatch):
@@ -566,10 +570,7 @@ class _Stage:
             try:
                 with on_stream():
                     for batch in loader:
-                        start = time.perf_counter()
-                        images = decode_batch(batch.data, self.device, self.decoder)
-                        self.seconds["decode"] += time.perf_counter() - start
-                        if not put(decoded, (batch, images)):
+                        if not put(decoded, (batch, self._decode(batch))):
                             return
                 put(decoded, (None, None))
             except BaseException as error:  # handed on to the consumer, which raises it
@@ -583,9 +584,7 @@ class _Stage:
                         if batch is None or isinstance(batch, BaseException):  # the end, or the decoder's error
                             put(results, (batch, None))
                             return
-                        start = time.perf_counter()
-                        item = self.from_decoded(images, batch)
-                        self.seconds["transform"] += time.perf_counter() - start
+                        item = self._transform(images, batch)
                         event = None
                         if stream is not None:
                             event = torch.cuda.Event()

@@ -45,7 +45,7 @@ from visionssm.data.loader import (
 from visionssm.data.synthetic import SyntheticSpec, ensure_synthetic_dataset
 from visionssm.training.state import CheckpointManager, scaled_lr
 from visionssm.utils.checkpoint import read_state_dict
-from visionssm.utils.cli import UserFileError, UserTypeError, UserValueError, cap_workers
+from visionssm.utils.cli import UserFileError, UserTypeError, UserValueError, cap_workers, check_choice
 
 __all__ = ["build_criterion", "build_optimizer", "build_scheduler", "build_train_loader", "check_config",
            "create_model", "data_config", "eval_transform", "find_resume_checkpoint", "fit_schedule", "gpu_stages",
@@ -145,10 +145,8 @@ def check_config(cfg: dict, say=print) -> None:
     _check_at_least(cfg, 0, "workers", "checkpoint_every_steps", "warmup_epochs", "cooldown_epochs")
     cfg["workers"] = cap_workers(cfg["workers"], "workers", say)
     resolve_amp(cfg["amp"])
-    if cfg["data_backend"] not in BACKENDS:
-        raise UserValueError(f"--data-backend must be one of {', '.join(BACKENDS)}, got {cfg['data_backend']!r}")
-    if cfg["jpeg_decoder"] not in JPEG_DECODERS:
-        raise UserValueError(f"--jpeg-decoder must be one of {', '.join(JPEG_DECODERS)}, got {cfg['jpeg_decoder']!r}")
+    check_choice(cfg["data_backend"], BACKENDS, "--data-backend")
+    check_choice(cfg["jpeg_decoder"], JPEG_DECODERS, "--jpeg-decoder")
     _check_model(cfg)
     if cfg["data_dir"] is not None:
         for split in (cfg["train_split"], cfg["val_split"]):

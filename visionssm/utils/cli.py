@@ -127,6 +127,13 @@ def cap_workers(requested: int, setting: str, say: Callable[[str], None] | None 
     return cpus
 
 
+def check_choice(value, choices: Sequence[str], setting: str) -> str:
+    """``value`` if it is one of ``choices``, else a :class:`UserValueError` naming ``setting`` and the choices."""
+    if value not in choices:
+        raise UserValueError(f"{setting} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def compile_mode(value, setting: str) -> str | None:
     """The ``torch.compile`` mode a ``compile`` setting asks for: ``None`` (null or false: no compiling), ``"default"``
     (true) or the mode it names, one of :data:`COMPILE_MODES`; anything else is a :class:`UserValueError` naming
